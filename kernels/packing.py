@@ -1,0 +1,62 @@
+"""Bit packing of signed integers into int32 words, in the compressed-tensors order.
+
+Element k of a row goes to word k // (32 // bits), at bit offset (k % (32 // bits)) * bits,
+least-significant first, no interleave. Values are stored offset by 2**(bits-1) so that they
+are unsigned: int4 [0..7, -8..-1] -> words 0xfedcba98, 0x76543210.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SUPPORTED_BITS = (2, 4, 8)
+
+
+def _check_bits(bits: int) -> int:
+    if bits not in SUPPORTED_BITS:
+        raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {bits}")
+    return 32 // bits
+
+
+def pack_int32(values: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack signed integers along the last dim.
+
+    values: integer tensor [..., K] with entries in [-2**(bits-1), 2**(bits-1) - 1].
+    returns: int32 [..., ceil(K * bits / 32)]; a ragged tail is padded with the offset (value 0).
+    """
+    per_word = _check_bits(bits)
+    if values.dtype.is_floating_point or values.dtype == torch.bool:
+        raise TypeError(f"pack_int32 expects an integer tensor, got {values.dtype}")
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    v = values.to(torch.int64)
+    if v.numel() and (int(v.min()) < lo or int(v.max()) > hi):
+        raise ValueError(f"values out of the signed {bits}-bit range [{lo}, {hi}]")
+    k = v.shape[-1]
+    n_words = -(-k // per_word)
+    pad = n_words * per_word - k
+    u = v + (1 << (bits - 1))  # unsigned, [..., K]
+    if pad:
+        u = torch.nn.functional.pad(u, (0, pad), value=1 << (bits - 1))
+    u = u.reshape(*u.shape[:-1], n_words, per_word)  # [..., words, per_word]
+    shifts = torch.arange(per_word, device=u.device, dtype=torch.int64) * bits
+    words = (u << shifts).sum(dim=-1)  # [..., words], in [0, 2**32)
+    words = torch.where(words >= 1 << 31, words - (1 << 32), words)
+    return words.to(torch.int32)
+
+
+def unpack_int32(packed: torch.Tensor, bits: int, size: int) -> torch.Tensor:
+    """Inverse of pack_int32.
+
+    packed: int32 [..., W]; size: number of elements K to keep (K <= W * 32 / bits).
+    returns: int8 [..., K] (signed values).
+    """
+    per_word = _check_bits(bits)
+    if packed.dtype != torch.int32:
+        raise TypeError(f"unpack_int32 expects int32 words, got {packed.dtype}")
+    if size > packed.shape[-1] * per_word:
+        raise ValueError(f"cannot unpack {size} values from {packed.shape[-1]} words of {bits}-bit values")
+    shifts = torch.arange(per_word, device=packed.device, dtype=torch.int32) * bits
+    mask = (1 << bits) - 1
+    u = (packed.unsqueeze(-1) >> shifts) & mask  # [..., W, per_word]; >> is arithmetic, & fixes sign
+    u = u.reshape(*packed.shape[:-1], -1)[..., :size]
+    return (u - (1 << (bits - 1))).to(torch.int8)

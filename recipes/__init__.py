@@ -1,0 +1,1 @@
+"""Built-in quantization recipes (YAML files, looked up by stem)."""
