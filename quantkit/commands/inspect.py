@@ -17,7 +17,7 @@ def run(args: argparse.Namespace) -> int:
     from safetensors import safe_open
 
     from quantkit.formats.compressed_tensors import parse_quantization_config
-    from quantkit.formats.safetensors_io import _check_complete, safetensors_files
+    from quantkit.formats.safetensors_io import check_complete, safetensors_files
     from quantkit.loading import read_config_json, resolve_model_source
     from quantkit.report_text import human_bytes
 
@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     parsed = parse_quantization_config(qcfg, str(folder)) if qcfg else None
     layers: dict[str, dict[str, tuple]] = defaultdict(dict)  # module -> tensor name -> (shape, dtype, bytes)
     for path in safetensors_files(folder):
-        _check_complete(path)
+        check_complete(path)
         with safe_open(str(path), framework="pt") as f:
             for key in f.keys():
                 sl = f.get_slice(key)
