@@ -106,12 +106,13 @@ def choose_config(m: int, n: int, k: int, bits: int, num_sms: int = DEFAULT_NUM_
 
 
 def all_configs(bits: int, num_sms: int = DEFAULT_NUM_SMS) -> list[WNA16Config]:
-    """Every distinct configuration choose_config can return at `bits`, up to the split-K value
-    (only split_k == 1 versus > 1 changes the compiled kernel)."""
+    """Every distinct configuration choose_config can return at `bits`. The split-K value itself is a
+    run-time argument; whether it is 1 or not changes the compiled kernel, so both are listed."""
     seen: dict[tuple, WNA16Config] = {}
     for m in list(range(1, SPLITK_MAX_M + 1)) + [65, 128, 129, 512, 1023, DEQUANT_MIN_M]:
-        for n, k in ((64, 256), (4096, 4096), (8192, 28672)):
-            cfg = choose_config(m, n, k, bits, num_sms)
-            key = (cfg.algo, cfg.block_m, cfg.block_n, cfg.block_kw, cfg.split_k > 1, cfg.num_warps, cfg.num_stages)
-            seen.setdefault(key, cfg)
+        cfg = choose_config(m, 4096, 4096, bits, num_sms)
+        splits = (1, 2) if cfg.algo != "dequant" and m <= SPLITK_MAX_M else (cfg.split_k,)
+        for split in splits:
+            c = WNA16Config(cfg.algo, cfg.block_m, cfg.block_n, cfg.block_kw, split, cfg.num_warps, cfg.num_stages)
+            seen.setdefault((c.algo, c.block_m, c.block_n, c.block_kw, c.split_k, c.num_warps, c.num_stages), c)
     return list(seen.values())

@@ -14,15 +14,15 @@ Weight layout (built once by ``wna16_layout.to_triton_layout``), with PW = 32 / 
 
 Kernels:
 
-1. ``_wna16_matmul_kernel``, grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), SPLIT_K). Program (i, j, s)
+1. ``_wna16_matmul_kernel``, grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), split_k). Program (i, j, s)
    walks its share of K in tiles of BLOCK_KW words: it loads the [BLOCK_KW, BLOCK_N] words
    (``evict_first``: streamed once), the scales (one row when a tile lies inside one group, else one
    row per word), and for each of the PW bit fields i unpacks a [BLOCK_KW, BLOCK_N] slice of W
    (rows k = word*PW + i), multiplies it with the matching strided columns of x, and accumulates in
    fp32: with ``tl.dot`` (algo "dot") or as a broadcast multiply and sum (algo "gemv", M <= 4, no
    tensor-core padding). No reshape or interleave is needed, so the unpacked tile never leaves
-   registers. With SPLIT_K == 1 it adds the bias and stores y in x's dtype; else it writes fp32
-   partial sums [SPLIT_K, M, N] and
+   registers. With split_k == 1 it adds the bias and stores y in x's dtype; else it writes fp32
+   partial sums [split_k, M, N] and
 2. ``_splitk_reduce_kernel`` sums them, adds the bias and casts (deterministic; no atomics).
 3. ``_wna16_dequant_kernel`` writes dequant(W).T [K, N] in x's dtype, for large M (algo "dequant"),
    followed by a dense ``torch.matmul``.
@@ -57,8 +57,8 @@ def _wna16_matmul_kernel(
     scales_ptr,  # [G, N]
     zeros_ptr,  # uint8 [G, N] (read when HAS_ZEROS)
     bias_ptr,  # [N] (read when HAS_BIAS)
-    out_ptr,  # [M, N] x dtype (written when SPLIT_K == 1), row stride stride_om
-    partial_ptr,  # fp32 [SPLIT_K, M, N] (written when SPLIT_K > 1)
+    out_ptr,  # [M, N] x dtype (written unless WRITE_PARTIAL), row stride stride_om
+    partial_ptr,  # fp32 [split, M, N] (written when WRITE_PARTIAL)
     M,
     N,
     K,
@@ -72,7 +72,7 @@ def _wna16_matmul_kernel(
     SCALE_SINGLE: tl.constexpr,  # every K tile lies inside one group: load one scale row per tile
     USE_DOT: tl.constexpr,
     DOT_FP32: tl.constexpr,
-    SPLIT_K: tl.constexpr,
+    WRITE_PARTIAL: tl.constexpr,  # split-K > 1: write fp32 partial sums instead of y
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_KW: tl.constexpr,
@@ -130,7 +130,7 @@ def _wna16_matmul_kernel(
                 acc += tl.sum(xi.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)  # [BM, BN]
 
     mask_mn = mask_m[:, None] & mask_n[None, :]
-    if SPLIT_K == 1:
+    if not WRITE_PARTIAL:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
         out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
@@ -142,13 +142,13 @@ def _wna16_matmul_kernel(
 
 @triton.jit
 def _splitk_reduce_kernel(
-    partial_ptr,  # fp32 [SPLIT_K, M, N]
+    partial_ptr,  # fp32 [split_k, M, N]
     bias_ptr,  # [N] (read when HAS_BIAS)
     out_ptr,  # [M, N] x dtype, row stride stride_om
     M,
     N,
     stride_om,
-    SPLIT_K: tl.constexpr,
+    split_k,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
@@ -156,7 +156,7 @@ def _splitk_reduce_kernel(
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):
+    for s in range(split_k):
         acc += tl.load(partial_ptr + (s * M + m).to(tl.int64) * N + offs_n, mask=mask_n, other=0.0)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -330,13 +330,13 @@ def wna16_gemm_triton(
         m, n, k, group_size, k_split_len, x.stride(0), out.stride(0),
         BITS=bits, HAS_ZEROS=has_zeros, HAS_BIAS=has_bias, SCALE_SINGLE=scale_single,
         USE_DOT=cfg.algo == "dot", DOT_FP32=KERNELS_INTERPRETED or x.dtype == torch.float32,
-        SPLIT_K=split, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_KW=cfg.block_kw,
+        WRITE_PARTIAL=split > 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_KW=cfg.block_kw,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split > 1:
         wrap_triton(_splitk_reduce_kernel)[(m, triton.cdiv(n, REDUCE_BLOCK_N))](
-            partial, bias_arg, out, m, n, out.stride(0),
-            SPLIT_K=split, HAS_BIAS=has_bias, BLOCK_N=REDUCE_BLOCK_N,
+            partial, bias_arg, out, m, n, out.stride(0), split,
+            HAS_BIAS=has_bias, BLOCK_N=REDUCE_BLOCK_N,
         )
     return out
 
