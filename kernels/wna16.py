@@ -23,6 +23,7 @@ import torch
 from . import wna16_cpu  # noqa: F401  (registers torch.ops.quantkit.wna16_int4_cpu / wna16_int8_cpu)
 from .reference import wna16_linear_reference
 from .wna16_layout import (
+    ACTIVATION_DTYPES as _ACTIVATION_DTYPES,
     check_activation,
     check_wna16_weight,
     cpu_int4_supports,
@@ -117,13 +118,6 @@ def prepared_layout(prepared: dict[str, torch.Tensor]) -> str:
     raise ValueError(f"not a prepared WNA16 weight (keys {sorted(prepared)}); build it with prepare_wna16")
 
 
-_LAYOUTS_OF_BACKEND = {
-    "triton": ("triton",),
-    "torch": ("cpu_int4", "cpu_int8", "reference"),
-    "reference": ("reference",),
-}
-
-
 def wna16_linear(
     x: torch.Tensor,
     prepared: dict[str, torch.Tensor],
@@ -137,34 +131,36 @@ def wna16_linear(
     """y = x @ dequant(W).T + bias; x: [..., in_features] fp16/bf16/fp32 -> [..., out_features] in x's dtype.
 
     ``prepared`` comes from ``prepare_wna16`` with the same ``backend`` (it may since have been moved
-    with ``.to(device)``).
+    with ``.to(device)``). This runs once per linear per decode step, so it is kept to a few
+    attribute reads before the op call.
     """
-    check_activation(x, in_features)
-    layout = prepared_layout(prepared)
-    if layout not in _LAYOUTS_OF_BACKEND.get(backend, ()):
-        raise ValueError(
-            f"the weight was prepared in the {layout!r} layout, which backend {backend!r} does not read; "
-            f"call prepare_wna16(..., backend={backend!r}) again"
-        )
-    x2 = x.reshape(-1, in_features)  # [M, K]
-    if layout == "triton":
-        y = torch.ops.quantkit.wna16_gemm(
-            x2, prepared["triton_qweight"], prepared["triton_scales"], prepared.get("triton_zeros"), bias, bits
-        )
-    elif layout == "cpu_int4":
+    if x.dtype not in _ACTIVATION_DTYPES or x.shape[-1] != in_features:
+        check_activation(x, in_features)  # raises, naming the problem
+    x2 = x.reshape(-1, in_features) if x.dim() != 2 else x  # [M, K]
+    if "cpu_int4_weight" in prepared and backend == "torch":
         y = torch.ops.quantkit.wna16_int4_cpu(
             x2, prepared["cpu_int4_weight"], prepared["cpu_int4_scales_zeros"],
             prepared.get("cpu_int4_weight_lo"), prepared.get("cpu_int4_scales_zeros_lo"), bias,
         )
-    elif layout == "cpu_int8":
+    elif "cpu_int8_weight" in prepared and backend == "torch":
         y = torch.ops.quantkit.wna16_int8_cpu(
             x2, prepared["cpu_int8_weight"], prepared["cpu_int8_scale"], prepared.get("cpu_int8_zero_scale"), bias
         )
-    else:
+    elif "triton_qweight" in prepared and backend == "triton":
+        y = torch.ops.quantkit.wna16_gemm(
+            x2, prepared["triton_qweight"], prepared["triton_scales"], prepared.get("triton_zeros"), bias, bits
+        )
+    elif "weight_packed" in prepared and backend in ("reference", "torch"):
         y = wna16_linear_reference(
             x2, prepared["weight_packed"], prepared["weight_scale"], prepared.get("weight_zero_point"),
             bits, in_features, bias,
         )
+    else:
+        layout = prepared_layout(prepared)  # raises for a dict that is no prepared weight
+        raise ValueError(
+            f"the weight was prepared in the {layout!r} layout, which backend {backend!r} does not read; "
+            f"call prepare_wna16(..., backend={backend!r}) again"
+        )
     if y.shape[-1] != out_features:
         raise ValueError(f"the prepared weight has {y.shape[-1]} outputs, out_features={out_features}")
-    return y.reshape(*x.shape[:-1], out_features)
+    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], out_features)
