@@ -16,6 +16,7 @@ weight-only kernels). Backends, layouts and numerics: ``wna16``, ``wna16_layout`
 Set TRITON_INTERPRET=1 before importing this package to run the Triton kernels on CPU tensors.
 """
 
+from .fusion import concat_wna16_weights
 from .packing import pack_int32, unpack_int32
 from .reference import dequantize_wna16, wna16_linear_reference
 from .wna16 import BACKENDS, prepare_wna16, prepared_layout, resolve_backend, wna16_linear
@@ -26,6 +27,7 @@ __all__ = [
     "BACKENDS",
     "WNA16Config",
     "choose_config",
+    "concat_wna16_weights",
     "dequantize_wna16",
     "pack_int32",
     "prepare_wna16",

@@ -123,9 +123,9 @@ def _wna16_matmul_kernel(
             xi = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)  # [BM, BKW]
             if USE_DOT:
                 if DOT_FP32:
-                    acc += tl.dot(xi.to(tl.float32), w, input_precision="ieee")
+                    acc = tl.dot(xi.to(tl.float32), w, acc, input_precision="ieee")
                 else:
-                    acc += tl.dot(xi, w.to(xi.dtype))
+                    acc = tl.dot(xi, w.to(xi.dtype), acc)
             else:
                 acc += tl.sum(xi.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)  # [BM, BN]
 
@@ -291,6 +291,8 @@ def wna16_gemm_triton(
     x = x.contiguous()
     if out is None:
         out = x.new_empty((m, n))
+    elif out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1 or out.device != x.device:
+        raise ValueError(f"out must be a row-major [{m}, {n}] {x.dtype} tensor on {x.device}")
     if m == 0:
         return out
     per_word = 32 // bits
@@ -298,6 +300,13 @@ def wna16_gemm_triton(
     zeros_arg = zeros if has_zeros else scales  # never read
     bias_arg = bias if has_bias else scales  # never read
 
+    block_k = cfg.block_kw * per_word
+    k_tiles = -(-k // block_k)
+    split = min(cfg.split_k, k_tiles)
+    if workspace is not None:
+        need, need_dtype = (k * n, x.dtype) if cfg.algo == "dequant" else (split * m * n, torch.float32)
+        if workspace.numel() < need or workspace.dtype != need_dtype or not workspace.is_contiguous():
+            raise ValueError(f"workspace must be a contiguous {need_dtype} tensor of at least {need} elements")
     if cfg.algo == "dequant":
         w_t = x.new_empty((k, n)) if workspace is None else workspace[: k * n].view(k, n)  # [K, N]
         grid = (triton.cdiv(-(-k // per_word), DEQUANT_BLOCK[0]), triton.cdiv(n, DEQUANT_BLOCK[1]))
@@ -311,9 +320,6 @@ def wna16_gemm_triton(
             torch.mm(x, w_t, out=out)
         return out
 
-    block_k = cfg.block_kw * per_word
-    k_tiles = -(-k // block_k)
-    split = min(cfg.split_k, k_tiles)
     k_split_len = -(-k_tiles // split) * block_k
     scale_single = groups_single(group_size, k, block_k)
     if split > 1:

@@ -47,18 +47,78 @@ def build_model(args):
     return model.to(torch.bfloat16).eval()
 
 
+class FusedProjections(torch.nn.Module):
+    """Several QuantLinears that read the same input, run as one linear over their weights concatenated
+    along N (quantkit.kernels.concat_wna16_weights). Each original linear is replaced by a
+    ``_FusedSlice`` that returns its part; the first slice called with a given input tensor computes
+    all parts, the others reuse the result for that very tensor object."""
+
+    def __init__(self, linears, backend: str):
+        import quantkit.kernels as qk
+
+        super().__init__()
+        first = linears[0]
+        self.bits, self.in_features = first.scheme.num_bits, first.in_features
+        self.sizes = [lin.out_features for lin in linears]
+        self.out_features = sum(self.sizes)
+        packed, scale, zero = qk.concat_wna16_weights(
+            [(lin.weight_packed, lin.weight_scale, lin.weight_zero_point) for lin in linears],
+            bits=self.bits, in_features=self.in_features)
+        self.backend = qk.resolve_backend(backend, packed.device, scale.dtype)
+        prepared = qk.prepare_wna16(packed, scale, zero, bits=self.bits, in_features=self.in_features,
+                                    backend=self.backend)
+        self.keys = list(prepared)
+        for key, tensor in prepared.items():
+            self.register_buffer(key, tensor, persistent=False)
+        biases = [lin.bias for lin in linears]
+        self.bias = None if all(b is None for b in biases) else torch.cat(
+            [b if b is not None else torch.zeros(n, dtype=scale.dtype) for b, n in zip(biases, self.sizes)])
+        self._last = (None, None)
+
+    def parts(self, x):
+        if self._last[0] is not x:
+            import quantkit.kernels as qk
+
+            y = qk.wna16_linear(x, {k: getattr(self, k) for k in self.keys}, bits=self.bits,
+                                in_features=self.in_features, out_features=self.out_features,
+                                backend=self.backend, bias=self.bias)
+            self._last = (x, y.split(self.sizes, dim=-1))
+        return self._last[1]
+
+
+class _FusedSlice(torch.nn.Module):
+    def __init__(self, owner: FusedProjections, index: int):
+        super().__init__()
+        self.owner = [owner]  # a list: not registered as a submodule of every slice
+        self.index = index
+
+    def forward(self, x):
+        return self.owner[0].parts(x)[self.index]
+
+
+def fuse_projections(model, backend: str) -> int:
+    """Fuse q/k/v and gate/up of every decoder layer (Llama-style names); returns the number of fusions."""
+    fused = 0
+    for layer in model.model.layers:
+        for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj")), (layer.mlp, ("gate_proj", "up_proj"))):
+            owner = FusedProjections([getattr(parent, n) for n in names], backend)
+            parent.add_module("fused_" + "_".join(n.split("_")[0] for n in names), owner)
+            for i, n in enumerate(names):
+                setattr(parent, n, _FusedSlice(owner, i))
+            fused += 1
+    return fused
+
+
 def quantized_copy(model, recipe: str, backend: str, fuse: bool):
     import quantkit
     from quantkit.modules import QuantLinear
 
     qmodel = quantkit.quantize(copy.deepcopy(model), recipe, progress=False)
+    if fuse:
+        fuse_projections(qmodel, backend)
     for module in qmodel.modules():
         if isinstance(module, QuantLinear):
             module.prepare(backend, release_checkpoint_tensors=True)
-    if fuse:
-        from quantkit.kernels.fusion import fuse_llama_projections
-
-        fuse_llama_projections(qmodel)
     gc.collect()
     return qmodel
 

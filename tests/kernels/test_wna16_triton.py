@@ -140,6 +140,11 @@ def test_invalid_operands_raise(gen):
         op(x, qw, sc.repeat_interleave(8, 0)[: K // 4], None, None, 4)  # group size 4 < 8 values per word
     with pytest.raises(ValueError, match="does not divide"):
         op(x, qw, sc[:3], None, None, 4)
+    with pytest.raises(ValueError, match="out must be a row-major"):
+        qk.wna16_gemm_triton(x, qw, sc, zr, None, 4, out=torch.empty(2, N, device=DEVICE))
+    with pytest.raises(ValueError, match="workspace must be a contiguous torch.float32"):
+        qk.wna16_gemm_triton(x, qw, sc, zr, None, 4, config=WNA16Config("gemv", 2, 64, 16, split_k=2),
+                             workspace=torch.empty(N, device=DEVICE))
     with pytest.raises(ValueError, match="in_features=256"):
         qk.wna16_linear(x[:, :100], prep, bits=4, in_features=K, out_features=N, backend="triton")
     with pytest.raises(ValueError, match="does not read"):
