@@ -5,7 +5,8 @@
 Runs the real Triton compiler (``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))``)
 down to a cubin with Triton's bundled ptxas, so a kernel the Hopper compiler rejects, or one that
 needs more shared memory than the SM has, fails here rather than on the first GPU run. Each
-configuration of ``wna16_heuristics.all_configs`` is compiled once for every bit width, with the
+configuration of ``wna16_heuristics.all_configs`` is compiled once for int4 and int8 (and one per
+algorithm for int2, whose launch configurations are the same), with the
 kernel's other compile-time flags (activation dtype, zeros, bias, scale mode) rotated across the
 configurations so that every value of every flag is compiled with every algorithm. Prints one JSON
 object per line and exits non-zero on any failure.
@@ -38,7 +39,10 @@ def _jobs(arch: int) -> list[dict]:
     jobs = []
     for bits in SUPPORTED_BITS:
         counters: dict[str, int] = {}
-        for cfg in all_configs(bits, DEFAULT_NUM_SMS):
+        configs = all_configs(bits, DEFAULT_NUM_SMS)
+        if bits == 2:  # same launch configurations as int4/int8; one per algorithm shows the int2 unpacking compiles
+            configs = [next(c for c in configs if c.algo == algo) for algo in ("gemv", "dot", "dequant")]
+        for cfg in configs:
             i = counters.get(cfg.algo, 0)
             counters[cfg.algo] = i + 1
             # each algorithm's first configurations cover the flag combinations in turn (offset by bits)
