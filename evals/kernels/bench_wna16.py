@@ -209,6 +209,9 @@ def run(args) -> dict:
             for backend in args.backends:
                 qbytes = moved_bytes(scheme, 0, k, n)
                 copies = copies_for(qbytes, device, args.max_copies)
+                reps = args.reps
+                if backend == "reference":  # dequantizes the whole weight per call: slow, cache-insensitive
+                    copies, reps = 1, min(reps, 3)
                 ckpts = {dt: [random_checkpoint(scheme, k, n, dt, device, gen) for _ in range(copies)] for dt in dtypes}
                 prepared = {
                     dt: [qk.prepare_wna16(*c, bits=scheme.bits, in_features=k, backend=backend) for c in ckpts[dt]]
@@ -233,7 +236,7 @@ def run(args) -> dict:
                             return qk.wna16_linear(x, p, bits=scheme.bits, in_features=k, out_features=n,
                                                    backend=backend)
 
-                        t = time_rotating([lambda p=p: call(p) for p in prepared[dt]], device, args.reps, args.timer)
+                        t = time_rotating([lambda p=p: call(p) for p in prepared[dt]], device, reps, args.timer)
                         packed, scale, zero = ckpts[dt][0]
                         ref = qk.wna16_linear_reference(x.float(), packed, scale.float(), zero, scheme.bits, k)
                         y = call(prepared[dt][0]).float()
