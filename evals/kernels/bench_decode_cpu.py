@@ -30,7 +30,16 @@ from pathlib import Path
 
 import torch
 
-VARIANTS = {"bf16": None, "w8": "w8a16-rtn", "w4": "w4a16-rtn", "w4-asym": "w4a16-rtn-asym"}
+# name -> (recipe, also quantize lm_head); "-all" variants quantize every linear, as torchao's
+# quantize_() does by default, instead of keeping lm_head in bf16 as the recipes (and vLLM checkpoints) do.
+VARIANTS = {
+    "bf16": (None, False),
+    "w8": ("w8a16-rtn", False),
+    "w4": ("w4a16-rtn", False),
+    "w4-asym": ("w4a16-rtn-asym", False),
+    "w8-all": ("w8a16-rtn", True),
+    "w4-all": ("w4a16-rtn", True),
+}
 
 
 def build_model(args):
@@ -109,10 +118,15 @@ def fuse_projections(model, backend: str) -> int:
     return fused
 
 
-def quantized_copy(model, recipe: str, backend: str, fuse: bool):
+def quantized_copy(model, recipe_name: str, lm_head: bool, backend: str, fuse: bool):
+    import dataclasses
+
     import quantkit
     from quantkit.modules import QuantLinear
 
+    recipe = quantkit.load_recipe(recipe_name)
+    if lm_head:
+        recipe = dataclasses.replace(recipe, ignore=())
     qmodel = quantkit.quantize(copy.deepcopy(model), recipe, progress=False)
     if fuse:
         fuse_projections(qmodel, backend)
@@ -188,7 +202,8 @@ def main(argv=None) -> dict:
     base = build_model(args)
     models = {}
     for name in names:
-        models[name] = base if VARIANTS[name] is None else quantized_copy(base, VARIANTS[name], args.backend, args.fuse)
+        recipe, lm_head = VARIANTS[name]
+        models[name] = base if recipe is None else quantized_copy(base, recipe, lm_head, args.backend, args.fuse)
     if "bf16" not in names:
         del base
     gc.collect()
@@ -218,7 +233,8 @@ def main(argv=None) -> dict:
     for name in names:
         med = statistics.median(steps[name])
         result["variants"][name] = {
-            "recipe": VARIANTS[name],
+            "recipe": VARIANTS[name][0],
+            "lm_head_quantized": VARIANTS[name][1],
             "weight_GB": weight_bytes(models[name]) / 1e9,
             "median_ms_per_token": med * 1e3,
             "tokens_per_s": 1 / med,
@@ -242,7 +258,7 @@ def to_markdown(result: dict, names: list[str]) -> str:
         "# CPU decode speed, batch 1: bf16 vs quantkit W8 / W4",
         "",
         f"Random-initialised Llama: hidden {m['hidden']}, intermediate {m['intermediate']}, {m['layers']} layers, "
-        f"{m['heads']} heads / {m['kv_heads']} KV heads, vocab {m['vocab']} (lm_head kept in bf16). "
+        f"{m['heads']} heads / {m['kv_heads']} KV heads, vocab {m['vocab']}. "
         f"Prompt {result['prompt_tokens']} tokens, {result['new_tokens']} decode steps per round, "
         f"{result['rounds']} interleaved rounds (first discarded), median step time. "
         f"{result['threads']} threads, torch {result['torch']}, backend `{result['backend']}`"
@@ -257,6 +273,9 @@ def to_markdown(result: dict, names: list[str]) -> str:
         v = result["variants"][name]
         lines.append(f"| {name} | {v['recipe'] or '-'} | {v['weight_GB']:.2f} | {v['median_ms_per_token']:.1f} | "
                      f"{v['tokens_per_s']:.2f} | {v[f'speedup_vs_{names[0]}']:.2f}x |")
+    if any(result["variants"][n]["lm_head_quantized"] for n in names):
+        lines += ["", "Variants ending in `-all` also quantize lm_head (every linear, as torchao's quantize_ does by "
+                  "default); the others keep it in bf16 as the recipes do."]
     lines += ["", "Absolute times depend on the machine and its load; the ratios were measured side by side in one run."]
     return "\n".join(lines) + "\n"
 
