@@ -26,6 +26,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
 from .decode_attention_reference import decode_attention_reference
@@ -356,7 +357,9 @@ def _decode_attention_fp8_op(
     sm_scale: float,
     num_splits: int,
 ) -> torch.Tensor:
-    if triton_can_run_on(q.device):
+    # Triton's interpreter needs real CPU memory: when the op is traced on CPU (fake/functional
+    # tensors, e.g. torch.compile or export), the reference's torch ops are traced instead.
+    if triton_can_run_on(q.device) and (q.is_cuda or not is_fake(q)):
         return decode_attention_triton(q, k_cache, v_cache, k_scale, v_scale, kv_mask, sm_scale, num_splits)
     check_decode_attention_args(q, k_cache, v_cache, kv_mask)
     return decode_attention_reference(q, k_cache, v_cache, k_scale, v_scale, kv_mask, sm_scale)
@@ -407,3 +410,71 @@ def decode_attention_fp8(
     if not math.isfinite(sm_scale):
         raise ValueError(f"sm_scale must be finite, got {sm_scale}")
     return torch.ops.quantkit.decode_attention_fp8(q, k_cache, v_cache, k_scale, v_scale, kv_mask, sm_scale, num_splits)
+
+
+# -- ahead-of-time compile check ------------------------------------------------------------------
+
+#: (kv dtype, q dtype, GQA group, head_dim, has_mask) variants compiled by compile_kernels.
+COMPILE_VARIANTS = (
+    ("fp8e4nv", "bf16", 4, 128, True),
+    ("fp8e4nv", "fp16", 6, 80, False),
+    ("fp8e4nv", "fp32", 1, 64, True),
+    ("bf16", "bf16", 8, 128, True),
+)
+_SPLIT_POINTER_TYPES = {
+    "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "mask_ptr": "*u8", "part_acc_ptr": "*fp32",
+    "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "qk_scale": "fp32",
+}
+
+
+def _compile(kernel, types: dict[str, str], constexprs: dict, target):
+    signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in kernel.arg_names}
+    return triton.compile(triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=target)
+
+
+def compile_kernels(target=None, variants=COMPILE_VARIANTS) -> dict[str, dict]:
+    """Compile both kernels with the real Triton compiler for `target` (default: Hopper, sm_90).
+
+    Needs no GPU, but Triton's interpreter must be off (TRITON_INTERPRET unset when triton was
+    imported). Returns {variant name: {"cubin_bytes", "shared_bytes", "fp8_converts"}}; raises
+    the compiler's error if a variant does not compile.
+    """
+    from triton.backends.compiler import GPUTarget
+
+    if _KERNELS_INTERPRETED:
+        raise RuntimeError("compile_kernels needs triton imported without TRITON_INTERPRET=1 (run it in a fresh process)")
+    target = target or GPUTarget("cuda", 90, 32)
+    results = {}
+    for kv_type, q_type, group, head_dim, has_mask in variants:
+        block_d = max(16, triton.next_power_of_2(head_dim))
+        compiled = _compile(
+            _decode_attention_split_kernel,
+            {**_SPLIT_POINTER_TYPES, "q_ptr": f"*{q_type}", "k_ptr": f"*{kv_type}", "v_ptr": f"*{kv_type}"},
+            dict(GROUP=group, BLOCK_G=max(MIN_BLOCK_G, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+                 BLOCK_D=block_d, BLOCK_N=BLOCK_N, HAS_MASK=has_mask, DOT_FP32=q_type == "fp32"),
+            target,
+        )
+        results[f"split/{kv_type}/{q_type}/g{group}/d{head_dim}/mask{int(has_mask)}"] = {
+            "cubin_bytes": len(compiled.asm.get("cubin", b"")),
+            "shared_bytes": compiled.metadata.shared,
+            "fp8_converts": "e4m3" in compiled.asm.get("ptx", ""),
+        }
+        compiled = _compile(
+            _decode_attention_reduce_kernel,
+            {"out_ptr": f"*{q_type}", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
+             "v_scale_ptr": "*fp32"},
+            dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=16),
+            target,
+        )
+        results[f"reduce/{q_type}/g{group}/d{head_dim}"] = {
+            "cubin_bytes": len(compiled.asm.get("cubin", b"")),
+            "shared_bytes": compiled.metadata.shared,
+            "fp8_converts": False,
+        }
+    return results
+
+
+if __name__ == "__main__":  # python -m quantkit.kernels.decode_attention: the Hopper compile check
+    import json
+
+    print(json.dumps(compile_kernels(), indent=1))
