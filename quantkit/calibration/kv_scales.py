@@ -235,6 +235,31 @@ def read_kv_scales(model: nn.Module) -> tuple[KVScales, list[str]]:
     return scales, missing
 
 
+def pop_kv_scales(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> KVScales:
+    """Remove the ``<attention>.k_scale`` / ``.v_scale`` entries of a checkpoint's state dict.
+
+    For loaders that build the model from its config (which has no scale buffers) and then load
+    the state dict strictly: pop the scales first, load, then ``attach_kv_scales(model, scales)``.
+    Returns {layer index: (k_scale, v_scale)} as fp32 ([1] or [Hkv]); raises QuantizationError
+    if only some attention layers have scales.
+    """
+    scales: KVScales = {}
+    partial: list[str] = []
+    for i, (name, _) in attention_modules(model).items():
+        k = state_dict.pop(f"{name}.k_scale", None)
+        v = state_dict.pop(f"{name}.v_scale", None)
+        if k is not None and v is not None:
+            scales[i] = (k.detach().float().reshape(-1), v.detach().float().reshape(-1))
+        elif k is not None or v is not None:
+            partial.append(name)
+    if partial or (scales and len(scales) != len(attention_modules(model))):
+        raise QuantizationError(
+            f"the checkpoint has FP8 KV scales for only some attention layers ({len(scales)} complete; incomplete: "
+            f"{partial[:3]}): re-create it with calibrated scales for every layer"
+        )
+    return scales
+
+
 def quantize_kv_cache(
     model: nn.Module, batches: Iterable[torch.Tensor], *, per_head: bool = False, progress: bool = False
 ) -> KVScales:
