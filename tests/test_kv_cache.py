@@ -225,3 +225,19 @@ def test_per_head_scale_of_wrong_size_is_rejected():
     with pytest.raises(ValueError, match="3 entries but the layer caches 2 KV heads"):
         with torch.no_grad():
             model(input_ids=torch.randint(0, VOCAB, (1, 4)), cache=fp8_cache_for(model))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads_with_scales", [1, 3])
+def test_table_dequantization_equals_the_primitive(dtype, heads_with_scales):
+    from quantkit.modules.kv_cache import _dequantize_table, dequantize_fp8_by_table
+    from quantkit.primitives import dequantize_fp8
+
+    scale = torch.rand(heads_with_scales) * 0.1 + 1e-3
+    codes = torch.randint(0, 256, (2, 3, 40, 16), dtype=torch.uint8)
+    codes[0, 0, 0, :] = torch.arange(16, dtype=torch.uint8) + 120  # include 0x7f (NaN) and its neighbours
+    q = codes.view(torch.float8_e4m3fn)  # [B, H=3, T, D]
+    expected = dequantize_fp8(q, scale.reshape(1, -1, 1, 1), dtype)
+    got = dequantize_fp8_by_table(q, _dequantize_table(scale, dtype))
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)

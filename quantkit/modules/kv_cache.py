@@ -42,6 +42,25 @@ KERNEL_ATTENTION_NAME = "quantkit_fp8"
 SCALE_ATTRIBUTE = "quantkit_fp8_scale"
 
 
+def _dequantize_table(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[S] scales -> [S * 256] table: entry s * 256 + c = dtype(fp32(fp8 code c) * scale[s])."""
+    codes = torch.arange(256, dtype=torch.uint8, device=scale.device).view(FP8_DTYPE).float()  # [256]
+    return (codes[None, :] * scale.float().reshape(-1, 1)).to(dtype).reshape(-1)  # [S * 256]
+
+
+def dequantize_fp8_by_table(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """fp8 codes [B, H, T, D] -> table values, table from _dequantize_table ([256] or [H * 256]).
+
+    Gives exactly dequantize_fp8(q, scale, dtype) (one product rounded to dtype), about 5x faster on
+    CPU, where torch converts float8 element by element.
+    """
+    index = q.view(torch.uint8).to(torch.int32)  # [B, H, T, D]
+    if table.numel() > 256:  # per-head scales: head h reads entries [h * 256, (h + 1) * 256)
+        offsets = torch.arange(q.shape[1], dtype=torch.int32, device=q.device) * 256
+        index = index + offsets.view(1, -1, 1, 1)
+    return table.index_select(0, index.reshape(-1)).view(q.shape)
+
+
 def _as_scale(scale: torch.Tensor | float, what: str) -> torch.Tensor:
     scale = torch.as_tensor(scale, dtype=torch.float32).detach().reshape(-1)
     if scale.numel() == 0 or not torch.isfinite(scale).all() or (scale <= 0).any():
@@ -81,6 +100,9 @@ class _FP8KVStorage:
         num_heads = key_states.shape[1]
         self._k_scale_b = self._scale_view(self.k_scale, num_heads)
         self._v_scale_b = self._scale_view(self.v_scale, num_heads)
+        if self.device.type == "cpu":
+            self._k_table = _dequantize_table(self.k_scale, self.dtype)
+            self._v_table = _dequantize_table(self.v_scale, self.dtype)
         self.keys = torch.tensor([], dtype=FP8_DTYPE, device=self.device)
         self.values = torch.tensor([], dtype=FP8_DTYPE, device=self.device)
 
@@ -88,17 +110,23 @@ class _FP8KVStorage:
         """[B, Hkv, T, D] model dtype -> fp8 codes, saturated (never NaN for finite inputs)."""
         return quantize_fp8(key_states, self._k_scale_b), quantize_fp8(value_states, self._v_scale_b)
 
+    def _dequantize(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp8 codes [B, Hkv, T, D] -> model dtype (a lookup table on CPU, same values)."""
+        if self.device.type == "cpu":
+            return dequantize_fp8_by_table(keys, self._k_table), dequantize_fp8_by_table(values, self._v_table)
+        return dequantize_fp8(keys, self._k_scale_b, self.dtype), dequantize_fp8(values, self._v_scale_b, self.dtype)
+
     def _for_attention(self, keys: torch.Tensor, values: torch.Tensor, new_tokens: int):
         """fp8 [B, Hkv, T, D] codes -> what attention reads (see the class docstring)."""
         if self.return_fp8_on_decode and new_tokens == 1:
             setattr(keys, SCALE_ATTRIBUTE, self.k_scale.to(self.device))
             setattr(values, SCALE_ATTRIBUTE, self.v_scale.to(self.device))
             return keys, values
-        return dequantize_fp8(keys, self._k_scale_b, self.dtype), dequantize_fp8(values, self._v_scale_b, self.dtype)
+        return self._dequantize(keys, values)
 
     def dequantized(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The cached keys and values, dequantized to the model dtype: [B, Hkv, T, D] each."""
-        return dequantize_fp8(self.keys, self._k_scale_b, self.dtype), dequantize_fp8(self.values, self._v_scale_b, self.dtype)
+        return self._dequantize(self.keys, self.values)
 
     @property
     def nbytes(self) -> int:
