@@ -79,7 +79,7 @@ def _decode_attention_split_kernel(
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
-    b = pid_bh // num_kv_heads
+    b = (pid_bh // num_kv_heads).to(tl.int64)  # int64: b * stride_kb can pass 2**31 on long caches
     kv_head = pid_bh % num_kv_heads
     num_splits = tl.num_programs(1)
 
@@ -429,7 +429,8 @@ _SPLIT_POINTER_TYPES = {
 
 def _compile(kernel, types: dict[str, str], constexprs: dict, target):
     signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in kernel.arg_names}
-    return triton.compile(triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=target)
+    source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=target)
 
 
 def compile_kernels(target=None, variants=COMPILE_VARIANTS) -> dict[str, dict]:
@@ -442,7 +443,9 @@ def compile_kernels(target=None, variants=COMPILE_VARIANTS) -> dict[str, dict]:
     from triton.backends.compiler import GPUTarget
 
     if _KERNELS_INTERPRETED:
-        raise RuntimeError("compile_kernels needs triton imported without TRITON_INTERPRET=1 (run it in a fresh process)")
+        raise RuntimeError(
+            "compile_kernels needs triton imported without TRITON_INTERPRET=1 (run it in a fresh process)"
+        )
     target = target or GPUTarget("cuda", 90, 32)
     results = {}
     for kv_type, q_type, group, head_dim, has_mask in variants:

@@ -17,7 +17,8 @@ from transformers.cache_utils import DynamicCache
 from quantkit.modules.kv_cache import FP8KVCache
 
 
-def filled_cache(model: nn.Module, kind: str, context: int, scales: dict, batch: int = 1, attention: str = "dequantize"):
+def filled_cache(model: nn.Module, kind: str, context: int, scales: dict, batch: int = 1,
+                 attention: str = "dequantize"):
     """A cache of `context` random tokens per layer: kind "bf16" (DynamicCache in the model dtype) or "fp8"."""
     config = model.config
     num_kv_heads = config.num_key_value_heads

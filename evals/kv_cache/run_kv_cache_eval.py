@@ -93,7 +93,9 @@ def markdown(report: dict) -> str:
         "|---|---:|---:|---:|",
     ]
     for r in report["quality"]:
-        lines.append(f"| {r['variant']} | {r['perplexity']:.4f} | {r['kl_divergence']:.3e} | {r['top1_agreement']:.4f} |")
+        lines.append(
+            f"| {r['variant']} | {r['perplexity']:.4f} | {r['kl_divergence']:.3e} | {r['top1_agreement']:.4f} |"
+        )
     lines += ["", "## Cache bytes per token (all layers, K and V)", "", "| KV cache | bytes/token |", "|---|---:|"]
     for r in report["bytes"]:
         lines.append(f"| {r['variant']} | {r['bytes_per_token']:.0f} |")

@@ -30,7 +30,7 @@ from transformers.cache_utils import (
     Cache, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs,
 )
 
-from ..calibration.kv_scales import KVScales, attention_modules, num_cache_layers, read_kv_scales
+from ..calibration.kv_scales import KVScales, num_cache_layers, read_kv_scales
 from ..errors import QuantizationError
 from ..primitives import dequantize_fp8, quantize_fp8
 
@@ -200,7 +200,9 @@ class FP8KVCache(Cache):
         layer_types, layer_kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
         missing = [i for i in range(len(layer_types)) if i not in scales]
         if missing:
-            raise ValueError(f"no KV scales for layers {missing}: give (k_scale, v_scale) for all {len(layer_types)} layers")
+            raise ValueError(
+                f"no KV scales for layers {missing}: give (k_scale, v_scale) for all {len(layer_types)} layers"
+            )
         fp8 = attention == "kernel"
         layers = []
         for i, (layer_type, kwargs) in enumerate(zip(layer_types, layer_kwargs)):

@@ -172,7 +172,10 @@ def test_bad_arguments_raise_clear_errors(change, message):
 def test_kernels_compile_for_hopper():
     """The real compiler (not the interpreter) accepts every variant for sm_90; fp8 converts in registers."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = "import json; from quantkit.kernels.decode_attention import compile_kernels; print(json.dumps(compile_kernels()))"
+    code = (
+        "import json; from quantkit.kernels.decode_attention import compile_kernels; "
+        "print(json.dumps(compile_kernels()))"
+    )
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
