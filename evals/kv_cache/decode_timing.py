@@ -37,7 +37,7 @@ def _sync(device: torch.device) -> None:
 
 
 @torch.no_grad()
-def decode_step_times(model: nn.Module, contexts: list[int], scales: dict, *, steps: int = 8, warmup: int = 2,
+def decode_step_times(model: nn.Module, contexts: list[int], scales: dict, *, steps: int = 15, warmup: int = 3,
                       kinds: tuple[str, ...] = ("bf16", "fp8"), attention: str = "dequantize") -> list[dict]:
     """Median seconds of one decode step per (context, cache kind); kinds measured interleaved."""
     device = next(model.parameters()).device

@@ -49,6 +49,27 @@ def cache_factories(model: nn.Module, scales: dict, per_head_scales: dict) -> di
     }
 
 
+@torch.no_grad()
+def magnify_kv(model: nn.Module, factor: float) -> nn.Module:
+    """Multiply every layer's keys and values by `factor` without changing the model's function.
+
+    k_proj *= factor with q_proj /= factor keeps q.k (RoPE is linear); v_proj *= factor with
+    o_proj /= factor keeps the attention output. Only the cached K/V magnitudes change: this
+    shows what calibration buys when activations leave e4m3's comfortable range. In place.
+    """
+    from quantkit.calibration.kv_scales import attention_modules
+
+    for name, attn in attention_modules(model).values():
+        if hasattr(attn, "k_norm") or hasattr(attn, "q_norm"):
+            raise ValueError(f"{name} normalises q/k: scaling k_proj would be undone, pick a Llama-style model")
+        for proj, f in ((attn.k_proj, factor), (attn.q_proj, 1 / factor), (attn.v_proj, factor),
+                        (attn.o_proj, 1 / factor)):
+            proj.weight.mul_(f)
+            if proj.bias is not None and proj is not attn.o_proj:
+                proj.bias.mul_(f)
+    return model
+
+
 class WithCache(nn.Module):
     """model(ids) with a fresh cache from `make_cache` on every call (for quantkit.eval.quality)."""
 
