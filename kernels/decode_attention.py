@@ -318,7 +318,8 @@ def decode_attention_triton(
     out = q.new_empty((batch, num_q_heads, head_dim), dtype=out_dtype)
 
     block_d = max(16, triton.next_power_of_2(head_dim))
-    dot_fp32 = interpreted or q.dtype == torch.float32
+    # fp32 dot products: in the interpreter (its bf16 tl.dot is wrong), for fp32 queries or an fp32 cache
+    dot_fp32 = interpreted or q.dtype == torch.float32 or k_cache.dtype == torch.float32
     wrap_triton(_decode_attention_split_kernel)[(batch * num_kv_heads, num_splits)](
         q, k_cache, v_cache, k_scale, v_scale, mask_u8,
         part_acc, part_m, part_l,
@@ -462,14 +463,15 @@ def compile_kernels(target=None, variants=COMPILE_VARIANTS) -> dict[str, dict]:
             "shared_bytes": compiled.metadata.shared,
             "fp8_converts": "e4m3" in compiled.asm.get("ptx", ""),
         }
+        block_s = 1 if has_mask else 64  # one split, and many
         compiled = _compile(
             _decode_attention_reduce_kernel,
             {"out_ptr": f"*{q_type}", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
              "v_scale_ptr": "*fp32"},
-            dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=16),
+            dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=block_s),
             target,
         )
-        results[f"reduce/{q_type}/g{group}/d{head_dim}"] = {
+        results[f"reduce/{q_type}/g{group}/d{head_dim}/s{block_s}"] = {
             "cubin_bytes": len(compiled.asm.get("cubin", b"")),
             "shared_bytes": compiled.metadata.shared,
             "fp8_converts": False,

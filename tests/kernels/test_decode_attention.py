@@ -69,6 +69,7 @@ CASES = [
     (1, 16, 2, 700, 64, FP8, torch.bfloat16, False, 0, 0),  # GQA 8, many tiles, automatic splits
     (2, 4, 2, 1024, 64, torch.bfloat16, torch.bfloat16, False, 0, 4),  # bf16 baseline cache
     (2, 2, 1, 150, 32, torch.float16, torch.float16, False, 30, 2),  # fp16 cache, left padding
+    (1, 2, 1, 33, 16, torch.float32, torch.bfloat16, False, 0, 0),  # fp32 cache, smallest head_dim
 ]
 
 
