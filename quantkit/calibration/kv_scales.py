@@ -161,13 +161,18 @@ def calibrate_kv_scales(
         extra["logits_to_keep"] = 1  # the logits are not needed: skip most of the lm_head work
     device = next(model.parameters()).device
     seen = 0
-    for index, batch in enumerate(tqdm(batches, desc="calibrate KV scales", unit="batch", disable=not progress)):
-        input_ids = _input_ids(batch, index).to(device)
-        for layer in layers:
-            layer.batch_index = index
-        # A fresh observing cache per batch: no state is carried between batches.
-        model(input_ids=input_ids, use_cache=True, **{cache_kw: Cache(layers=layers)}, **extra)
-        seen += 1
+    was_training = model.training
+    model.eval()  # no dropout while measuring
+    try:
+        for index, batch in enumerate(tqdm(batches, desc="calibrate KV scales", unit="batch", disable=not progress)):
+            input_ids = _input_ids(batch, index).to(device)
+            for layer in layers:
+                layer.batch_index = index
+            # A fresh observing cache per batch: no state is carried between batches.
+            model(input_ids=input_ids, use_cache=True, **{cache_kw: Cache(layers=layers)}, **extra)
+            seen += 1
+    finally:
+        model.train(was_training)
     if seen == 0:
         raise QuantizationError("no calibration batches were given: FP8 KV scales need data to calibrate on")
     scales: KVScales = {}
