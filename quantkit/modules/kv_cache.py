@@ -271,6 +271,9 @@ def _fp8_decode_attention(
     if k_scale is None or v_scale is None:
         raise QuantizationError("fp8 keys/values reached attention without their scales: use an FP8KVCache")
     batch, _, q_len, head_dim = query.shape
+    if q_len != 1 or kwargs.get("softcap") is not None:
+        raise QuantizationError("the quantkit_fp8 attention reads fp8 caches for one-token decode steps only")
+    # A sliding window needs nothing more: the cache returns only the window and the mask covers it.
     kv_mask = None
     if attention_mask is not None:
         if attention_mask.dtype != torch.bool:
@@ -278,9 +281,6 @@ def _fp8_decode_attention(
         if attention_mask.shape[1] != 1 or attention_mask.shape[2] != 1:
             raise QuantizationError(f"unexpected decode attention mask of shape {tuple(attention_mask.shape)}")
         kv_mask = attention_mask[:, 0, 0, :].expand(batch, key.shape[2]).contiguous()  # [B, T]
-    # A sliding window needs nothing more: the cache returns only the window and the mask covers it.
-    if q_len != 1 or kwargs.get("softcap") is not None:
-        raise QuantizationError("the quantkit_fp8 attention reads fp8 caches for one-token decode steps only")
     from ..kernels.decode_attention import decode_attention_fp8
 
     out = decode_attention_fp8(
