@@ -149,6 +149,11 @@ def test_sliding_window_layers_keep_the_window():
     ref = Cache(layers=[_sliding(layer, 8) for layer in ref_layers])
     assert torch.equal(out, greedy(model, ids, mask, cache=ref, new_tokens=6))
     assert cache.layers[0].keys.shape[-2] == 7
+    enable_fp8_kv_cache(model, attention="kernel")  # decode steps read the 8-token window through the op
+    try:
+        assert torch.equal(greedy(model, ids, mask, new_tokens=6), out)
+    finally:
+        disable_fp8_kv_cache(model)
 
 
 def _sliding(layer: FakeQuantLayer, window: int):
