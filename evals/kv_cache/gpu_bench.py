@@ -42,15 +42,18 @@ def _time_ms(fn) -> dict:
 
 
 def bench_decode_attention(contexts=(4096, 16384, 32768), batches=(1, 8), num_q_heads=32, num_kv_heads=8,
-                           head_dim=128) -> dict:
-    """Rows of timings per (batch, context, variant) and the copy bandwidth they are compared to."""
+                           head_dim=128, *, device: str = "cuda", time_ms=_time_ms, copy_gbs: float | None = None) -> dict:
+    """Rows of timings per (batch, context, variant) and the copy bandwidth they are compared to.
+
+    device / time_ms / copy_gbs exist for a dry run of this script's logic on CPU.
+    """
     torch.manual_seed(0)
-    copy_gbs = copy_bandwidth_gbs()
+    copy_gbs = copy_gbs or copy_bandwidth_gbs()
     rows = []
     for batch in batches:
         for context in contexts:
-            q = torch.randn(batch, num_q_heads, head_dim, device="cuda", dtype=torch.bfloat16)
-            k16 = torch.randn(batch, num_kv_heads, context, head_dim, device="cuda", dtype=torch.bfloat16)
+            q = torch.randn(batch, num_q_heads, head_dim, device=device, dtype=torch.bfloat16)
+            k16 = torch.randn(batch, num_kv_heads, context, head_dim, device=device, dtype=torch.bfloat16)
             v16 = torch.randn_like(k16)
             k_scale = (k16.abs().amax() / 448).float().reshape(1)
             v_scale = (v16.abs().amax() / 448).float().reshape(1)
@@ -71,7 +74,7 @@ def bench_decode_attention(contexts=(4096, 16384, 32768), batches=(1, 8), num_q_
             rel_err = ((out8 - ref).abs().mean() / ref.abs().mean()).item()
             for name, (fn, kv_bytes_per_elem) in variants.items():
                 moved = 2 * k16.numel() * kv_bytes_per_elem + 2 * q.numel() * q.element_size()
-                t = _time_ms(fn)
+                t = time_ms(fn)
                 best = t["graph_ms"] if t.get("graph_ms") else t["eager_ms"]
                 gbs = moved / (best * 1e-3) / 1e9
                 rows.append({
@@ -80,7 +83,7 @@ def bench_decode_attention(contexts=(4096, 16384, 32768), batches=(1, 8), num_q_
                     "fp8_kernel_rel_mean_error": rel_err if name == "triton fp8 KV" else None,
                 })
     return {
-        "device": torch.cuda.get_device_name(),
+        "device": torch.cuda.get_device_name() if device == "cuda" else device,
         "copy_bandwidth_gbs": copy_gbs,
         "shape": {"num_q_heads": num_q_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim},
         "rows": rows,
