@@ -59,3 +59,17 @@ def test_eval_on_the_tiny_reference_model(tmp_path, capsys):
     w8, w4 = results["w8a16-rtn"], results["w4a16-rtn"]
     assert w8["baseline_perplexity"] == w4["baseline_perplexity"]
     assert w8["kl_divergence"] < w4["kl_divergence"] and w8["top1_agreement"] > w4["top1_agreement"]
+
+
+def test_demo_end_to_end_on_tiny(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--model", "ref:tiny", "--recipes", "w8a16-rtn,w4a16-rtn-asym", "--max-tokens", "2048",
+                 "--out", str(out)]) == 0
+    capsys.readouterr()
+    report = (out / "report.md").read_text()
+    assert "| w8a16-rtn | int8 per-channel sym |" in report and "| w4a16-rtn-asym | int4 g128 asym |" in report
+    rows = json.loads((out / "report.json").read_text())["results"]
+    assert [r["recipe"] for r in rows] == ["w8a16-rtn", "w4a16-rtn-asym"]
+    assert rows[0]["linear_bits_per_weight"] > 8 > rows[1]["linear_bits_per_weight"] > 4
+    assert (out / "checkpoints" / "w4a16-rtn-asym" / "model.safetensors").is_file()
+    assert main(["demo", "--model", "ref:tiny", "--out", str(out)]) == 2, "an existing output folder is refused"

@@ -19,7 +19,7 @@ def register(sub) -> None:
     p.add_argument("--model", default="ref:small", help="model to demonstrate on (default: ref:small)")
     p.add_argument("--recipes", default=DEFAULT_RECIPES, help=f"comma-separated recipes (default: {DEFAULT_RECIPES})")
     p.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")
-    p.add_argument("--max-tokens", type=int, default=131072, help="evaluation tokens (default: 131072)")
+    p.add_argument("--max-tokens", type=int, default=32768, help="evaluation tokens (default: 32768)")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.set_defaults(func=run)
 
@@ -27,8 +27,9 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import quantkit
     from quantkit.eval.data import eval_token_windows
-    from quantkit.eval.quality import evaluate_quality
+    from quantkit.eval.quality import evaluate_variants
     from quantkit.loading import atomic_output_dir, folder_size_bytes, load_float_model, resolve_model_source
+    from quantkit.report_text import dtype_name, quantized_bits_per_weight, state_bytes
 
     recipes = [quantkit.load_recipe(r.strip()) for r in args.recipes.split(",") if r.strip()]
     out = Path(args.out)
@@ -37,20 +38,23 @@ def run(args: argparse.Namespace) -> int:
         source = resolve_model_source(args.model)
         baseline = load_float_model(source, dtype=None)
         windows = eval_token_windows(source, None, max_tokens=args.max_tokens, model_config=baseline.config)
-        rows = []
+        rows, models = [], {}
         for i, recipe in enumerate(recipes):
             print(f"[2/3] {recipe.name}: quantize and save ({i + 1}/{len(recipes)})")
             start = time.perf_counter()
             model = quantkit.quantize(load_float_model(source, dtype=None), recipe)
             quantize_seconds = time.perf_counter() - start
             ckpt = quantkit.save(model, tmp / "checkpoints" / recipe.name, tokenizer_source=source)
-            print(f"[3/3] {recipe.name}: evaluate against the baseline on {windows.numel()} tokens")
-            result = evaluate_quality(quantkit.load(ckpt), baseline, windows).to_dict()
-            result.update(recipe=recipe.name, scheme=recipe.weights.describe() if recipe.weights else "-",
-                          quantize_seconds=quantize_seconds, checkpoint_bytes=folder_size_bytes(ckpt))
-            (tmp / f"eval-{recipe.name}.json").write_text(json.dumps(result, indent=2) + "\n")
-            rows.append(result)
-        report = _markdown(args.model, source, rows, folder_size_bytes(Path(source)))
+            models[recipe.name] = quantkit.load(ckpt)
+            rows.append(dict(recipe=recipe.name, scheme=recipe.weights.describe() if recipe.weights else "-",
+                             quantize_seconds=quantize_seconds, checkpoint_bytes=folder_size_bytes(ckpt),
+                             linear_bits_per_weight=quantized_bits_per_weight(model)[0]))
+        print(f"[3/3] evaluate {len(models)} variants against the baseline on {windows.numel()} tokens")
+        results = evaluate_variants(models, baseline, windows)
+        for row in rows:
+            row.update(results[row["recipe"]].to_dict())
+            (tmp / f"eval-{row['recipe']}.json").write_text(json.dumps(row, indent=2) + "\n")
+        report = _markdown(args.model, source, rows, state_bytes(baseline), dtype_name(baseline))
         (tmp / "report.md").write_text(report)
         (tmp / "report.json").write_text(json.dumps({"model": args.model, "results": rows}, indent=2) + "\n")
     print("\n" + report)
@@ -58,24 +62,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int) -> str:
+def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int, dtype: str) -> str:
     from quantkit.report_text import human_bytes
 
     r0 = rows[0]
     lines = [
         f"# quantkit demo: {name}",
         "",
-        f"Model folder: `{source}`. Evaluation: {r0['windows']} non-overlapping windows of {r0['window']} tokens "
-        f"of held-out text ({r0['tokens']} predictions). KL is KL(P_baseline || P_quantized) in nats per token.",
+        f"Model folder: `{source}`, run in {dtype}. Evaluation: the first {r0['windows']} non-overlapping windows of "
+        f"{r0['window']} tokens of the held-out text ({r0['tokens']} predictions). KL is KL(P_baseline || P_quantized) "
+        f"in nats per token; top-1 agreement is how often both models rank the same next token first.",
         "",
-        "| variant | scheme | perplexity | Δ ppl | KL | top-1 agreement | checkpoint | quantize time |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
-        f"| baseline | {'float'} | {r0['baseline_perplexity']:.3f} | - | 0 | 1 | {human_bytes(baseline_bytes)} | - |",
+        "| variant | scheme | perplexity | Δ ppl | KL | top-1 agreement | bits/weight (linears) | size | quantize time |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| baseline | {dtype} | {r0['baseline_perplexity']:.3f} | - | 0 | 1 | {_BITS.get(dtype, '?')} | "
+        f"{human_bytes(baseline_bytes)} | - |",
     ]
     for r in rows:
         lines.append(
             f"| {r['recipe']} | {r['scheme']} | {r['perplexity']:.3f} | "
-            f"{r['perplexity'] / r['baseline_perplexity'] - 1:+.2%} | {r['kl_divergence']:.5f} | "
-            f"{r['top1_agreement']:.4f} | {human_bytes(r['checkpoint_bytes'])} | {r['quantize_seconds']:.1f} s |"
+            f"{r['perplexity'] / r['baseline_perplexity'] - 1:+.2%} | {r['kl_divergence']:.2e} | "
+            f"{r['top1_agreement']:.4f} | {r['linear_bits_per_weight']:.3f} | {human_bytes(r['checkpoint_bytes'])} | "
+            f"{r['quantize_seconds']:.1f} s |"
         )
+    lines += ["", "Size: the baseline's parameters in memory; the quantized checkpoints on disk (unquantized tensors "
+              "such as embeddings, norms and lm_head stay in the model dtype)."]
     return "\n".join(lines) + "\n"
+
+
+_BITS = {"float32": 32, "bfloat16": 16, "float16": 16}

@@ -23,7 +23,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import quantkit
     from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source
-    from quantkit.report_text import quantization_summary
+    from quantkit.report_text import quantization_summary, state_bytes
 
     out = Path(args.out)
     if out.exists() and not args.force:
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     source = resolve_model_source(args.model)
     start = time.perf_counter()
     model = load_float_model(source, dtype=DTYPES[args.dtype], device=args.device, trust_remote_code=args.trust_remote_code)
-    size_before = folder_size_bytes(Path(source)) if Path(source).is_dir() else None
+    size_before = state_bytes(model)  # at the dtype the model runs in
     quantkit.quantize(model, recipe)
     path = quantkit.save(model, out, tokenizer_source=source, force=args.force)
     elapsed = time.perf_counter() - start
