@@ -90,16 +90,21 @@ def hessian_update(h: torch.Tensor | None, count: int, x: torch.Tensor) -> tuple
 def _damped_cholesky_inverse(h: torch.Tensor, damp_percent: float, where: str) -> tuple[torch.Tensor, float]:
     """Upper Cholesky factor U of (H + damp*I)^-1 (so that Uᵀ U = H^-1), raising damping on failure.
 
-    h: [K, K] symmetric PSD. returns (U [K, K], damp_percent actually used).
+    h: [K, K] symmetric PSD, damped *in place* (the caller's working copy). At most three [K, K]
+    matrices are alive at once. returns (U [K, K], damp_percent actually used).
     """
-    mean_diag = torch.mean(torch.diag(h)).item()
-    eye = torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
+    diag = h.diagonal()
+    undamped = diag.clone()  # [K]
+    mean_diag = torch.mean(undamped).item()
     damp = damp_percent
     for attempt in range(MAX_DAMP_RETRIES + 1):
-        l, info = torch.linalg.cholesky_ex(h + (damp * mean_diag) * eye)
+        diag.copy_(undamped + damp * mean_diag)
+        l, info = torch.linalg.cholesky_ex(h)
         if int(info) == 0:
             hinv = torch.cholesky_inverse(l)
+            del l
             u, info = torch.linalg.cholesky_ex(hinv, upper=True)
+            del hinv
             if int(info) == 0 and torch.isfinite(u).all():
                 return u, damp
         if attempt < MAX_DAMP_RETRIES:

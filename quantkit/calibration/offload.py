@@ -52,6 +52,12 @@ def materialize_(module: nn.Module, device: torch.device | str) -> None:
                 value = hook.weights_map[name]
                 set_module_tensor_to_device(sub, name, device, value=value.detach().to(device, copy=True))
     remove_hook_from_submodules(module)
+    for sub in module.modules():
+        # accelerate restores `forward` as an instance attribute bound to the module itself: a reference
+        # cycle that keeps the module (and its float weights, once replaced) alive until a garbage collection.
+        bound = sub.__dict__.get("forward")
+        if bound is not None and getattr(bound, "__self__", None) is sub:
+            del sub.__dict__["forward"]
     leftover = [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]
     if leftover:
         raise RuntimeError(
