@@ -238,18 +238,25 @@ def sample_token_windows(
 
 
 def default_source(model) -> str | None:
-    """'ref' when `model` is one of the built-in reference models, else None."""
+    """'ref' when `model` was loaded from a built-in reference model's folder (committed or cached), else None."""
     origin = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
     if not origin:
         return None
-    try:
-        from .. import refmodels
+    from .. import refmodels
 
-        weights = (Path(refmodels.__file__).parent / "weights").resolve()
+    roots = [Path(refmodels.__file__).parent / "weights"]
+    try:
+        from ..refmodels import corpus
+
+        roots.append(corpus.cache_root() / "refmodels")
+    except (ImportError, AttributeError):
+        pass
+    try:
         path = Path(origin).expanduser().resolve()
+        roots = [r.resolve() for r in roots]
     except (OSError, ValueError):
         return None
-    return "ref" if path == weights or weights in path.parents else None
+    return "ref" if any(path == r or r in path.parents for r in roots) else None
 
 
 def _validate_token_tensors(data: list[torch.Tensor], vocab_size: int | None) -> list[torch.Tensor]:
