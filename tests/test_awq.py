@@ -6,6 +6,7 @@ from torch import nn
 
 from quantkit.algorithms.awq import (
     awq_quantize, channel_scales, mean_abs_update, scaled_effective_weight, search_clip, search_scales,
+    weight_channel_mean,
 )
 from quantkit.algorithms.rtn import rtn_quantize
 from quantkit.calibration.awq_processor import can_fold, fold_scales
@@ -29,12 +30,13 @@ def outlier_inputs(m: int, k: int, seed: int) -> torch.Tensor:
 def awq_layer(w: torch.Tensor, x: torch.Tensor, scheme: QuantScheme, clip: bool = True) -> torch.Tensor:
     """AWQ on one linear fed by a foldable producer: the effective fp32 weight [N, K] it applies to x."""
     x_mean, _ = mean_abs_update(None, 0, x)
+    w_mean = weight_channel_mean([w], scheme.group_size)
     reference = x @ w.T
 
     def loss(s):
         return ((x @ scaled_effective_weight(w, s, scheme).T - reference) ** 2).mean().item()
 
-    s, _, _ = search_scales(x_mean, loss, grid=20)
+    s, _, _ = search_scales(x_mean, loss, grid=20, w_mean=w_mean)
     ws, xs = w * s, x / s  # folding: columns * s, producer's output / s
     ratio = search_clip(ws, xs, scheme) if clip else None
     return awq_quantize(ws, scheme, ratio).dequantize() / s
@@ -54,16 +56,30 @@ def test_lower_output_error_than_rtn(scheme):
     assert err_awq <= err_scaled * 1.02, (err_awq, err_scaled)
 
 
-def test_scale_grid_starts_at_rtn_and_picks_the_least_loss():
+def test_scale_candidates_include_rtn_and_the_least_loss_wins():
     x_mean = torch.rand(64) + 0.1
-    s0 = channel_scales(x_mean, 0.0)
-    torch.testing.assert_close(s0, torch.ones(64))
+    torch.testing.assert_close(channel_scales(x_mean, 0.0), torch.ones(64))
     s = channel_scales(x_mean, 0.5)
     torch.testing.assert_close((s.max() * s.min()).sqrt(), torch.tensor(1.0))
     torch.testing.assert_close(s / s[0], (x_mean / x_mean[0]).sqrt())
-    target = channel_scales(x_mean, 0.35)
-    best, ratio, losses = search_scales(x_mean, lambda c: (c - target).abs().sum().item(), grid=20)
-    assert ratio == pytest.approx(0.35) and len(losses) == 20 and min(losses) == losses[7]
+    w_mean = torch.rand(64) + 0.1
+    duo = channel_scales(x_mean, 0.25, w_mean)
+    expected = x_mean**0.25 / (w_mean**0.75 + 1e-4)
+    torch.testing.assert_close(duo / duo[0], expected / expected[0])
+
+    target = channel_scales(x_mean, 0.35, w_mean)
+    best, ratio, losses = search_scales(x_mean, lambda c: (c - target).abs().sum().item(), grid=20, w_mean=w_mean)
+    assert ratio == pytest.approx(0.35) and len(losses) == 21 and min(losses) == losses[1 + 7]
+    torch.testing.assert_close(best, target)
+    # when no scaling helps, s = 1 (plain RTN) is kept
+    best, ratio, losses = search_scales(x_mean, lambda c: (c - 1).abs().sum().item(), grid=20, w_mean=w_mean)
+    assert ratio is None and torch.equal(best, torch.ones(64))
+
+
+def test_weight_channel_mean_is_relative_to_the_group_max():
+    w = torch.tensor([[1.0, -2.0, 4.0, 0.0], [3.0, 3.0, -1.0, 1.0]])
+    expected = torch.tensor([(0.5 + 1.0) / 2, (1.0 + 1.0) / 2, (1.0 + 1.0) / 2, (0.0 + 1.0) / 2])
+    torch.testing.assert_close(weight_channel_mean([w[:1], w[1:]], 2), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_mean_abs_is_a_running_mean():

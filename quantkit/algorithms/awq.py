@@ -3,10 +3,12 @@
 Pure functions over tensors (Lin et al., "AWQ", 2023); the calibration runner decides which linears
 share a scale, runs the sub-block forwards the search compares, and folds the scales into the model:
 
-- per input channel k, s_k = mean|x_k|^a / sqrt(max(s) * min(s)) for a on a grid in [0, 1); the a whose
-  scaled-and-quantized weights give the least output error wins (a = 0 is s = 1, i.e. plain RTN, so the
-  search never does worse than RTN on the data it sees). The weight columns are multiplied by s and
-  1/s is folded into whatever produces the input (a norm's weight or the previous linear's rows);
+- per input channel k, s_k = mean|x_k|^a (divided by mean|w_k|^(1-a) with ``duo_scaling``, where |w| is
+  relative to its group's maximum, as in AutoAWQ and llm-compressor), normalised so that
+  max(s) * min(s) = 1, for a on a grid in [0, 1); the candidate whose scaled-and-quantized weights give
+  the least output error wins. s = 1 (plain RTN) is always a candidate, so the search never does worse
+  than RTN on the data it sees. The weight columns are multiplied by s and 1/s is folded into whatever
+  produces the input (a norm's weight or the previous linear's rows);
 - per output row and group, the range is shrunk by the factor r in {1, 1 - 1/grid, ...} (down to
   1 - max_shrink) that minimises the error of that group's partial dot products over the inputs.
 """
@@ -31,6 +33,7 @@ class AWQOptions:
     """Options of the `awq` algorithm (recipe: ``algorithm: {name: awq, ...}``).
 
     grid: number of exponents a in {0, 1/grid, ..., (grid-1)/grid} tried for the scales.
+    duo_scaling: scales from activations *and* weights, mean|x|^a / mean|w|^(1-a) (else mean|x|^a).
     clip: run the clipping search after scaling.
     clip_grid, max_shrink: shrink factors 1 - i/clip_grid for i < max_shrink * clip_grid.
     max_search_tokens: calibration tokens (evenly subsampled) the scale search evaluates on.
@@ -38,6 +41,7 @@ class AWQOptions:
     """
 
     grid: int = 20
+    duo_scaling: bool = True
     clip: bool = True
     clip_grid: int = 20
     max_shrink: float = 0.5
@@ -66,31 +70,52 @@ def mean_abs_update(mean: torch.Tensor | None, count: int, x: torch.Tensor) -> t
     return mean, total
 
 
-def channel_scales(x_mean: torch.Tensor, ratio: float) -> torch.Tensor:
-    """s = mean|x|^ratio, normalised so that max(s) * min(s) = 1. x_mean: [K] -> fp32 [K]."""
+def weight_channel_mean(weights: list[torch.Tensor], group_size: int) -> torch.Tensor:
+    """Mean over output rows of |w| relative to its group's max, per input channel.
+
+    weights: [N_i, K] each (the linears sharing one input). returns fp32 [K].
+    """
+    w = torch.cat([x.float() for x in weights], dim=0)  # [N, K]
+    n, k = w.shape
+    wg = w.abs().reshape(n, k // group_size, group_size)  # [N, G, gs]
+    wg = wg / (wg.amax(dim=-1, keepdim=True) + 1e-6)
+    return wg.reshape(n, k).mean(dim=0)
+
+
+def channel_scales(x_mean: torch.Tensor, ratio: float, w_mean: torch.Tensor | None = None) -> torch.Tensor:
+    """s = mean|x|^ratio (/ mean|w|^(1-ratio) when w_mean is given), normalised so that max(s) * min(s) = 1.
+
+    x_mean, w_mean: [K] -> fp32 [K].
+    """
     s = x_mean.float().clamp(min=_MIN_SCALE).pow(ratio)
+    if w_mean is not None:
+        s = (s / (w_mean.float().pow(1 - ratio) + _MIN_SCALE)).clamp(min=_MIN_SCALE)
     return s / (s.max() * s.min()).sqrt()
 
 
 def search_scales(
-    x_mean: torch.Tensor, loss: Callable[[torch.Tensor], float], grid: int = 20
-) -> tuple[torch.Tensor, float, list[float]]:
+    x_mean: torch.Tensor, loss: Callable[[torch.Tensor], float], grid: int = 20, w_mean: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, float | None, list[float]]:
     """Grid search of the scale exponent.
 
-    x_mean: [K] mean |x| per input channel; loss(s [K]) -> output error with scales s.
-    returns: (best s fp32 [K], its exponent, the loss of every exponent tried).
+    x_mean: [K] mean |x| per input channel; loss(s [K]) -> output error with scales s; w_mean: [K] for duo
+    scaling (weight_channel_mean), or None.
+    returns: (best s fp32 [K], its exponent (None when s = 1 won), the losses: s = 1 first, then each
+    exponent of the grid).
     """
-    losses = []
-    best, best_ratio, best_s = float("inf"), 0.0, None
+    ones = torch.ones_like(x_mean, dtype=torch.float32)
+    best_s, best_ratio = ones, None
+    best = float(loss(ones))
+    losses = [best]
     for i in range(grid):
         ratio = i / grid
-        s = channel_scales(x_mean, ratio)
+        s = channel_scales(x_mean, ratio, w_mean)
         value = float(loss(s))
         losses.append(value)
         if value < best:
             best, best_ratio, best_s = value, ratio, s
-    if best_s is None:  # every loss was NaN
-        raise ValueError("AWQ scale search: every candidate gave a NaN error; the calibration activations are not finite")
+    if best != best:  # NaN: every candidate failed
+        raise ValueError("AWQ scale search: the output error is NaN; the calibration activations are not finite")
     return best_s, best_ratio, losses
 
 

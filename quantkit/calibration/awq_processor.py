@@ -18,7 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..algorithms.awq import AWQOptions, awq_quantize, mean_abs_update, scaled_effective_weight, search_clip, search_scales
+from ..algorithms.awq import (
+    AWQOptions, awq_quantize, mean_abs_update, scaled_effective_weight, search_clip, search_scales, weight_channel_mean,
+)
 from ..errors import QuantizationError
 from ..scheme import QuantScheme
 from .adapters import LinearGroup
@@ -107,7 +109,11 @@ class AWQProcessor:
                     ctx.module(n).weight.data = originals[n]
             return (out - reference).pow(2).mean().item()
 
-        s, _ratio, _losses = search_scales(x_mean, loss, self.options.grid)
+        w_mean = None
+        if self.options.duo_scaling:
+            group_size = linears[0].in_features // self.scheme.groups_for(linears[0].in_features)
+            w_mean = weight_channel_mean([lin.weight for lin in linears], group_size)
+        s, _ratio, _losses = search_scales(x_mean, loss, self.options.grid, w_mean)
         fold_scales(prev, linears, s)
 
     # -- block ----------------------------------------------------------------------------------------
