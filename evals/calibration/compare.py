@@ -15,6 +15,7 @@ runs in that interpreter on the *same* calibration windows, and its checkpoint i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import subprocess
@@ -25,6 +26,27 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RECIPES = ("w4a16-rtn", "w4a16-gptq", "w4a16-awq", "w4a16-rtn-asym", "w4a16-gptq-asym", "w4a16-awq-asym")
+
+
+@contextlib.contextmanager
+def compressed_tensors_symmetric_scales():
+    """Within the block: quantkit's GPTQ picks symmetric scales as llm-compressor's observer does,
+    absmax / ((qmax - qmin) / 2) (int4: /7.5, the top value clipped to 7) instead of absmax / qmax (/7).
+    Only to separate the algorithms from the scale convention in the side-by-side table."""
+    from quantkit.algorithms import gptq
+    from quantkit.primitives import compute_qparams
+
+    def ct_qparams(w, scheme, *, clip_ratio=None):
+        scale, zero = compute_qparams(w, scheme, clip_ratio=clip_ratio)
+        if scheme.symmetric:
+            scale = scale * scheme.qmax / ((scheme.qmax - scheme.qmin) / 2)
+        return scale, zero
+
+    gptq.compute_qparams = ct_qparams
+    try:
+        yield
+    finally:
+        gptq.compute_qparams = compute_qparams
 
 
 def quality_row(name: str, model, baseline, windows, seconds: float | None, batch_size: int) -> dict:
@@ -79,6 +101,20 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _command_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """The options that differ from their defaults, as a command line (paths to interpreters elided)."""
+    parts = []
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if not action.option_strings or action.dest in ("help", "out") or value == action.default:
+            continue
+        if value is True:
+            parts.append(action.option_strings[0])
+        else:
+            parts.append(f"{action.option_strings[0]} {'PYTHON' if action.dest == 'llmcompressor_python' else value}")
+    return "".join(" " + part for part in parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="ref:small")
@@ -92,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--llmcompressor-python", help="python of an environment with llmcompressor installed")
+    p.add_argument("--ct-scales", action="store_true",
+                   help="also run quantkit's w4a16-gptq with llm-compressor's symmetric scale convention (absmax/7.5)")
     p.add_argument("--out", default=str(HERE / "results"), help="output stem: writes STEM.md and STEM.json")
     args = p.parse_args(argv)
 
@@ -112,20 +150,22 @@ def main(argv: list[str] | None = None) -> int:
                                     seed=args.seed)
     calib = torch.cat(calibration_batches(calibration, baseline))  # [N, L]: what every variant calibrates on
     rows = []
-    for recipe in args.recipes.split(","):
+    variants = [(f"quantkit {r}", r, contextlib.nullcontext) for r in args.recipes.split(",")]
+    if args.ct_scales:
+        variants.append(("quantkit w4a16-gptq, scales absmax/7.5", "w4a16-gptq", compressed_tensors_symmetric_scales))
+    for name, recipe, context in variants:
         model = copy.deepcopy(baseline)
         start = time.perf_counter()
-        quantkit.quantize(model, recipe, calibration_data=list(calib.split(max(1, 8192 // calib.shape[1]))),
-                          progress=False)
+        with context():
+            quantkit.quantize(model, recipe, calibration_data=list(calib.split(max(1, 8192 // calib.shape[1]))),
+                              progress=False)
         seconds = time.perf_counter() - start
-        rows.append(quality_row(f"quantkit {recipe}", model, baseline, windows, seconds, args.batch_size))
+        rows.append(quality_row(name, model, baseline, windows, seconds, args.batch_size))
         print(rows[-1], flush=True)
         del model
     meta = dict(model=args.model, calib_samples=args.calib_samples, calib_seq_len=calib.shape[1], seed=args.seed,
                 dtype=args.dtype, threads=args.threads, eval_tokens=rows[0]["eval_tokens"], window=rows[0]["window"],
-                baseline_perplexity=rows[0]["baseline_perplexity"],
-                command_args="".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:])
-                                     if "llmcompressor-python" not in a and not a.startswith("/")))
+                baseline_perplexity=rows[0]["baseline_perplexity"], command_args=_command_args(p, args))
     if args.llmcompressor_python:
         with tempfile.TemporaryDirectory() as tmp:
             folder, info = run_llmcompressor(args.llmcompressor_python, Path(source), calib, Path(tmp))

@@ -219,7 +219,7 @@ def sample_token_windows(
     stream: list[int] = []
     for i in range(0, len(pieces), 32):
         batch = [p + "\n\n" for p in pieces[i:i + 32]]
-        for ids in tokenizer(batch, add_special_tokens=False)["input_ids"]:
+        for ids in tokenizer(batch, add_special_tokens=False, verbose=False)["input_ids"]:
             stream.extend(ids)
         if len(stream) >= needed:
             break
