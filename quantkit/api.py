@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .algorithms import rtn_quantize
+from .algorithms import CALIBRATED_ALGORITHMS, rtn_quantize
 from .calibration.kv_scales import attach_kv_scales, pop_kv_scales
 from .errors import CheckpointError, QuantizationError
 from .formats.compressed_tensors import build_quantization_config, parse_quantization_config
@@ -48,26 +49,44 @@ def _check_shapes(model: nn.Module, names: list[str], recipe: Recipe) -> None:
 
 def quantize(
     model: nn.Module, recipe: "str | os.PathLike | Recipe | dict", calibration_data: Any = None, *,
-    progress: bool = True,
+    progress: bool = True, tokenizer: Any = None, device: "str | torch.device | None" = None,
 ) -> nn.Module:
     """Quantize `model`'s targeted nn.Linear layers in place per `recipe`; returns the model.
 
     recipe: a built-in name ("w4a16-rtn"), a YAML path, a dict or a Recipe.
-    calibration_data: needed by calibrated algorithms; RTN ignores it.
+    calibration_data (GPTQ, AWQ, FP8 KV scales; RTN weights ignore it): a source string (text/JSONL/Parquet file or folder,
+      "hub:NAME[:CONFIG]:SPLIT:COLUMN", "ref"), a quantkit.calibration.CalibrationConfig (source, samples,
+      length, seed), or token ids ([T], [B, T] or a list); None: the built-in reference models' training text.
+    tokenizer: for text calibration sources (default: the model folder's tokenizer).
+    device: where calibration computes, one decoder block at a time (default: cuda if available, else cpu).
+      Models loaded with accelerate CPU/disk offloading are supported and come back as plain CPU models.
     """
     recipe = load_recipe(recipe)
     if recipe.weights is not None:
         names, _ = select_linears(model, recipe.targets, recipe.ignore)
         _check_shapes(model, names, recipe)
-        if recipe.algorithm.name != "rtn":
+        if recipe.algorithm.name in CALIBRATED_ALGORITHMS:
+            from .calibration import quantize_blockwise
+
+            names = quantize_blockwise(
+                model, recipe, names, calibration_data, tokenizer=tokenizer, device=device, progress=progress
+            )
+            if names:
+                warnings.warn(
+                    f"{', '.join(names)}: outside the decoder blocks, quantized with RTN (no calibration)", stacklevel=2
+                )
+        elif recipe.algorithm.name != "rtn":
             raise QuantizationError(f"algorithm {recipe.algorithm.name!r} is not available in this build")
-        for name in tqdm(names, desc=f"quantize {recipe.name}", unit="layer", disable=not progress):
+        for name in tqdm(names, desc=f"quantize {recipe.name}", unit="layer", disable=not progress or not names):
             linear = model.get_submodule(name)
             _check_finite(name, linear.weight)
             qweight = rtn_quantize(linear.weight.detach(), recipe.weights)
             set_submodule(model, name, QuantLinear.from_quantized(qweight, linear.bias, dtype=linear.weight.dtype))
     if recipe.kv_cache is not None:
-        raise QuantizationError("KV-cache quantization is not available in this build")
+        from .calibration import calibration_batches
+        from .calibration.kv_scales import quantize_kv_cache
+
+        quantize_kv_cache(model, calibration_batches(calibration_data, model, tokenizer), progress=progress)
     model.config.quantization_config = build_quantization_config(model, recipe.kv_cache)
     return model
 
