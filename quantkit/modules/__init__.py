@@ -1,1 +1,5 @@
-"""modules."""
+"""Modules that replace or extend transformers' layers at inference time."""
+
+from .quant_linear import QuantLinear
+
+__all__ = ["QuantLinear"]

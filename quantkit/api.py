@@ -1,0 +1,188 @@
+"""The Python API: quantize a transformers model in place, save it, load it back ready to run."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from .algorithms import rtn_quantize
+from .errors import CheckpointError, QuantizationError
+from .formats.compressed_tensors import build_quantization_config, parse_quantization_config
+from .formats.safetensors_io import read_state_dict, write_state_dict
+from .loading import (
+    atomic_output_dir, copy_tokenizer_files, is_quantized_checkpoint, load_float_model, read_config_json,
+    resolve_model_source,
+)
+from .modules.quant_linear import QuantLinear
+from .recipe import Recipe, load_recipe
+from .targets import select_linears, set_submodule
+
+
+def _check_finite(name: str, weight: torch.Tensor) -> None:
+    if not torch.isfinite(weight).all():
+        bad = int((~torch.isfinite(weight)).sum())
+        raise QuantizationError(
+            f"{name}.weight has {bad} NaN/Inf value(s); quantizing it would corrupt the model: "
+            f"fix or re-download the source weights"
+        )
+
+
+def _check_shapes(model: nn.Module, names: list[str], recipe: Recipe) -> None:
+    """Fail before any work if a targeted layer's shape does not fit the scheme."""
+    assert recipe.weights is not None
+    for name in names:
+        linear = model.get_submodule(name)
+        try:
+            recipe.weights.groups_for(linear.in_features)
+        except ValueError as e:
+            raise QuantizationError(f"{name} (in_features={linear.in_features}): {e}; or add it to the recipe's ignore list") from None
+
+
+def quantize(
+    model: nn.Module, recipe: "str | os.PathLike | Recipe | dict", calibration_data: Any = None, *,
+    progress: bool = True,
+) -> nn.Module:
+    """Quantize `model`'s targeted nn.Linear layers in place per `recipe`; returns the model.
+
+    recipe: a built-in name ("w4a16-rtn"), a YAML path, a dict or a Recipe.
+    calibration_data: needed by calibrated algorithms; RTN ignores it.
+    """
+    recipe = load_recipe(recipe)
+    if recipe.weights is not None:
+        names, _ = select_linears(model, recipe.targets, recipe.ignore)
+        _check_shapes(model, names, recipe)
+        if recipe.algorithm.name != "rtn":
+            raise QuantizationError(f"algorithm {recipe.algorithm.name!r} is not available in this build")
+        for name in tqdm(names, desc=f"quantize {recipe.name}", unit="layer", disable=not progress):
+            linear = model.get_submodule(name)
+            _check_finite(name, linear.weight)
+            qweight = rtn_quantize(linear.weight.detach(), recipe.weights)
+            set_submodule(model, name, QuantLinear.from_quantized(qweight, linear.bias, dtype=linear.weight.dtype))
+    if recipe.kv_cache is not None:
+        raise QuantizationError("KV-cache quantization is not available in this build")
+    model.config.quantization_config = build_quantization_config(model, recipe.kv_cache)
+    return model
+
+
+def save(
+    model: nn.Module, out_dir: "str | os.PathLike", *, tokenizer_source: str | None = None, force: bool = False,
+) -> Path:
+    """Write a quantized model as a compressed-tensors checkpoint folder, atomically.
+
+    tokenizer_source: folder or hub id whose tokenizer files are copied beside the weights
+    (default: where the model was loaded from).
+    """
+    quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    if not quantized and not getattr(model.config, "quantization_config", None):
+        raise QuantizationError("the model has no quantized layers: call quantkit.quantize(model, recipe) first")
+    if any(m.checkpoint_tensors_released for m in quantized):
+        raise QuantizationError(
+            "this model's layers released their checkpoint tensors for a faster backend; "
+            "load it with quantkit.load(path, backend='reference') to save it again"
+        )
+    state = _deduplicated_state_dict(model)
+    config = model.config.to_dict()
+    config["quantization_config"] = build_quantization_config(model, _kv_scheme(model))
+    source = tokenizer_source or getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
+    with atomic_output_dir(out_dir, force=force) as tmp:
+        write_state_dict(state, tmp)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(tmp)
+        copy_tokenizer_files(source, tmp)
+    return Path(out_dir).expanduser().resolve()
+
+
+def _kv_scheme(model: nn.Module):
+    qcfg = getattr(model.config, "quantization_config", None)
+    if isinstance(qcfg, dict) and qcfg.get("kv_cache_scheme"):
+        from .scheme import QuantScheme
+
+        return QuantScheme.from_dict(qcfg["kv_cache_scheme"])
+    return None
+
+
+def _deduplicated_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """state_dict without tied aliases (safetensors refuses shared storage)."""
+    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
+    state, seen = {}, {}
+    for name, tensor in model.state_dict().items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if key in seen and tensor.numel():
+            if name in tied or seen[key] in tied:
+                continue
+            tensor = tensor.clone()
+        seen[key] = name
+        state[name] = tensor
+    return state
+
+
+def load(
+    path: "str | os.PathLike", *, backend: str = "auto", device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None, trust_remote_code: bool = False,
+) -> nn.Module:
+    """A ready model from a quantkit/compressed-tensors checkpoint (or a float model folder / hub id).
+
+    Quantized linears run through quantkit.kernels with `backend` ("auto", "triton", "torch",
+    "reference"); weights load from safetensors only.
+    """
+    source = resolve_model_source(str(path))
+    if not is_quantized_checkpoint(source):
+        return load_float_model(source, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    return _load_quantized(Path(source), backend=backend, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+
+
+def _load_quantized(folder: Path, *, backend: str, device, dtype, trust_remote_code: bool) -> nn.Module:
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    raw = read_config_json(folder)
+    qcfg = parse_quantization_config(raw["quantization_config"], str(folder / "config.json"))
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    quantization_config = raw["quantization_config"]
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    dtype = dtype or getattr(config, "dtype", None) or torch.float32
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    try:
+        with init_empty_weights():
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        raise CheckpointError(f"{folder}: unsupported architecture ({str(e).splitlines()[0]})") from None
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.Linear):
+            scheme = qcfg.scheme_for(name, module)
+            if scheme is not None:
+                q = QuantLinear(module.in_features, module.out_features, scheme, bias=module.bias is not None,
+                                dtype=dtype, device="meta")
+                set_submodule(model, name, q)
+    state = read_state_dict(folder)
+    state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
+    result = model.load_state_dict(state, strict=False, assign=True)
+    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
+    missing = [k for k in result.missing_keys if k not in tied]
+    if missing or result.unexpected_keys:
+        raise CheckpointError(
+            f"{folder}: weights do not match the model built from config.json "
+            f"(missing: {missing[:5]}{'...' if len(missing) > 5 else ''}; "
+            f"unexpected: {result.unexpected_keys[:5]}{'...' if len(result.unexpected_keys) > 5 else ''}); "
+            f"the checkpoint is incomplete or was written for another configuration"
+        )
+    model.tie_weights()
+    leftover = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if leftover:
+        raise CheckpointError(f"{folder}: no weights for {leftover[:5]}; the checkpoint is incomplete")
+    model.to(device)
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            module.prepare(backend)
+    model.config.quantization_config = quantization_config
+    model.name_or_path = str(folder)
+    return model.eval()

@@ -1,0 +1,107 @@
+"""The compressed-tensors `quantization_config` (config.json), written and read.
+
+Written exactly as vLLM and transformers + compressed-tensors read it: quant_method
+"compressed-tensors", format "pack-quantized", quantization_status "compressed", one config group
+per weight scheme, the explicit names of the linears left in full precision under `ignore`, and
+`kv_cache_scheme` when the KV cache is quantized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from ..errors import CheckpointError
+from ..modules.quant_linear import QuantLinear
+from ..scheme import QuantScheme
+from ..targets import matches
+
+FORMAT_VERSION = "0.15.0"  # compressed-tensors layout version written into the config
+
+
+@dataclass
+class QuantizationConfig:
+    """What a checkpoint's quantization_config says, parsed: (targets, scheme) groups, ignore, KV scheme."""
+
+    groups: list[tuple[list[str], QuantScheme]] = field(default_factory=list)
+    ignore: list[str] = field(default_factory=list)
+    kv_cache: QuantScheme | None = None
+
+    def scheme_for(self, name: str, module: nn.Module) -> QuantScheme | None:
+        if any(matches(name, module, p) for p in self.ignore):
+            return None
+        for targets, scheme in self.groups:
+            if any(matches(name, module, p) for p in targets):
+                return scheme
+        return None
+
+
+def build_quantization_config(model: nn.Module, kv_cache: QuantScheme | None = None) -> dict[str, Any]:
+    """The quantization_config dict for a model whose quantized linears are QuantLinear modules."""
+    by_scheme: dict[QuantScheme, list[str]] = {}
+    unquantized: list[str] = []
+    for name, module in model.named_modules():
+        if isinstance(module, QuantLinear):
+            by_scheme.setdefault(module.scheme, []).append(name)
+        elif isinstance(module, nn.Linear):
+            unquantized.append(name)
+    groups = {}
+    for i, (scheme, names) in enumerate(by_scheme.items()):
+        targets = ["Linear"] if len(by_scheme) == 1 else names
+        groups[f"group_{i}"] = {
+            "targets": targets,
+            "weights": scheme.to_dict(),
+            "input_activations": None,
+            "output_activations": None,
+            "format": "pack-quantized",
+        }
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized" if groups else "dense",
+        "quantization_status": "compressed",
+        "config_groups": groups,
+        "ignore": unquantized,
+        "kv_cache_scheme": kv_cache.to_dict() if kv_cache is not None else None,
+        "global_compression_ratio": None,
+        "sparsity_config": {},
+        "version": FORMAT_VERSION,
+    }
+
+
+def parse_quantization_config(qcfg: Any, where: str) -> QuantizationConfig:
+    """Validate and parse a quantization_config dict; raises CheckpointError naming what is unsupported."""
+    if not isinstance(qcfg, dict):
+        qcfg = qcfg.to_dict() if hasattr(qcfg, "to_dict") else None
+    if not isinstance(qcfg, dict):
+        raise CheckpointError(f"{where}: quantization_config is not a mapping")
+    method = qcfg.get("quant_method")
+    if method != "compressed-tensors":
+        raise CheckpointError(
+            f"{where}: quant_method {method!r} is not supported; quantkit loads compressed-tensors checkpoints "
+            f"(GPTQ/AWQ checkpoints must be converted first)"
+        )
+    if qcfg.get("quantization_status") not in (None, "compressed"):
+        raise CheckpointError(f"{where}: quantization_status {qcfg.get('quantization_status')!r}; expected 'compressed'")
+    out = QuantizationConfig(ignore=list(qcfg.get("ignore") or []))
+    for gname, group in (qcfg.get("config_groups") or {}).items():
+        fmt = group.get("format") or qcfg.get("format")
+        if group.get("input_activations") or group.get("output_activations"):
+            raise CheckpointError(f"{where}: {gname} quantizes activations, which quantkit does not run (weight-only)")
+        if group.get("weights") is None:
+            continue
+        if fmt != "pack-quantized":
+            raise CheckpointError(f"{where}: {gname} has format {fmt!r}; quantkit reads 'pack-quantized'")
+        try:
+            scheme = QuantScheme.from_dict(group["weights"])
+        except (KeyError, ValueError) as e:
+            raise CheckpointError(f"{where}: {gname} weights are not supported: {e}") from None
+        out.groups.append((list(group.get("targets") or []), scheme))
+    kv = qcfg.get("kv_cache_scheme")
+    if kv:
+        try:
+            out.kv_cache = QuantScheme.from_dict(kv)
+        except (KeyError, ValueError) as e:
+            raise CheckpointError(f"{where}: kv_cache_scheme is not supported: {e}") from None
+    return out

@@ -1,0 +1,104 @@
+"""Reading and writing (sharded) safetensors state dicts, with corruption checks. Never pickles."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..errors import CheckpointError
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def write_state_dict(state: dict[str, torch.Tensor], folder: Path, max_shard_bytes: int = 4 << 30) -> list[str]:
+    """Write `state` as model.safetensors, or as shards plus model.safetensors.index.json."""
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in state.items():
+        b = _tensor_bytes(tensor)
+        if shards[-1] and size + b > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor.detach().contiguous().cpu()
+        size += b
+    if len(shards) == 1:
+        save_file(shards[0], str(folder / SINGLE_FILE), metadata={"format": "pt"})
+        return [SINGLE_FILE]
+    names, weight_map = [], {}
+    for i, shard in enumerate(shards, 1):
+        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(folder / fname), metadata={"format": "pt"})
+        names.append(fname)
+        weight_map.update({k: fname for k in shard})
+    total = sum(_tensor_bytes(t) for t in state.values())
+    (folder / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    return names
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The weight files of a model folder; raises CheckpointError when there are none or some are missing."""
+    index = folder / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError) as e:
+            raise CheckpointError(f"{index} is not a valid safetensors index ({e}); re-create the checkpoint") from None
+        files = sorted({folder / f for f in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"{folder}: shard(s) listed in {INDEX_FILE} are missing: {', '.join(missing)}")
+        return files
+    if (folder / SINGLE_FILE).is_file():
+        return [folder / SINGLE_FILE]
+    pickles = [p.name for p in folder.glob("*.bin")] + [p.name for p in folder.glob("*.pt")]
+    hint = (
+        f" (found {', '.join(pickles)}: quantkit never loads pickled weights; convert them to safetensors)"
+        if pickles else ""
+    )
+    raise CheckpointError(f"{folder} has no {SINGLE_FILE} or {INDEX_FILE}{hint}")
+
+
+def _check_complete(path: Path) -> None:
+    """Raise CheckpointError if the file is shorter than its header says (a truncated write)."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise CheckpointError(f"{path} is truncated ({size} bytes): re-create or re-download it")
+        (header_len,) = struct.unpack("<Q", head)
+        if header_len > size - 8:
+            raise CheckpointError(f"{path} is truncated or corrupt (header of {header_len} bytes in a {size}-byte file): re-create or re-download it")
+        try:
+            header = json.loads(f.read(header_len))
+        except ValueError:
+            raise CheckpointError(f"{path} has a corrupt header: re-create or re-download it") from None
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + header_len + end > size:
+        raise CheckpointError(
+            f"{path} is truncated: its header describes {8 + header_len + end} bytes but the file has {size}; "
+            f"re-create or re-download it"
+        )
+
+
+def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a model folder (memory-mapped where possible)."""
+    state: dict[str, torch.Tensor] = {}
+    for path in safetensors_files(folder):
+        _check_complete(path)
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for key in f.keys():
+                    state[key] = f.get_tensor(key)
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{path} could not be read ({e}); re-create or re-download it") from None
+    return state

@@ -1,0 +1,135 @@
+"""Model folders in and out: resolve names, load float or quantized models, write checkpoints atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .errors import CheckpointError
+
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
+)
+
+
+def resolve_model_source(name: str | os.PathLike) -> str:
+    """`ref:<name>` -> the built-in reference model's folder; a local path or hub id is returned as is."""
+    name = str(name)
+    if name.startswith("ref:"):
+        from .refmodels import reference_model_path
+
+        return str(reference_model_path(name[4:]))
+    return name
+
+
+def read_config_json(folder: Path) -> dict:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{folder} is not a model folder: it has no config.json")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e}); re-create the checkpoint") from None
+
+
+def is_quantized_checkpoint(source: str) -> bool:
+    folder = Path(source)
+    return folder.is_dir() and "quantization_config" in read_config_json(folder)
+
+
+def load_float_model(
+    source: str, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+) -> nn.Module:
+    """A transformers causal LM from a local folder or hub id, weights from safetensors only."""
+    from transformers import AutoModelForCausalLM
+
+    source = resolve_model_source(source)
+    local = Path(source)
+    if local.exists():
+        if not local.is_dir():
+            raise CheckpointError(f"{source} is a file; pass the model folder (with config.json and *.safetensors)")
+        read_config_json(local)
+        from .formats.safetensors_io import safetensors_files
+
+        for f in safetensors_files(local):
+            from .formats.safetensors_io import _check_complete
+
+            _check_complete(f)
+    elif source.startswith((".", "/", "~")) or source.count("/") > 1:
+        raise CheckpointError(f"model folder {source} does not exist")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype or "auto", use_safetensors=True, trust_remote_code=trust_remote_code,
+        )
+    except ValueError as e:
+        msg = str(e)
+        if "Unrecognized configuration class" in msg or "model type" in msg:
+            raise CheckpointError(
+                f"{source}: unsupported architecture ({msg.splitlines()[0]}); quantkit quantizes causal LMs "
+                f"that transformers can load with AutoModelForCausalLM (pass trust_remote_code only if you trust the code)"
+            ) from None
+        raise
+    except OSError as e:
+        raise CheckpointError(f"could not load {source!r}: {e}") from None
+    return model.to(device).eval()
+
+
+@contextmanager
+def atomic_output_dir(out_dir: str | os.PathLike, *, force: bool = False) -> Iterator[Path]:
+    """Yield a temporary folder beside `out_dir`; on success it is renamed to `out_dir`.
+
+    An existing `out_dir` is refused unless force; with force it is replaced only after the new
+    folder is complete. On failure the temporary folder is removed and `out_dir` is untouched.
+    """
+    out = Path(out_dir).expanduser().resolve()
+    if out.exists() and not force:
+        raise FileExistsError(f"output folder {out} already exists; choose another --out or pass --force to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield tmp
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def copy_tokenizer_files(source: str | None, dest: Path) -> list[str]:
+    """Copy tokenizer files from a local model folder (or save a hub tokenizer); returns what was written."""
+    if not source:
+        return []
+    src = Path(source)
+    if src.is_dir():
+        copied = []
+        for name in TOKENIZER_FILES:
+            if (src / name).is_file():
+                shutil.copy2(src / name, dest / name)
+                copied.append(name)
+        return copied
+    try:
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(source).save_pretrained(dest)
+        return sorted(p.name for p in dest.iterdir() if p.name in TOKENIZER_FILES)
+    except (OSError, ValueError):
+        return []
+
+
+def folder_size_bytes(folder: Path, pattern: str = "*.safetensors") -> int:
+    return sum(p.stat().st_size for p in Path(folder).glob(pattern))

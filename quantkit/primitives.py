@@ -1,0 +1,96 @@
+"""Reference quantization math in pure torch: scales, zero points, quantize, dequantize (int and fp8).
+
+Conventions (compressed-tensors): q = clamp(round(w / s) + zp, qmin, qmax) in the signed range,
+w ~ (q - zp) * s. Weights are [N=out, K=in]; scales and zero points are [N, G] with
+G = K / group_size (G = 1 per channel). All math runs in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .scheme import FP8_E4M3_MAX, QuantScheme
+
+_EPS = 1e-12
+
+
+def _grouped(w: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
+    """[N, K] -> [N, G, K/G] view in fp32 according to the scheme's strategy."""
+    if w.dim() != 2:
+        raise ValueError(f"expected a 2-D weight [out, in], got shape {tuple(w.shape)}")
+    n, k = w.shape
+    if scheme.strategy == "tensor":
+        return w.float().reshape(1, 1, n * k)  # [1, 1, N*K]
+    g = scheme.groups_for(k)
+    return w.float().reshape(n, g, k // g)  # [N, G, K/G]
+
+
+def compute_qparams(
+    w: torch.Tensor, scheme: QuantScheme, *, clip_ratio: torch.Tensor | float | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Min-max scales (and zero points) for an int scheme.
+
+    w: [N, K] float. clip_ratio: optional factor (scalar or [N, G]) shrinking the range (AWQ/MSE clipping).
+    returns: scale fp32 [N, G] (or [1, 1] per tensor), zero_point int32 [N, G] or None if symmetric.
+    """
+    if scheme.type != "int":
+        raise ValueError("compute_qparams is for int schemes; use fp8_scale for float schemes")
+    wg = _grouped(w, scheme)
+    wmin = wg.amin(dim=-1).clamp(max=0.0)  # [N, G]
+    wmax = wg.amax(dim=-1).clamp(min=0.0)
+    if clip_ratio is not None:
+        wmin, wmax = wmin * clip_ratio, wmax * clip_ratio
+    if scheme.symmetric:
+        amax = torch.maximum(-wmin, wmax)
+        scale = (amax / scheme.qmax).clamp(min=_EPS)
+        return scale, None
+    scale = ((wmax - wmin) / (scheme.qmax - scheme.qmin)).clamp(min=_EPS)
+    zero_point = torch.round(scheme.qmin - wmin / scale).clamp(scheme.qmin, scheme.qmax).to(torch.int32)
+    return scale, zero_point
+
+
+def quantize(
+    w: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, scheme: QuantScheme
+) -> torch.Tensor:
+    """w: [N, K] float; scale/zero_point: [N, G]. returns int8 [N, K] in [qmin, qmax]."""
+    n, k = w.shape
+    wg = _grouped(w, scheme)  # [N, G, K/G]
+    q = torch.round(wg / scale.float().unsqueeze(-1))
+    if zero_point is not None:
+        q = q + zero_point.float().unsqueeze(-1)
+    return q.clamp(scheme.qmin, scheme.qmax).to(torch.int8).reshape(n, k)
+
+
+def dequantize(
+    q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, scheme: QuantScheme
+) -> torch.Tensor:
+    """q: int [N, K]; scale/zero_point: [N, G]. returns fp32 [N, K] = (q - zp) * s."""
+    n, k = q.shape
+    qg = _grouped(q, scheme)  # [N, G, K/G]
+    if zero_point is not None:
+        qg = qg - zero_point.float().unsqueeze(-1)
+    return (qg * scale.float().unsqueeze(-1)).reshape(n, k)
+
+
+def fake_quantize(w: torch.Tensor, scheme: QuantScheme, **qparam_kwargs) -> torch.Tensor:
+    """Quantize-dequantize round trip with min-max qparams; same shape and dtype as w."""
+    scale, zp = compute_qparams(w, scheme, **qparam_kwargs)
+    return dequantize(quantize(w, scale, zp, scheme), scale, zp, scheme).to(w.dtype)
+
+
+# -- fp8 e4m3 (KV cache) ------------------------------------------------------------------------
+
+
+def fp8_scale(absmax: torch.Tensor) -> torch.Tensor:
+    """Per-tensor (or per-head) fp8 e4m3 scale from an absolute maximum: absmax / 448 (>= tiny eps)."""
+    return (absmax.float() / FP8_E4M3_MAX).clamp(min=_EPS)
+
+
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x / scale saturated to +-448, cast to float8_e4m3fn (never NaN for finite inputs)."""
+    return (x.float() / scale.float()).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """float8_e4m3fn * scale -> dtype."""
+    return (q.float() * scale.float()).to(dtype)

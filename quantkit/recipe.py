@@ -1,0 +1,173 @@
+"""Recipes: versioned YAML files <-> typed dataclasses, validated at the edge.
+
+A recipe says which modules are quantized (targets / ignore), how their weights are quantized
+(a QuantScheme), with which algorithm, and optionally how the KV cache is quantized. A recipe is
+named by the stem of a file in the built-in `recipes/` folder (e.g. "w4a16-rtn") or given as a path.
+
+    version: 1
+    description: INT4 weights, groups of 128, symmetric, round-to-nearest
+    weights: {num_bits: 4, type: int, symmetric: true, strategy: group, group_size: 128}
+    targets: [Linear]          # "Linear" (every nn.Linear), exact module names, or "re:<regex>"
+    ignore: [lm_head]          # same syntax; matched modules stay in full precision
+    algorithm: {name: rtn}     # rtn | gptq | awq, with that algorithm's options
+    kv_cache: null             # or {num_bits: 8, type: float, strategy: tensor}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config_utils import ConfigError, from_dict
+from .scheme import QuantScheme
+
+RECIPE_VERSION = 1
+
+# Algorithm name -> options dataclass. Algorithms register themselves here (quantkit.algorithms).
+ALGORITHM_OPTIONS: dict[str, type] = {}
+
+
+def register_algorithm_options(name: str, options_cls: type) -> None:
+    ALGORITHM_OPTIONS[name] = options_cls
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """Algorithm name plus its typed options (e.g. GPTQ damping)."""
+
+    name: str = "rtn"
+    options: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"name": self.name}
+        if self.options is not None and dataclasses.is_dataclass(self.options):
+            d.update(dataclasses.asdict(self.options))
+        return d
+
+
+@dataclass(frozen=True)
+class Recipe:
+    version: int = RECIPE_VERSION
+    name: str = "custom"
+    description: str = ""
+    weights: QuantScheme | None = None
+    targets: tuple[str, ...] = ("Linear",)
+    ignore: tuple[str, ...] = ("lm_head",)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    kv_cache: QuantScheme | None = None
+
+    def __post_init__(self) -> None:
+        if self.version != RECIPE_VERSION:
+            raise ConfigError(f"recipe version {self.version} is not supported (this quantkit reads version {RECIPE_VERSION})")
+        if self.weights is None and self.kv_cache is None:
+            raise ConfigError("a recipe must quantize something: give `weights`, `kv_cache`, or both")
+        if self.weights is not None and self.weights.type != "int":
+            raise ConfigError("weights: only int weight schemes are supported (type: int)")
+        if self.weights is not None and self.weights.strategy == "tensor":
+            raise ConfigError("weights: strategy must be 'channel' or 'group' (per-tensor int weights are unsupported)")
+        if self.kv_cache is not None and (self.kv_cache.type != "float" or self.kv_cache.strategy not in ("tensor",)):
+            raise ConfigError("kv_cache: only fp8 per-tensor is supported: {num_bits: 8, type: float, strategy: tensor}")
+
+    def to_dict(self) -> dict[str, Any]:
+        def scheme(s: QuantScheme | None):
+            if s is None:
+                return None
+            d = dataclasses.asdict(s)
+            return {k: v for k, v in d.items() if not (k == "group_size" and v is None)}
+
+        return {
+            "version": self.version,
+            "description": self.description,
+            "weights": scheme(self.weights),
+            "targets": list(self.targets),
+            "ignore": list(self.ignore),
+            "algorithm": self.algorithm.to_dict(),
+            "kv_cache": scheme(self.kv_cache),
+        }
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def _string_list(value: Any, where: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: expected a list of strings, got {value!r}")
+    return tuple(value)
+
+
+def _algorithm(data: Any, where: str) -> AlgorithmConfig:
+    if isinstance(data, str):
+        data = {"name": data}
+    if not isinstance(data, dict) or "name" not in data:
+        raise ConfigError(f"{where}: expected {{name: <algorithm>, ...options}}, got {data!r}")
+    _load_algorithms()
+    name = data["name"]
+    if name not in ALGORITHM_OPTIONS:
+        raise ConfigError(f"{where}: unknown algorithm {name!r}; available: {', '.join(sorted(ALGORITHM_OPTIONS))}")
+    options = from_dict(ALGORITHM_OPTIONS[name], {k: v for k, v in data.items() if k != "name"}, f"{where} ({name})")
+    return AlgorithmConfig(name=name, options=options)
+
+
+def _load_algorithms() -> None:
+    import quantkit.algorithms  # noqa: F401  (registers the algorithms' option types)
+
+
+def recipe_from_dict(data: Any, name: str = "custom") -> Recipe:
+    where = f"recipe {name!r}"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a YAML mapping at the top level")
+    allowed = {f.name for f in dataclasses.fields(Recipe)} - {"name"}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        # Reuse from_dict's message (with suggestions) for the unknown keys.
+        from_dict(Recipe, {k: data[k] for k in unknown}, where)
+    kwargs: dict[str, Any] = {"name": name}
+    for key in ("version", "description"):
+        if key in data:
+            kwargs[key] = data[key]
+    for key in ("weights", "kv_cache"):
+        if data.get(key) is not None:
+            kwargs[key] = from_dict(QuantScheme, data[key], f"{where}: {key}")
+    for key in ("targets", "ignore"):
+        if key in data:
+            kwargs[key] = _string_list(data[key] or [], f"{where}: {key}")
+    kwargs["algorithm"] = _algorithm(data.get("algorithm", "rtn"), f"{where}: algorithm")
+    try:
+        return Recipe(**kwargs)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def builtin_recipes() -> dict[str, Path]:
+    """Stem -> path of every recipe shipped in quantkit.recipes."""
+    folder = importlib.resources.files("quantkit.recipes")
+    return {Path(p.name).stem: Path(str(p)) for p in folder.iterdir() if p.name.endswith((".yaml", ".yml"))}
+
+
+def load_recipe(recipe: "str | Path | Recipe | dict") -> Recipe:
+    """A Recipe from a built-in name, a YAML path, a dict, or a Recipe (returned as is)."""
+    if isinstance(recipe, Recipe):
+        return recipe
+    if isinstance(recipe, dict):
+        return recipe_from_dict(recipe)
+    builtins = builtin_recipes()
+    path = Path(recipe)
+    if str(recipe) in builtins:
+        path = builtins[str(recipe)]
+    elif not path.is_file():
+        raise ConfigError(
+            f"recipe {str(recipe)!r} is neither a built-in recipe nor a YAML file; "
+            f"built-in recipes: {', '.join(sorted(builtins))}"
+        )
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"recipe file {path} is not valid YAML: {e}") from None
+    return recipe_from_dict(data, name=path.stem)

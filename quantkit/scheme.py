@@ -1,0 +1,114 @@
+"""QuantScheme: how one kind of tensor is quantized (compressed-tensors `QuantizationArgs` subset)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+STRATEGIES = ("channel", "group", "tensor")
+TYPES = ("int", "float")
+INT_BITS = (4, 8)
+GROUP_SIZES = (32, 64, 128)
+
+FP8_E4M3_MAX = 448.0
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """Quantization arguments of one tensor kind.
+
+    num_bits: 4 or 8 for "int", 8 for "float" (fp8 e4m3).
+    strategy: "channel" (one scale per output row), "group" (one per `group_size` inputs of a row),
+      "tensor" (one scale for the whole tensor; FP8 KV cache).
+    symmetric: zero point fixed at 0; asymmetric int schemes store an int zero point per scale.
+    """
+
+    num_bits: int = 4
+    type: Literal["int", "float"] = "int"
+    symmetric: bool = True
+    strategy: Literal["channel", "group", "tensor"] = "group"
+    group_size: int | None = 128
+
+    def __post_init__(self) -> None:
+        if self.type not in TYPES:
+            raise ValueError(f"type must be one of {TYPES}, got {self.type!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.type == "int" and self.num_bits not in INT_BITS:
+            raise ValueError(f"int num_bits must be one of {INT_BITS}, got {self.num_bits}")
+        if self.type == "float":
+            if self.num_bits != 8:
+                raise ValueError(f"float num_bits must be 8 (fp8 e4m3), got {self.num_bits}")
+            if not self.symmetric:
+                raise ValueError("float (fp8) quantization is symmetric only: set symmetric: true")
+        if self.strategy == "group":
+            if self.group_size not in GROUP_SIZES:
+                raise ValueError(
+                    f"group_size must be one of {GROUP_SIZES} with strategy 'group', got {self.group_size}"
+                )
+        elif self.group_size is not None:
+            raise ValueError(
+                f"group_size is only used with strategy 'group' (got strategy {self.strategy!r}, "
+                f"group_size {self.group_size}): remove it or use strategy: group"
+            )
+
+    # -- integer range ---------------------------------------------------------------------------
+    @property
+    def qmin(self) -> int:
+        return -(1 << (self.num_bits - 1))
+
+    @property
+    def qmax(self) -> int:
+        return (1 << (self.num_bits - 1)) - 1
+
+    def groups_for(self, in_features: int) -> int:
+        """Number of scale columns for a weight with `in_features` inputs (G in [N, G] scales)."""
+        if self.strategy == "group":
+            assert self.group_size is not None
+            if in_features % self.group_size:
+                raise ValueError(
+                    f"group_size {self.group_size} does not divide in_features {in_features}; "
+                    f"use a group size that divides it, or strategy: channel"
+                )
+            return in_features // self.group_size
+        return 1
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Nominal storage bits per weight incl. 16-bit scales (and packed zero points)."""
+        if self.strategy != "group":
+            return float(self.num_bits)
+        assert self.group_size is not None
+        extra = 16 + (0 if self.symmetric else self.num_bits)
+        return self.num_bits + extra / self.group_size
+
+    # -- compressed-tensors QuantizationArgs ------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """compressed-tensors `QuantizationArgs` dict (weights or kv_cache_scheme)."""
+        d = asdict(self)
+        d.update(dynamic=False, actorder=None, observer="minmax")
+        if self.type == "float":
+            d.pop("actorder")
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "QuantScheme":
+        """Read a compressed-tensors `QuantizationArgs` dict (extra reader-only keys are tolerated)."""
+        if d.get("dynamic") not in (None, False):
+            raise ValueError("dynamic quantization args are not supported (weights and KV scales are static)")
+        if d.get("actorder") not in (None, False, "static", "group"):
+            raise ValueError(f"actorder {d.get('actorder')!r} needs runtime reordering, which is unsupported")
+        strategy = d.get("strategy") or "tensor"
+        return cls(
+            num_bits=int(d["num_bits"]),
+            type=d.get("type", "int"),
+            symmetric=bool(d.get("symmetric", True)),
+            strategy=strategy,
+            group_size=d.get("group_size") if strategy == "group" else None,
+        )
+
+    def describe(self) -> str:
+        if self.type == "float":
+            return f"fp8-e4m3 per-{self.strategy}"
+        where = f"g{self.group_size}" if self.strategy == "group" else f"per-{self.strategy}"
+        return f"int{self.num_bits} {where} {'sym' if self.symmetric else 'asym'}"

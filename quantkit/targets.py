@@ -1,0 +1,51 @@
+"""Module selection by compressed-tensors style patterns.
+
+A pattern is a class name ("Linear"), an exact module name ("lm_head", "model.layers.0.mlp.down_proj"),
+or a regular expression on the module name prefixed with "re:" ("re:.*mlp.*"). For names, a pattern
+also matches as a dotted suffix: "lm_head" matches "lm_head" and "model.lm_head".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from torch import nn
+
+
+def matches(name: str, module: nn.Module, pattern: str) -> bool:
+    if pattern.startswith("re:"):
+        return re.fullmatch(pattern[3:], name) is not None
+    if pattern == type(module).__name__:
+        return True
+    return name == pattern or name.endswith("." + pattern)
+
+
+def select_linears(model: nn.Module, targets: Iterable[str], ignore: Iterable[str]) -> tuple[list[str], list[str]]:
+    """Names of nn.Linear modules to quantize, and names of nn.Linear modules left unquantized.
+
+    Raises ValueError when no module matches (naming what the model's linears look like).
+    """
+    targets, ignore = list(targets), list(ignore)
+    chosen, skipped = [], []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        if any(matches(name, module, p) for p in targets) and not any(matches(name, module, p) for p in ignore):
+            chosen.append(name)
+        else:
+            skipped.append(name)
+    if not chosen:
+        examples = ", ".join(skipped[:4]) or "none"
+        raise ValueError(
+            f"no nn.Linear module matches targets {targets} minus ignore {ignore} in {type(model).__name__} "
+            f"(its linears: {examples}); quantkit quantizes models whose layers are torch.nn.Linear: "
+            f"adjust the recipe's targets/ignore"
+        )
+    return chosen, skipped
+
+
+def set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
