@@ -163,10 +163,21 @@ def measure_matmul_flops(device: torch.device, n: int, dtype: torch.dtype = torc
     return 2.0 * n**3 / t
 
 
+def cpu_name() -> str:
+    """The CPU model as /proc/cpuinfo names it (else the platform's machine name)."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def local_device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"CPU {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+    return f"CPU {cpu_name()} ({torch.get_num_threads()} threads)"
 
 
 def probe_device(
