@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .errors import CheckpointError
+from .formats.safetensors_io import check_complete, safetensors_files
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
@@ -59,12 +60,8 @@ def load_float_model(
         if not local.is_dir():
             raise CheckpointError(f"{source} is a file; pass the model folder (with config.json and *.safetensors)")
         read_config_json(local)
-        from .formats.safetensors_io import safetensors_files
-
         for f in safetensors_files(local):
-            from .formats.safetensors_io import _check_complete
-
-            _check_complete(f)
+            check_complete(f)
     elif source.startswith((".", "/", "~")) or source.count("/") > 1:
         raise CheckpointError(f"model folder {source} does not exist")
     try:

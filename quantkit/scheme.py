@@ -27,7 +27,7 @@ class QuantScheme:
     type: Literal["int", "float"] = "int"
     symmetric: bool = True
     strategy: Literal["channel", "group", "tensor"] = "group"
-    group_size: int | None = 128
+    group_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.type not in TYPES:

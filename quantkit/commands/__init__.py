@@ -1,1 +1,15 @@
-"""Subcommands of the quantkit CLI: each module exposes register(subparsers) and run(args) -> int."""
+"""CLI subcommands: one module each, with register(subparsers) and run(args) -> int."""
+
+import argparse
+
+import torch
+
+DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """Options shared by commands that load models."""
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="auto", help="compute dtype (default: the checkpoint's)")
+    parser.add_argument("--device", default="cpu", help="torch device to run on (default: cpu)")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="allow model code from the model folder / hub (only for sources you trust)")

@@ -68,7 +68,7 @@ def safetensors_files(folder: Path) -> list[Path]:
     raise CheckpointError(f"{folder} has no {SINGLE_FILE} or {INDEX_FILE}{hint}")
 
 
-def _check_complete(path: Path) -> None:
+def check_complete(path: Path) -> None:
     """Raise CheckpointError if the file is shorter than its header says (a truncated write)."""
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -94,7 +94,7 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     """All tensors of a model folder (memory-mapped where possible)."""
     state: dict[str, torch.Tensor] = {}
     for path in safetensors_files(folder):
-        _check_complete(path)
+        check_complete(path)
         try:
             with safe_open(str(path), framework="pt") as f:
                 for key in f.keys():

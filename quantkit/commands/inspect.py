@@ -1,0 +1,89 @@
+"""`quantkit inspect DIR`: the scheme of each layer and the sizes, read from the files alone."""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("inspect", help="show each layer's scheme and the sizes of a checkpoint")
+    p.add_argument("path", help="checkpoint folder")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from safetensors import safe_open
+
+    from quantkit.formats.compressed_tensors import parse_quantization_config
+    from quantkit.formats.safetensors_io import check_complete, safetensors_files
+    from quantkit.loading import read_config_json, resolve_model_source
+    from quantkit.report_text import human_bytes
+
+    folder = Path(resolve_model_source(args.path))
+    config = read_config_json(folder)
+    qcfg = config.get("quantization_config")
+    parsed = parse_quantization_config(qcfg, str(folder)) if qcfg else None
+    layers: dict[str, dict[str, tuple]] = defaultdict(dict)  # module -> tensor name -> (shape, dtype, bytes)
+    for path in safetensors_files(folder):
+        check_complete(path)
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                sl = f.get_slice(key)
+                shape, dtype = tuple(sl.get_shape()), sl.get_dtype()
+                nbytes = _numel(shape) * _DTYPE_BYTES.get(dtype, 4)
+                module, _, tensor = key.rpartition(".")
+                if tensor == "weight_shape":
+                    shape = tuple(int(v) for v in f.get_tensor(key))  # the true (out, in)
+                layers[module][tensor] = (shape, dtype, nbytes)
+    print(f"{folder}  ({config.get('model_type', '?')}, {', '.join(config.get('architectures') or [])})")
+    if parsed:
+        for i, (targets, scheme) in enumerate(parsed.groups):
+            shown = targets if len(targets) <= 3 else targets[:3] + [f"... {len(targets) - 3} more"]
+            print(f"  group {i}: {scheme.describe()} ({scheme.bits_per_weight:.3f} bits/weight) targets {shown}")
+        print(f"  ignored: {', '.join(parsed.ignore) or 'none'}")
+        print(f"  kv cache: {parsed.kv_cache.describe() if parsed.kv_cache else 'not quantized'}")
+    else:
+        print("  not quantized")
+    total = quantized = weights = 0
+    rows = []
+    for module, tensors in layers.items():
+        size = sum(b for _, _, b in tensors.values())
+        total += size
+        if "weight_packed" in tensors:
+            n, k = tensors["weight_shape"][0]
+            quantized += size
+            weights += n * k
+            rows.append((module, f"[{n}, {k}]", _scheme_of(parsed, module), human_bytes(size)))
+        elif "weight" in tensors and len(tensors["weight"][0]) == 2:
+            rows.append((module, str(list(tensors["weight"][0])), tensors["weight"][1].lower(), human_bytes(size)))
+    width = max((len(r[0]) for r in rows), default=10)
+    print(f"\n  {'module':<{width}}  {'shape [out, in]':<16} {'scheme':<18} size")
+    for r in rows:
+        print(f"  {r[0]:<{width}}  {r[1]:<16} {r[2]:<18} {r[3]}")
+    print(f"\n  total {human_bytes(total)}; quantized linears {human_bytes(quantized)}"
+          + (f" = {quantized * 8 / weights:.3f} bits/weight" if weights else ""))
+    return 0
+
+
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _scheme(parsed, module):
+    from torch import nn
+
+    return parsed.scheme_for(module, nn.Linear(1, 1, device="meta"))
+
+
+def _scheme_of(parsed, module) -> str:
+    s = _scheme(parsed, module) if parsed else None
+    return s.describe() if s else "?"

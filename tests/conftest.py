@@ -1,0 +1,36 @@
+"""Shared fixtures: small random models of several families (dimensions real kernels accept)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+FAMILIES = ("llama", "mistral", "qwen2")
+
+
+def make_random_model(family: str = "llama", *, seed: int = 0, vocab: int = 512, layers: int = 2, tied: bool = True):
+    """A random-initialised causal LM: hidden 128, intermediate 384, 4 heads, 2 KV heads (GQA)."""
+    import transformers
+
+    common = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=layers, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=256, tie_word_embeddings=tied)
+    config_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    }[family]
+    torch.manual_seed(seed)
+    return model_cls(config_cls(**common)).eval()
+
+
+@pytest.fixture
+def random_model_folder(tmp_path):
+    """Factory: save a random model (float32, safetensors) to a folder and return its path."""
+
+    def make(family: str = "llama", **kwargs):
+        model = make_random_model(family, **kwargs)
+        folder = tmp_path / f"{family}-float"
+        model.save_pretrained(folder)
+        return folder
+
+    return make

@@ -1,0 +1,72 @@
+import pytest
+import torch
+
+from quantkit.primitives import (
+    compute_qparams, dequantize, dequantize_fp8, fake_quantize, fp8_scale, quantize, quantize_fp8,
+)
+from quantkit.scheme import QuantScheme
+
+SCHEMES = [
+    QuantScheme(num_bits=8, strategy="channel"),
+    QuantScheme(num_bits=8, strategy="group", group_size=64),
+    QuantScheme(num_bits=4, strategy="group", group_size=32),
+    QuantScheme(num_bits=4, strategy="group", group_size=128),
+    QuantScheme(num_bits=4, strategy="channel"),
+    QuantScheme(num_bits=4, strategy="group", group_size=128, symmetric=False),
+    QuantScheme(num_bits=8, strategy="channel", symmetric=False),
+]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.describe())
+def test_round_trip_error_within_half_step(scheme):
+    w = torch.randn(96, 256) * torch.rand(96, 1) * 3  # rows with different ranges
+    scale, zp = compute_qparams(w, scheme)
+    g = scheme.groups_for(256)
+    assert scale.shape == (96, g) and (zp is None) == scheme.symmetric
+    q = quantize(w, scale, zp, scheme)
+    assert q.dtype == torch.int8 and int(q.min()) >= scheme.qmin and int(q.max()) <= scheme.qmax
+    err = (dequantize(q, scale, zp, scheme) - w).abs()
+    step = scale.repeat_interleave(256 // g, dim=1)
+    assert bool((err <= step / 2 + 1e-6).all()), "min-max quantization must round to the nearest level"
+
+
+def test_asymmetric_beats_symmetric_on_shifted_weights():
+    w = torch.rand(64, 128) + 0.5  # all positive: asymmetric uses the whole range
+    sym = QuantScheme(num_bits=4, strategy="group", group_size=128)
+    asym = QuantScheme(num_bits=4, strategy="group", group_size=128, symmetric=False)
+    assert (fake_quantize(w, asym) - w).pow(2).mean() < 0.5 * (fake_quantize(w, sym) - w).pow(2).mean()
+
+
+def test_bits_matter():
+    w = torch.randn(64, 128)
+    e8 = (fake_quantize(w, QuantScheme(num_bits=8, strategy="channel")) - w).pow(2).mean()
+    e4 = (fake_quantize(w, QuantScheme(num_bits=4, strategy="channel")) - w).pow(2).mean()
+    assert e8 * 100 < e4
+
+
+def test_fp8_saturates_instead_of_nan():
+    scale = fp8_scale(torch.tensor(2.0))
+    x = torch.tensor([0.5, -1.0, 2.0, 1e6, -1e6, 3.0])
+    q = quantize_fp8(x, scale)
+    assert q.dtype == torch.float8_e4m3fn
+    back = dequantize_fp8(q, scale)
+    assert torch.isfinite(back).all()
+    assert back[3] == pytest.approx(2.0) and back[4] == pytest.approx(-2.0)  # saturated to +-448 * scale
+    assert torch.allclose(back[:3], x[:3], rtol=0.07)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_bits=3), "num_bits"),
+    (dict(strategy="block"), "strategy"),
+    (dict(strategy="group", group_size=100), "group_size"),
+    (dict(strategy="channel", group_size=128), "only used with strategy 'group'"),
+    (dict(type="float", num_bits=4), "float num_bits"),
+])
+def test_scheme_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        QuantScheme(**kwargs)
+
+
+def test_group_must_divide_in_features():
+    with pytest.raises(ValueError, match="does not divide in_features 96"):
+        QuantScheme(num_bits=4, strategy="group", group_size=64).groups_for(96)
