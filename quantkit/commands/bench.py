@@ -62,6 +62,34 @@ def _split(values: list[str]) -> list[str]:
     return [v for item in values for v in item.split(",") if v]
 
 
+def _command_line(args: argparse.Namespace, variants: list[str], device, settings) -> str:
+    """The command that repeats this measurement (every setting spelled out)."""
+    import shlex
+
+    def csv(values):
+        return ",".join(str(v) for v in values)
+
+    parts = ["quantkit", "bench", args.model]
+    if args.baseline:
+        parts += ["--baseline", args.baseline]
+    if variants:
+        parts += ["--variants", ",".join(variants)]
+    parts += ["--device", str(device), "--dtype", args.dtype, "--backend", args.backend,
+              "--prompt-lens", csv(settings.prompt_lens), "--context-lens", csv(settings.context_lens),
+              "--batch-sizes", csv(settings.batch_sizes), "--prefill-batch-sizes", csv(settings.prefill_batch_sizes),
+              "--warmup", str(settings.warmup), "--repeats", str(settings.repeats), "--gpu", args.gpu,
+              "--seed", str(args.seed)]
+    if args.max_cache_gb:
+        parts += ["--max-cache-gb", str(args.max_cache_gb)]
+    if args.no_cuda_graphs:
+        parts.append("--no-cuda-graphs")
+    if args.threads:
+        parts += ["--threads", str(args.threads)]
+    if args.json_out:
+        parts += ["--json", args.json_out]
+    return shlex.join(parts)
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -116,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     results = run_bench(variants, spec, settings, device=device, model_label=str(base_source or args.model),
                         progress=not args.quiet)
+    results["command"] = _command_line(args, variant_specs if not model_is_checkpoint else variant_specs[1:], device, settings)
     print("\n".join(summary_lines(results)))
     if args.json_out:
         out = Path(args.json_out)

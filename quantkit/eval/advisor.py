@@ -19,11 +19,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .hardware import DeviceSpec
 from .report import QualityResult
 from .roofline import (
-    ModelShape, RooflineScheme, decode_cost, kv_cache_bytes, predict, prefill_cost, scheme_from_recipe,
+    ModelShape, RooflineScheme, decode_cost, kv_cache_bytes, predict, prefill_cost, scheme_from_quantization_config, scheme_from_recipe,
     standard_schemes, weight_memory_bytes,
 )
 
@@ -126,8 +127,14 @@ def scheme_key(scheme: RooflineScheme) -> tuple[int, int]:
 
 
 def quality_key(result: QualityResult, dtype_bytes: int = 2) -> tuple[int, int] | None:
-    """(weight bits, KV bytes) of the scheme a quality result measured: from its recipe name when it
-    names a recipe, else from the name itself ("w4...", "w8...", "...kv8"/"...fp8")."""
+    """(weight bits, KV bytes) of the scheme a quality result measured: from the evaluated
+    checkpoint's config when it is at hand, from its recipe when the name is one, else from the
+    name itself ("w4...", "w8...", "...kv8"/"...fp8")."""
+    if result.model and (Path(result.model) / "config.json").is_file():
+        try:
+            return scheme_key(scheme_from_quantization_config(Path(result.model)))
+        except ValueError:
+            pass
     try:
         from quantkit.recipe import load_recipe
 

@@ -42,6 +42,7 @@ class QualityResult:
     kl_divergence: float | None = None
     top1_agreement: float | None = None
     source: str = ""
+    model: str | None = None  # the evaluated model (a checkpoint folder describes its own scheme)
 
     @property
     def perplexity_increase(self) -> float | None:
@@ -52,12 +53,16 @@ class QualityResult:
 
 
 def _quality_label(d: dict, fallback: str) -> str:
+    """The variant a result is about: its variant / name / recipe / label, else the model folder's name."""
     for key in ("variant", "name", "recipe", "label"):
         value = d.get(key)
         if isinstance(value, str) and value:
             return Path(value).stem if value.endswith((".yaml", ".yml")) else value
         if isinstance(value, dict) and isinstance(value.get("name"), str):
             return value["name"]
+    model = d.get("model")
+    if isinstance(model, str) and model.strip("/"):
+        return Path(model.rstrip("/")).name
     return fallback
 
 
@@ -97,6 +102,7 @@ def load_quality(paths: Sequence[str | Path]) -> list[QualityResult]:
                 baseline_perplexity=_opt_float(d.get("baseline_perplexity")),
                 kl_divergence=_opt_float(d.get("kl_divergence")),
                 top1_agreement=_opt_float(d.get("top1_agreement")), source=str(path),
+                model=d.get("model") if isinstance(d.get("model"), str) else None,
             ))
     return results
 
@@ -244,7 +250,8 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
            + (" (CPU: bytes of the model's and the cache's tensors; peak-RSS growth in report.json)"
               if settings["memory_method"] == "tensor_bytes" else ""),
            f"- Roofline device: {spec['name']} ({spec['source']}): bandwidth {spec['memory_bandwidth'] / 1e9:.1f} GB/s, "
-           f"matmul peak {spec['peak_flops'] / 1e12:.2f} TFLOP/s, ridge {spec['ridge_intensity']:.0f} flop/byte",
+           f"matmul peak {spec['peak_flops'] / 1e12:.2f} TFLOP/s, ridge {spec['ridge_intensity']:.0f} flop/byte"
+           + _datasheet_note(spec),
            ""]
     md += ["| variant | source | backend | weights in memory |", "|---|---|---|---|"]
     md += [f"| {v['name']} | {v['source']} | {v.get('backend') or '–'} | {_fmt_bytes(v['weight_bytes'])} |"
@@ -282,6 +289,17 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
     if bench.get("command"):
         md += ["## Reproduce", "", "```", bench["command"], "```", ""]
     return md
+
+
+def _datasheet_note(spec: dict) -> str:
+    notes = []
+    if spec.get("datasheet_bandwidth"):
+        notes.append(f"{spec['memory_bandwidth'] / spec['datasheet_bandwidth']:.2f}x the datasheet's "
+                     f"{spec['datasheet_bandwidth'] / 1e12:.2f} TB/s")
+    if spec.get("datasheet_flops"):
+        notes.append(f"{spec['peak_flops'] / spec['datasheet_flops']:.2f}x the datasheet's "
+                     f"{spec['datasheet_flops'] / 1e12:.0f} TFLOP/s")
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def _phase_table(bench: dict, phase: str, length_key: str, unit: str, batch: int | None = None) -> list[str]:

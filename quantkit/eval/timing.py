@@ -163,25 +163,32 @@ def make_prefill_cache(variant: Variant, shape: ModelShape, batch: int, prompt_l
 
 
 def _quantized_kv_cache(variant: Variant, max_cache_len: int):
-    try:
-        from quantkit.modules import kv_cache
-    except ImportError:
-        raise RuntimeError(
-            f"variant {variant.name} asks for a quantized KV cache, but quantkit.modules.kv_cache is not "
-            "available in this build; benchmark the weight-only variant instead"
-        ) from None
-    return kv_cache.make_cache(variant.model, max_cache_len=max_cache_len)
+    """The FP8 KV cache of ``variant`` (a growing cache: ``max_cache_len`` is not preallocated)."""
+    import warnings
+
+    from quantkit.modules import kv_cache
+
+    with warnings.catch_warnings():  # uncalibrated scales are fine for timing
+        warnings.simplefilter("ignore")
+        return kv_cache.fp8_cache_for(variant.model, attention=variant.info.get("kv_attention", "dequantize"))
 
 
 def fill_cache(cache, shape: ModelShape, batch: int, context_len: int, *, dtype: torch.dtype,
-               device: torch.device, generator: torch.Generator | None = None) -> None:
-    """Write ``context_len`` positions of random K and V into every layer of ``cache``."""
+               device: torch.device, seed: int = 0) -> None:
+    """Write ``context_len`` positions of random K and V (drawn on ``device``) into every layer of ``cache``."""
+    g = torch.Generator(device=device).manual_seed(seed)
     for layer_idx in range(shape.layers):
-        k = torch.randn(batch, shape.kv_heads, context_len, shape.head_dim, generator=generator,
-                        dtype=torch.float32).to(device=device, dtype=dtype)  # [B, Hkv, C, D]
-        v = torch.randn(batch, shape.kv_heads, context_len, shape.head_dim, generator=generator,
-                        dtype=torch.float32).to(device=device, dtype=dtype)  # [B, Hkv, C, D]
+        size = (batch, shape.kv_heads, context_len, shape.head_dim)
+        k = torch.randn(size, generator=g, device=device, dtype=dtype)  # [B, Hkv, C, D]
+        v = torch.randn(size, generator=g, device=device, dtype=dtype)  # [B, Hkv, C, D]
         cache.update(k, v, layer_idx)
+
+
+def _is_static(cache) -> bool:
+    """Whether the cache writes in place (CUDA graphs can replay it); a growing cache cannot."""
+    from transformers import StaticCache
+
+    return isinstance(cache, StaticCache)
 
 
 def _seq_length(cache) -> int:
@@ -189,6 +196,15 @@ def _seq_length(cache) -> int:
 
 
 # -- one measurement --------------------------------------------------------------------------------
+
+def cache_kwarg(model: nn.Module) -> str:
+    """The name of the forward argument that takes a Cache: ``cache`` from transformers 5.24,
+    ``past_key_values`` before."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
 
 def _random_ids(vocab: int, batch: int, length: int, device: torch.device, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
@@ -209,8 +225,10 @@ def time_prefill(variant: Variant, shape: ModelShape, batch: int, prompt_len: in
         holder.clear()  # free the previous cache before allocating the next
         holder["cache"] = make_prefill_cache(variant, shape, batch, prompt_len, dtype=dtype, device=device)
 
+    kw = cache_kwarg(model)
+
     def run():
-        model(input_ids=ids, cache=holder["cache"], use_cache=True, logits_to_keep=1)
+        model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: holder["cache"]})
 
     times = time_call(run, device, warmup=settings.warmup, repeats=settings.repeats, before=reset)
     memory = meter.stop(model_tensor_bytes(model), cache_tensor_bytes(holder["cache"]))
@@ -239,19 +257,20 @@ def time_decode(variant: Variant, shape: ModelShape, batch: int, context_len: in
     meter = MemoryMeter(device)
     meter.start()
     cache = make_static_cache(variant, context_len + 1)
-    fill_cache(cache, shape, batch, context_len, dtype=dtype, device=device,
-               generator=torch.Generator().manual_seed(settings.seed))
+    fill_cache(cache, shape, batch, context_len, dtype=dtype, device=device, seed=settings.seed)
     if _seq_length(cache) != context_len:
         raise RuntimeError(f"cache holds {_seq_length(cache)} positions after filling {context_len}")
     ids = _random_ids(shape.vocab, batch, 1, device, settings.seed + 1)  # [B, 1]
 
+    kw = cache_kwarg(model)
+
     def step():
-        model(input_ids=ids, cache=cache, use_cache=True)
+        model(input_ids=ids, use_cache=True, **{kw: cache})
         cache.crop(-1)  # back to context_len: every repeat decodes at the same context
 
     mode = "eager"
     run = step
-    if device.type == "cuda" and settings.cuda_graphs:
+    if device.type == "cuda" and settings.cuda_graphs and _is_static(cache):
         try:
             run = _capture_graph(step)
             mode = "cuda_graph"
@@ -263,7 +282,7 @@ def time_decode(variant: Variant, shape: ModelShape, batch: int, context_len: in
     if _seq_length(cache) != context_len:
         raise RuntimeError(f"decode step changed the cache length to {_seq_length(cache)} (expected {context_len})")
     memory = meter.stop(model_tensor_bytes(model), cache_tensor_bytes(cache))
-    return {"times_s": times, "memory": memory, "mode": mode}
+    return {"times_s": times, "memory": memory, "mode": mode, "cache": type(cache).__name__}
 
 
 # -- the whole benchmark -------------------------------------------------------------------------

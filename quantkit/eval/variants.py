@@ -9,6 +9,7 @@ baseline, or a quantized checkpoint folder.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .roofline import ModelShape, RooflineScheme, dtype_bytes_of, scheme_from_quantization_config, scheme_from_recipe
+from .roofline import (
+    ModelShape, RooflineScheme, dtype_bytes_of, scheme_from_quantization_config, scheme_from_weight_args,
+)
 
 
 @dataclass
@@ -120,27 +123,65 @@ def _model_kv_scheme(model: nn.Module):
     return None
 
 
+def _split_recipes(spec: str):
+    """``"w4a16-rtn+kv-fp8"`` -> (the recipe quantizing weights or None, the KV-cache scheme or None)."""
+    from quantkit.recipe import load_recipe
+
+    recipes = [load_recipe(part) for part in spec.split("+") if part]
+    weights = [r for r in recipes if r.weights is not None]
+    kv = [r for r in recipes if r.kv_cache is not None]
+    if len(weights) > 1 or len(kv) > 1:
+        raise ValueError(f"variant {spec!r} combines several weight or several KV-cache recipes; give at most one of each")
+    return (weights[0] if weights else None), (kv[0].kv_cache if kv else None)
+
+
 def build_variant(
     spec: str, base: nn.Module, *, dtype: torch.dtype, device: str | torch.device, backend: str = "auto",
     calibration_data: Any = None,
 ) -> Variant:
-    """A variant from ``spec``: a quantized checkpoint folder, or a recipe applied to a copy of ``base``."""
+    """A variant from ``spec``: a quantized checkpoint folder, or recipes applied to a copy of ``base``
+    (``"w4a16-rtn"``, ``"kv-fp8"``, ``"w4a16-rtn+kv-fp8"``, or YAML paths).
+
+    A KV-cache recipe gives the variant an FP8 KV cache at benchmark time; its scales are left at
+    1.0 (timing does not depend on them: use ``quantkit eval`` for the quality of calibrated scales).
+    """
     import quantkit
 
+    device = torch.device(device)
     path = Path(spec).expanduser()
     if path.is_dir():
         model = quantkit.load(str(path), backend=backend, device=device, dtype=dtype)
-        scheme = scheme_from_quantization_config(model.config.to_dict() | {"torch_dtype": str(dtype).removeprefix("torch.")},
-                                                 name=path.name)
-        return Variant(name=path.name, model=model, scheme=scheme, source=f"checkpoint:{path}",
-                       kv_cache=_model_kv_scheme(model), backend=_prepare_kernels(model, backend))
-    recipe = quantkit.load_recipe(spec)
-    model = copy.deepcopy(base)
-    quantkit.quantize(model, recipe, calibration_data, progress=False)
-    name = Path(spec).stem if spec.endswith((".yaml", ".yml")) else spec
-    scheme = scheme_from_recipe(recipe, name=name, dtype_bytes=dtype_bytes_of(dtype))
-    return Variant(name=name, model=model.eval(), scheme=scheme, source=f"recipe:{spec}",
-                   kv_cache=recipe.kv_cache, backend=_prepare_kernels(model, backend))
+        config = model.config.to_dict() | {"torch_dtype": str(dtype).removeprefix("torch.")}
+        variant = Variant(name=path.name, model=model, scheme=scheme_from_quantization_config(config, name=path.name),
+                          source=f"checkpoint:{path}", kv_cache=_model_kv_scheme(model))
+        variant.backend = _prepare_kernels(model, backend)
+    else:
+        weights_recipe, kv_scheme = _split_recipes(spec)
+        model = copy.deepcopy(base)
+        if weights_recipe is not None:
+            quantkit.quantize(model, dataclasses.replace(weights_recipe, kv_cache=None), calibration_data, progress=False)
+        name = "+".join(Path(p).stem if p.endswith((".yaml", ".yml")) else p for p in spec.split("+") if p)
+        scheme = scheme_from_weight_args(weights_recipe.weights if weights_recipe else None, kv_scheme, name=name,
+                                         dtype_bytes=dtype_bytes_of(dtype))
+        variant = Variant(name=name, model=model.eval(), scheme=scheme, source=f"recipe:{spec}", kv_cache=kv_scheme)
+        variant.backend = _prepare_kernels(model, backend)
+    if variant.kv_cache is not None:
+        variant.info["kv_attention"] = _enable_fp8_attention(variant.model, device)
+    return variant
+
+
+def _enable_fp8_attention(model: nn.Module, device: torch.device) -> str:
+    """How attention reads the FP8 cache: "kernel" (fused dequant, CUDA) or "dequantize"."""
+    try:
+        from quantkit.modules import kv_cache
+    except ImportError:
+        raise RuntimeError(
+            "an FP8 KV-cache variant needs quantkit.modules.kv_cache, which this build lacks; "
+            "benchmark the weight-only variant instead"
+        ) from None
+    mode = "kernel" if device.type == "cuda" else "dequantize"
+    kv_cache.enable_fp8_kv_cache(model, attention=mode)
+    return mode
 
 
 def model_shape(model: nn.Module) -> ModelShape:
