@@ -238,6 +238,9 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
     spec = dev["spec"]
     shape = model["shape"]
     md = ["## Setup", ""]
+    if dev["type"] == "cpu":
+        md += ["CPU timings depend on the machine and its load: read the ratios (speedups measured side by side "
+               "in one run, variants interleaved shape by shape; measured over roofline), not the milliseconds.", ""]
     md += [f"- Model: `{model['name']}` ({model['params'] / 1e9:.2f} B parameters, {model['dtype']}; hidden "
            f"{shape['hidden']}, intermediate {shape['intermediate']}, {shape['layers']} layers, {shape['heads']} heads, "
            f"{shape['kv_heads']} KV heads, vocab {shape['vocab']})",

@@ -3,10 +3,11 @@
 - Prefill: one forward over ``batch`` random prompts of ``prompt_len`` tokens into an empty cache,
   logits of the last position only (what generation does before its first token).
 - Decode: ONE step at a given context length, timed on its own: a ``StaticCache`` sized exactly
-  ``context_len + 1`` is filled with random keys and values (timing does not depend on their
-  values, and this skips a costly prefill), then each timed call feeds one token per sequence and
-  crops the cache back to ``context_len`` so every repeat sees the same context. On CUDA the step
-  is captured in a CUDA graph when possible (eager launches would dominate a small model's step).
+  ``context_len + 1`` (or the variant's FP8 KV cache) is filled with random keys and values
+  (timing does not depend on their values, and this skips a costly prefill), then each timed call
+  feeds one token per sequence and crops the cache back to ``context_len`` so every repeat sees
+  the same context. On CUDA a static-cache step is captured in a CUDA graph when possible (eager
+  launches would dominate a small model's step); a growing cache runs eagerly.
 
 Timers: CUDA events on GPU, ``time.perf_counter`` on CPU; warm-up runs, then the median of
 repeats. Peak memory: ``torch.cuda.max_memory_allocated`` on GPU; on CPU the bytes of the model's
@@ -20,7 +21,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
@@ -142,9 +143,9 @@ def cache_tensor_bytes(cache) -> int:
     return total
 
 
-def make_static_cache(variant: Variant, max_cache_len: int):
-    """A cache of ``max_cache_len`` positions for ``variant``: a transformers StaticCache, or the
-    quantized KV cache its recipe asks for."""
+def make_decode_cache(variant: Variant, max_cache_len: int):
+    """A cache for ``variant``: a transformers StaticCache of ``max_cache_len`` positions, or the
+    FP8 KV cache its recipe asks for."""
     if variant.kv_cache is not None:
         return _quantized_kv_cache(variant, max_cache_len)
     from transformers import StaticCache
@@ -156,7 +157,7 @@ def make_prefill_cache(variant: Variant, shape: ModelShape, batch: int, prompt_l
                        dtype: torch.dtype, device: torch.device):
     """An empty cache for a prompt, allocated up front (as an engine's would be) so the timed
     prefill pays for writing the cache, not for allocating it."""
-    cache = make_static_cache(variant, prompt_len)
+    cache = make_decode_cache(variant, prompt_len)
     if hasattr(cache, "early_initialization") and variant.kv_cache is None:
         cache.early_initialization(batch, shape.kv_heads, shape.head_dim, dtype, device)
     return cache
@@ -256,7 +257,7 @@ def time_decode(variant: Variant, shape: ModelShape, batch: int, context_len: in
     dtype = next(model.parameters()).dtype
     meter = MemoryMeter(device)
     meter.start()
-    cache = make_static_cache(variant, context_len + 1)
+    cache = make_decode_cache(variant, context_len + 1)
     fill_cache(cache, shape, batch, context_len, dtype=dtype, device=device, seed=settings.seed)
     if _seq_length(cache) != context_len:
         raise RuntimeError(f"cache holds {_seq_length(cache)} positions after filling {context_len}")
