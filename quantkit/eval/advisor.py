@@ -268,8 +268,10 @@ def _s(seconds: float) -> str:
 def format_advice(advice: Advice) -> list[str]:
     """A plain-text table of the candidates and the recommendation."""
     w = advice.workload
-    lines = [f"{advice.device.name} ({advice.device.source}): {advice.device.memory_bandwidth / 1e12:.2f} TB/s, "
-             f"{advice.device.peak_flops / 1e12:.0f} TFLOP/s; batch {w.batch}, prompt {w.prompt_len}, output {w.output_len}",
+    d = advice.device
+    bw = f"{d.memory_bandwidth / 1e12:.2f} TB/s" if d.memory_bandwidth >= 1e12 else f"{d.memory_bandwidth / 1e9:.1f} GB/s"
+    fl = f"{d.peak_flops / 1e12:.0f} TFLOP/s" if d.peak_flops >= 1e12 else f"{d.peak_flops / 1e9:.0f} GFLOP/s"
+    lines = [f"{d.name} ({d.source}): {bw}, {fl}; batch {w.batch}, prompt {w.prompt_len}, output {w.output_len}",
              f"{'scheme':<14}{'TTFT':>11}{'TPOT':>11}{'total':>11}{'memory GB':>11}  fits  {'Δppl':>8}{'KL':>9}  bound (prefill/decode)"]
     for c in advice.candidates:
         q = c.quality

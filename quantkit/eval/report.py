@@ -251,7 +251,8 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
            f"(mode: {', '.join(sorted({r.get('mode', 'eager') for r in bench['decode']})) or '–'})",
            f"- Memory: {settings['memory_method']}"
            + (" (CPU: bytes of the model's and the cache's tensors; peak-RSS growth in report.json)"
-              if settings["memory_method"] == "tensor_bytes" else ""),
+              if settings["memory_method"] == "tensor_bytes" else
+              " (the variant's weights plus the allocator's peak growth during the measurement)"),
            f"- Roofline device: {spec['name']} ({spec['source']}): bandwidth {spec['memory_bandwidth'] / 1e9:.1f} GB/s, "
            f"matmul peak {spec['peak_flops'] / 1e12:.2f} TFLOP/s, ridge {spec['ridge_intensity']:.0f} flop/byte"
            + _datasheet_note(spec),

@@ -10,9 +10,10 @@
   launches would dominate a small model's step); a growing cache runs eagerly.
 
 Timers: CUDA events on GPU, ``time.perf_counter`` on CPU; warm-up runs, then the median of
-repeats. Peak memory: ``torch.cuda.max_memory_allocated`` on GPU; on CPU the bytes of the model's
-tensors plus the cache's tensors ("tensor_bytes"), with the peak-RSS growth during the measurement
-beside it where /proc allows.
+repeats. Peak memory: on GPU the variant's weights plus the growth of ``torch.cuda.max_memory_allocated``
+during the measurement (cache, activations; other variants stay resident and are not counted); on
+CPU the bytes of the model's tensors plus the cache's tensors ("tensor_bytes"), with the peak-RSS
+growth during the measurement beside it where /proc allows.
 """
 
 from __future__ import annotations
@@ -109,7 +110,9 @@ class MemoryMeter:
 
     def start(self) -> None:
         if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
+            self._allocated0 = torch.cuda.memory_allocated(self.device)
             return
         self._rss0 = self._status_kib("VmRSS")
         try:  # "5" resets the peak RSS (VmHWM) of this process
@@ -120,7 +123,10 @@ class MemoryMeter:
 
     def stop(self, model_bytes: int, cache_bytes: int) -> dict:
         if self.device.type == "cuda":
-            return {"method": self.method, "peak_bytes": int(torch.cuda.max_memory_allocated(self.device)),
+            # Other variants stay resident on the device: count this variant's weights plus what
+            # the measurement itself allocated at its peak (cache, activations, workspaces).
+            growth = int(torch.cuda.max_memory_allocated(self.device)) - self._allocated0
+            return {"method": self.method, "peak_bytes": model_bytes + growth, "measurement_peak_bytes": growth,
                     "weights_bytes": model_bytes, "kv_cache_bytes": cache_bytes}
         out = {"method": self.method, "peak_bytes": model_bytes + cache_bytes,
                "weights_bytes": model_bytes, "kv_cache_bytes": cache_bytes}
