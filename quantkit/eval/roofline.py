@@ -401,19 +401,3 @@ def predicted_speedups(
     dc = predict(decode_cost(shape, base, context_len, batch), device).seconds / predict(
         decode_cost(shape, variant, context_len, batch), device).seconds
     return {"prefill": pf, "decode": dc}
-
-
-def explain(shape: ModelShape, base: RooflineScheme, variant: RooflineScheme, device: DeviceSpec,
-            *, prompt_len: int = 1024, context_len: int = 1024, batch: int = 1) -> str:
-    """A few sentences on why ``variant`` speeds decode more than prefill on ``device``."""
-    pf = predict(prefill_cost(shape, variant, prompt_len, batch), device)
-    dc = predict(decode_cost(shape, variant, context_len, batch), device)
-    sp = predicted_speedups(shape, base, variant, device, prompt_len=prompt_len, context_len=context_len, batch=batch)
-    return (
-        f"On {device.name} the ridge point is {device.ridge_intensity:.0f} flop/byte. "
-        f"A prefill of {prompt_len} tokens (batch {batch}) runs at {pf.intensity:.0f} flop/byte: "
-        f"{pf.bound}-bound, so {variant.name} changes its time by {sp['prefill']:.2f}x. "
-        f"A decode step at context {context_len} runs at {dc.intensity:.1f} flop/byte: {dc.bound}-bound, "
-        f"its time is the bytes it reads, and {variant.name} reads {sp['decode']:.2f}x fewer of them "
-        f"relative to {base.name}."
-    )
