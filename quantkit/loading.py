@@ -24,12 +24,9 @@ TOKENIZER_FILES = (
 
 def resolve_model_source(name: str | os.PathLike) -> str:
     """`ref:<name>` -> the built-in reference model's folder; a local path or hub id is returned as is."""
-    name = str(name)
-    if name.startswith("ref:"):
-        from .refmodels import reference_model_path
+    from .refmodels import resolve_model_name
 
-        return str(reference_model_path(name[4:]))
-    return name
+    return resolve_model_name(str(name))
 
 
 def read_config_json(folder: Path) -> dict:

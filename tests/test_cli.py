@@ -39,3 +39,23 @@ def test_errors_exit_2(random_model_folder, tmp_path, capsys, args, message):
     assert main(["quantize", src, *args, "--out", str(tmp_path / "o")]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_eval_on_the_tiny_reference_model(tmp_path, capsys):
+    results = {}
+    for recipe in ("w8a16-rtn", "w4a16-rtn"):
+        out = tmp_path / recipe
+        assert main(["quantize", "ref:tiny", "--recipe", recipe, "--out", str(out)]) == 0
+        assert (out / "tokenizer.json").is_file(), "the tokenizer travels with the checkpoint"
+        report = tmp_path / f"{recipe}.json"
+        assert main(["eval", str(out), "--baseline", "ref:tiny", "--window", "128", "--max-tokens", "4096",
+                     "--json", str(report)]) == 0
+        results[recipe] = json.loads(report.read_text())
+    capsys.readouterr()
+    for r in results.values():
+        assert {"perplexity", "kl_divergence", "top1_agreement", "baseline_perplexity"} <= set(r)
+        assert r["windows"] == 32 and r["window"] == 128
+        assert 1 < r["baseline_perplexity"] < 1000 and r["kl_divergence"] > 0
+    w8, w4 = results["w8a16-rtn"], results["w4a16-rtn"]
+    assert w8["baseline_perplexity"] == w4["baseline_perplexity"]
+    assert w8["kl_divergence"] < w4["kl_divergence"] and w8["top1_agreement"] > w4["top1_agreement"]

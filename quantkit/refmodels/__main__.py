@@ -1,0 +1,8 @@
+"""``python -m quantkit.refmodels build NAME [--out DIR] [--force]``."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

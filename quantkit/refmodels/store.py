@@ -1,0 +1,67 @@
+"""Where reference models live: the committed folders in the package, else the user's cache.
+
+A folder is usable when it holds every file of ``REQUIRED_FILES`` and its ``training.json`` names the
+current spec's hash (so weights trained under an older spec are never returned for a newer one).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from . import corpus
+from .spec import RefModelSpec
+from .train import REQUIRED_FILES, TRAINING_RECORD, build_into
+
+COMMITTED_WEIGHTS = Path(__file__).resolve().parent / "weights"
+REF_PREFIX = "ref:"
+
+
+def committed_folder(spec: RefModelSpec) -> Path:
+    return COMMITTED_WEIGHTS / spec.name
+
+
+def cache_folder(spec: RefModelSpec) -> Path:
+    """``<cache>/refmodels/<name>-<spec hash>`` (cache: ``$QUANTKIT_CACHE`` or ``~/.cache/quantkit``)."""
+    return corpus.cache_root() / "refmodels" / spec.folder_name()
+
+
+def is_complete(folder: Path, spec: RefModelSpec) -> bool:
+    """True when ``folder`` holds a whole model built from exactly ``spec``."""
+    folder = Path(folder)
+    if not all((folder / name).is_file() for name in REQUIRED_FILES):
+        return False
+    try:
+        record = json.loads((folder / TRAINING_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return record.get("spec_hash") == spec.spec_hash()
+
+
+def build_atomically(spec: RefModelSpec, destination: Path, *, force: bool = False,
+                     num_threads: int | None = None, progress: bool = True,
+                     heldout_max_bytes: int | None = None) -> Path:
+    """Train ``spec`` into ``destination``: built in a temporary sibling folder, then renamed.
+
+    An existing complete ``destination`` is kept unless ``force``; anything else there is replaced.
+    ``heldout_max_bytes`` caps the held-out text scored for ``training.json`` (None: all of it).
+    """
+    destination = Path(destination)
+    if not force and is_complete(destination, spec):
+        return destination
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.building."))
+    staging.chmod(0o755)  # mkdtemp makes it private; the finished model folder is an ordinary one
+    try:
+        build_into(staging, spec, num_threads=num_threads, progress=progress, heldout_max_bytes=heldout_max_bytes)
+        if destination.exists():
+            retired = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.old."))
+            destination.rename(retired / destination.name)
+            shutil.rmtree(retired, ignore_errors=True)
+        staging.rename(destination)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return destination
