@@ -11,12 +11,17 @@ Contract used by quantkit.modules.QuantLinear:
 - ``resolve_backend(backend, device, dtype)`` turns "auto" into a concrete backend.
 """
 
+from .decode_attention import decode_attention_fp8, decode_attention_triton
+from .decode_attention_reference import decode_attention_reference
 from .packing import pack_int32, unpack_int32
 from .reference import dequantize_wna16, wna16_linear_reference
 from .wna16 import BACKENDS, prepare_wna16, resolve_backend, wna16_linear
 
 __all__ = [
     "BACKENDS",
+    "decode_attention_fp8",
+    "decode_attention_reference",
+    "decode_attention_triton",
     "dequantize_wna16",
     "pack_int32",
     "prepare_wna16",
