@@ -146,3 +146,24 @@ def test_bench_rejects_bad_input(tmp_path, capsys):
     args = parser.parse_args(["bench", source, "--baseline", source, "--quiet"])
     assert args.func(args) == 2
     assert "--baseline is for a quantized MODEL" in capsys.readouterr().err
+
+
+def test_fp8_kv_variant_decodes_with_half_the_cache_bytes(tmp_path):
+    from quantkit.eval.timing import BenchSettings, time_decode
+
+    model = load_source_model(tiny_model_source(tmp_path), dtype=torch.bfloat16, device="cpu", seed=0)
+    shape = ModelShape.from_config(model.config)
+    base = float_variant(model)
+    both = build_variant("w4a16-rtn+kv-fp8", model, dtype=torch.bfloat16, device="cpu", backend="reference")
+    assert both.name == "w4a16-rtn+kv-fp8" and both.kv_cache is not None
+    assert (both.scheme.weight_bits, both.scheme.kv_bytes) == (4, 1)
+    settings = BenchSettings(prompt_lens=[8], context_lens=[40], batch_sizes=[2], warmup=1, repeats=2)
+    cpu = torch.device("cpu")
+    fp8 = time_decode(both, shape, 2, 40, settings, cpu)
+    bf16 = time_decode(base, shape, 2, 40, settings, cpu)
+    assert fp8["cache"] == "FP8KVCache" and bf16["cache"] == "StaticCache"
+    # fp8 stores 1 byte per value: 40 positions vs the static cache's 41 bf16 positions
+    # (+ per-layer scales and dequantization tables)
+    expected = kv_cache_bytes(shape, both.scheme, 40, 2)
+    assert expected <= fp8["memory"]["kv_cache_bytes"] < expected + 2048 * shape.layers
+    assert fp8["memory"]["kv_cache_bytes"] < 0.55 * bf16["memory"]["kv_cache_bytes"]
