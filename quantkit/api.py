@@ -12,6 +12,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .algorithms import rtn_quantize
+from .calibration.kv_scales import attach_kv_scales, pop_kv_scales
 from .errors import CheckpointError, QuantizationError
 from .formats.compressed_tensors import build_quantization_config, parse_quantization_config
 from .formats.safetensors_io import read_state_dict, write_state_dict
@@ -19,6 +20,7 @@ from .loading import (
     atomic_output_dir, copy_tokenizer_files, is_quantized_checkpoint, load_float_model, read_config_json,
     resolve_model_source,
 )
+from .modules.kv_cache import enable_fp8_kv_cache
 from .modules.quant_linear import QuantLinear
 from .recipe import Recipe, load_recipe
 from .targets import select_linears, set_submodule
@@ -165,6 +167,7 @@ def _load_quantized(folder: Path, *, backend: str, device, dtype, trust_remote_c
                 set_submodule(model, name, q)
     state = read_state_dict(folder)
     state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
+    kv_scales = pop_kv_scales(model, state)
     result = model.load_state_dict(state, strict=False, assign=True)
     tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
     missing = [k for k in result.missing_keys if k not in tied]
@@ -183,6 +186,11 @@ def _load_quantized(folder: Path, *, backend: str, device, dtype, trust_remote_c
     for module in model.modules():
         if isinstance(module, QuantLinear):
             module.prepare(backend)
+    if qcfg.kv_cache is not None:
+        if not kv_scales:
+            raise CheckpointError(f"{folder}: kv_cache_scheme is set but the checkpoint has no k_scale/v_scale tensors")
+        attach_kv_scales(model, kv_scales, dtype=dtype)
+        enable_fp8_kv_cache(model)
     model.config.quantization_config = quantization_config
     model.name_or_path = str(folder)
     return model.eval()
