@@ -69,7 +69,7 @@ def test_demo_end_to_end_on_tiny(tmp_path, capsys):
     capsys.readouterr()
     report = (out / "report.md").read_text()
     assert "| w8a16-rtn | int8 per-channel sym |" in report and "| w4a16-rtn-asym | int4 g128 asym |" in report
-    rows = json.loads((out / "report.json").read_text())["results"]
+    rows = json.loads((out / "quality.json").read_text())["results"]
     assert [r["recipe"] for r in rows] == ["w8a16-rtn", "w4a16-rtn-asym"]
     assert rows[0]["linear_bits_per_weight"] > 8 > rows[1]["linear_bits_per_weight"] > 4
     assert (out / "checkpoints" / "w4a16-rtn-asym" / "model.safetensors").is_file()
