@@ -247,7 +247,7 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
            f"- Device: {dev['name']} ({dev['type']}" + (f", {dev['threads']} threads" if "threads" in dev else "")
            + f"), torch {dev['torch']}",
            f"- Timing: {settings['timer']}, {settings['warmup']} warm-up run{'s' if settings['warmup'] != 1 else ''}, "
-           f"median of {settings['repeats']}; "
+           f"median of {settings['repeats']}" + (f" ({settings['order']})" if settings.get("order") else "") + "; "
            "decode = one step at a fixed context with a pre-filled static KV cache "
            f"(mode: {', '.join(sorted({r.get('mode', 'eager') for r in bench['decode']})) or '–'})",
            f"- Memory: {settings['memory_method']}"
