@@ -134,10 +134,8 @@ def plot_speedups(bench: dict, out_dir: Path) -> str | None:
                 med = statistics.median(vals)
                 ax.bar(x, med, width * 0.92, color=color, label=label if vi == 0 else None,
                        yerr=[[med - min(vals)], [max(vals) - med]], capsize=4, ecolor="#333333")
-                inside = med > 0.3 * ax.get_ylim()[1] if ax.get_ylim()[1] > 0 else False
-                ax.text(x, med / 2 if inside else med, f"{med:.2f}x", ha="center",
-                        va="center" if inside else "bottom", fontsize=9, fontweight="bold",
-                        color="white" if inside else "black")
+                ax.text(x, 0.02 * top, f"{med:.2f}x", ha="center", va="bottom", fontsize=9, fontweight="bold",
+                        bbox=dict(boxstyle="round,pad=0.2", facecolor="white", edgecolor="none", alpha=0.85))
                 ax.plot([x], [statistics.median(preds)], "D", color="black", markersize=6,
                         label="roofline prediction" if (vi == 0 and gi == 0) else None)
         ax.axhline(1.0, color="gray", linewidth=1)
