@@ -50,6 +50,24 @@ def test_time_call_counts_and_times():
     assert calls == {"fn": 5, "before": 5}
 
 
+def test_measure_interleaves_variants(tmp_path):
+    from quantkit.eval.timing import BenchSettings, TimedRun, measure
+
+    calls = []
+
+    def timed(name):
+        variant = float_variant(torch.nn.Linear(4, 4))
+        return TimedRun(variant, torch.device("cpu"), lambda: calls.append(name),
+                        before=lambda: calls.append(name.lower()), cache=lambda: None, cache_allocated_before=False)
+
+    settings = BenchSettings(prompt_lens=[1], context_lens=[1], batch_sizes=[1], warmup=1, repeats=2)
+    out = measure([timed("A"), timed("B")], settings)
+    # warm-up, then repeats alternate between the variants, then one untimed call each for memory
+    assert calls == ["a", "A", "b", "B"] + ["a", "A", "b", "B"] * 2 + ["a", "A", "b", "B"]
+    assert [len(o["times_s"]) for o in out] == [2, 2]
+    assert out[0]["memory"]["method"] == "tensor_bytes"
+
+
 @torch.inference_mode()
 def test_decode_step_matches_generation_with_a_dynamic_cache(tmp_path):
     from transformers import DynamicCache

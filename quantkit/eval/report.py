@@ -221,7 +221,8 @@ def render_report(bench: dict | None, quality: Sequence[QualityResult], out_dir:
         images.update(plots.quality_plots(quality, out))
 
     md = [f"# {title}", ""]
-    md += list(notes) + ([""] if notes else [])
+    for note in notes:
+        md += [note, ""]
     if bench is not None:
         md += _bench_sections(bench, images)
     md += _quality_section(quality, images, bench)
@@ -247,7 +248,7 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
            f"- Device: {dev['name']} ({dev['type']}" + (f", {dev['threads']} threads" if "threads" in dev else "")
            + f"), torch {dev['torch']}",
            f"- Timing: {settings['timer']}, {settings['warmup']} warm-up run{'s' if settings['warmup'] != 1 else ''}, "
-           f"median of {settings['repeats']}; "
+           f"median of {settings['repeats']}" + (f" ({settings['order']})" if settings.get("order") else "") + "; "
            "decode = one step at a fixed context with a pre-filled static KV cache "
            f"(mode: {', '.join(sorted({r.get('mode', 'eager') for r in bench['decode']})) or '–'})",
            f"- Memory: {settings['memory_method']}"
@@ -271,7 +272,7 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
         md += _table(["variant", "prefill measured", "prefill roofline", "decode measured", "decode roofline"],
                      [[s["variant"], _fmt_x(s["prefill_measured"]), _fmt_x(s["prefill_predicted"]),
                        _fmt_x(s["decode_measured"]), _fmt_x(s["decode_predicted"])] for s in summary])
-        md += [""]
+        md += ["", _headline(summary), ""]
         if "speedups" in images:
             md += [f"![prefill and decode speedups]({images['speedups']})", ""]
         md += _why_paragraph(bench) + [""]
@@ -332,6 +333,20 @@ def _phase_table(bench: dict, phase: str, length_key: str, unit: str, batch: int
         rows.append([name] + cells)
     header = [f"{unit} \\ {length_key.replace('_', ' ')}"] + [str(n) for n in lengths]
     return _table(header, rows) + ["", "(in parentheses: speedup over the baseline, measured side by side)"] if base else _table(header, rows)
+
+
+def _headline(summary: list[dict]) -> str:
+    """One sentence: does decode gain more than prefill, variant by variant?"""
+    both = [s for s in summary if s["prefill_measured"] is not None and s["decode_measured"] is not None]
+    if not both:
+        return ""
+    more = [s["variant"] for s in both if s["decode_measured"] > s["prefill_measured"]]
+    less = [s["variant"] for s in both if s["decode_measured"] <= s["prefill_measured"]]
+    parts = ", ".join(f"{s['variant']} {s['decode_measured']:.2f}x vs {s['prefill_measured']:.2f}x" for s in both)
+    if not less:
+        return f"Measured: decode speeds up more than prefill for every variant ({parts}, decode vs prefill)."
+    return (f"Measured: decode speeds up more than prefill for {', '.join(more) or 'no variant'} but not for "
+            f"{', '.join(less)} ({parts}, decode vs prefill).")
 
 
 def _why_paragraph(bench: dict) -> list[str]:
