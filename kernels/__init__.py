@@ -9,19 +9,45 @@ Contract used by quantkit.modules.QuantLinear:
   name -> tensor, repacked once at load time);
 - ``wna16_linear(x, prepared, bits=, in_features=, out_features=, backend=, bias=)`` runs it.
 - ``resolve_backend(backend, device, dtype)`` turns "auto" into a concrete backend.
+
+Ops (``torch.ops.quantkit.*``, usable without the rest of quantkit, with fake implementations for
+torch.compile): ``wna16_gemm`` (Triton), ``wna16_int4_cpu`` and ``wna16_int8_cpu`` (PyTorch's CPU
+weight-only kernels), ``decode_attention_fp8`` (FP8/bf16 KV-cache decode attention). Backends, layouts and numerics: ``wna16``, ``wna16_layout``, ``wna16_triton``.
+Set TRITON_INTERPRET=1 before importing this package to run the Triton kernels on CPU tensors.
 """
 
-from .packing import pack_int32, unpack_int32
-from .reference import dequantize_wna16, wna16_linear_reference
-from .wna16 import BACKENDS, prepare_wna16, resolve_backend, wna16_linear
+if __name__ != "quantkit.kernels":
+    # This folder ships as quantkit.kernels. When the repository root is on sys.path (pytest does that),
+    # a probe for a top-level package named `kernels` (transformers imports one to check for the hub
+    # kernels integration) lands here: stay an empty package instead of registering the
+    # torch.ops.quantkit operators a second time under another module name.
+    __all__: list[str] = []
+else:
+    from .decode_attention import decode_attention_fp8, decode_attention_triton
+    from .decode_attention_reference import decode_attention_reference
+    from .fusion import concat_wna16_weights
+    from .packing import pack_int32, unpack_int32
+    from .reference import dequantize_wna16, wna16_linear_reference
+    from .wna16 import BACKENDS, prepare_wna16, prepared_layout, resolve_backend, wna16_linear
+    from .wna16_heuristics import WNA16Config, choose_config
+    from .wna16_triton import wna16_gemm_torch, wna16_gemm_triton
 
-__all__ = [
-    "BACKENDS",
-    "dequantize_wna16",
-    "pack_int32",
-    "prepare_wna16",
-    "resolve_backend",
-    "unpack_int32",
-    "wna16_linear",
-    "wna16_linear_reference",
-]
+    __all__ = [
+        "BACKENDS",
+        "WNA16Config",
+        "choose_config",
+        "concat_wna16_weights",
+        "decode_attention_fp8",
+        "decode_attention_reference",
+        "decode_attention_triton",
+        "dequantize_wna16",
+        "pack_int32",
+        "prepare_wna16",
+        "prepared_layout",
+        "resolve_backend",
+        "unpack_int32",
+        "wna16_gemm_torch",
+        "wna16_gemm_triton",
+        "wna16_linear",
+        "wna16_linear_reference",
+    ]

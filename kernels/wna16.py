@@ -1,21 +1,63 @@
-"""Backend dispatch for the weight-only (WNA16) linear."""
+"""Backend dispatch for the weight-only (WNA16) linear: the contract quantkit.modules.QuantLinear calls.
+
+Backends (``resolve_backend`` turns "auto" into one of them, from the device the weight lives on):
+
+- "triton": the Triton kernels (``torch.ops.quantkit.wna16_gemm``). "auto" picks it for CUDA tensors.
+  Runs int2/int4/int8, per channel or in groups of a multiple of 32/bits, symmetric or not,
+  activations fp16/bf16/fp32 (fp32 accumulation, output in x's dtype).
+- "torch": PyTorch's weight-only CPU kernels. "auto" picks it for CPU tensors. Per layer, at prepare time:
+  int8 per channel -> ``torch.ops.quantkit.wna16_int8_cpu`` (aten._weight_int8pack_mm);
+  int4, or int8 in groups, with N % 16 == 0 and a group size that is a multiple of 32 (or per
+  channel with K % 32 == 0) -> ``torch.ops.quantkit.wna16_int4_cpu`` (aten._weight_int4pack_mm_for_cpu;
+  int8 groups run as two exact int4 halves); any other layer (int2, odd shapes) -> the reference.
+  Numerics: these kernels compute in bf16 whatever x's dtype (their fp16/fp32 paths are 40-60x
+  slower), so fp32 and fp16 models get bf16-level precision (relative error ~2^-9) on this backend.
+- "reference": dequantize in fp32 and matmul in fp32 on any device (``wna16_linear_reference``): exact,
+  slow. "auto" picks it for devices that are neither CUDA nor CPU.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from . import wna16_cpu  # noqa: F401  (registers torch.ops.quantkit.wna16_int4_cpu / wna16_int8_cpu)
 from .reference import wna16_linear_reference
+from .wna16_layout import (
+    ACTIVATION_DTYPES as _ACTIVATION_DTYPES,
+    check_activation,
+    check_wna16_weight,
+    cpu_int4_supports,
+    cpu_int8_supports,
+    to_cpu_int4_layout,
+    to_cpu_int8_layout,
+    to_triton_layout,
+)
+from .wna16_triton import check_triton_operands, triton_can_run_on
 
 BACKENDS = ("auto", "triton", "torch", "reference")
 
 
-def resolve_backend(backend: str, device: torch.device, dtype: torch.dtype) -> str:
-    """Map "auto" to a concrete backend for weights living on ``device``."""
+def resolve_backend(backend: str, device: torch.device | str, dtype: torch.dtype | None = None) -> str:
+    """Map "auto" to a concrete backend for weights living on ``device``; check explicit choices.
+
+    "auto": CUDA -> "triton"; CPU -> "torch"; any other device -> "reference". ``dtype`` (the model
+    dtype) does not change the choice; see the module docstring for what "torch" does with fp32.
+    """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
-    if backend != "auto":
-        return backend
-    return "reference"
+    device = torch.device(device)
+    if backend == "auto":
+        if device.type == "cuda":
+            return "triton"
+        return "torch" if device.type == "cpu" else "reference"
+    if backend == "triton" and not triton_can_run_on(device):
+        raise ValueError(
+            f"backend 'triton' needs the weights on a CUDA device (got {device}); on CPU use 'torch' or "
+            "'reference' (or set TRITON_INTERPRET=1 before importing quantkit to run the kernels interpreted)"
+        )
+    if backend == "torch" and device.type != "cpu":
+        raise ValueError(f"backend 'torch' runs PyTorch's CPU kernels and needs CPU weights, got {device}")
+    return backend
 
 
 def prepare_wna16(
@@ -27,11 +69,53 @@ def prepare_wna16(
     in_features: int,
     backend: str,
 ) -> dict[str, torch.Tensor]:
-    """Repack on-disk tensors into what ``backend`` reads. See quantkit.kernels for the layouts."""
+    """Repack on-disk compressed-tensors tensors into what ``backend`` reads, once, at load time.
+
+    Args (on-disk layout, W is [N=out, K=in]):
+        weight_packed: int32 [N, ceil(K*bits/32)], packed along K, least-significant first, offset 2**(bits-1).
+        weight_scale: fp16/bf16/fp32 [N, G], G = K / group_size (1 per channel).
+        weight_zero_point: int32 [ceil(N*bits/32), G] packed along N (asymmetric), or None.
+        bits: 2, 4 or 8. in_features: K.
+        backend: "triton" | "torch" | "reference" ("auto" is resolved from weight_packed's device).
+            "torch" needs CPU tensors; the "triton" layout can be built on any device.
+    Returns:
+        dict name -> tensor, self-sufficient (only tensors; the keys say which layout it is):
+        "reference" (and "torch" layers its kernels cannot run): the inputs themselves, not copies;
+        "triton": triton_qweight / triton_scales / triton_zeros (wna16_layout.to_triton_layout);
+        "torch": cpu_int4_* or cpu_int8_* (wna16_layout.to_cpu_int4_layout / to_cpu_int8_layout).
+    """
+    shape = check_wna16_weight(weight_packed, weight_scale, weight_zero_point, bits, in_features)
+    if backend != "triton":  # the Triton layout may be built on CPU and moved to a GPU afterwards
+        backend = resolve_backend(backend, weight_packed.device, weight_scale.dtype)
+    if backend == "triton":
+        prepared = to_triton_layout(weight_packed, weight_scale, weight_zero_point, shape)
+        probe = weight_scale.new_empty((0, in_features))
+        check_triton_operands(
+            probe, prepared["triton_qweight"], prepared["triton_scales"], prepared.get("triton_zeros"), None, bits
+        )
+        return prepared
+    if backend == "torch":
+        if cpu_int8_supports(shape):
+            return to_cpu_int8_layout(weight_packed, weight_scale, weight_zero_point, shape)
+        if cpu_int4_supports(shape):
+            return to_cpu_int4_layout(weight_packed, weight_scale, weight_zero_point, shape)
     prepared = {"weight_packed": weight_packed, "weight_scale": weight_scale}
     if weight_zero_point is not None:
         prepared["weight_zero_point"] = weight_zero_point
     return prepared
+
+
+def prepared_layout(prepared: dict[str, torch.Tensor]) -> str:
+    """Which layout a prepared dict holds: "triton", "cpu_int4", "cpu_int8" or "reference"."""
+    for layout, key in (
+        ("triton", "triton_qweight"),
+        ("cpu_int4", "cpu_int4_weight"),
+        ("cpu_int8", "cpu_int8_weight"),
+        ("reference", "weight_packed"),
+    ):
+        if key in prepared:
+            return layout
+    raise ValueError(f"not a prepared WNA16 weight (keys {sorted(prepared)}); build it with prepare_wna16")
 
 
 def wna16_linear(
@@ -44,8 +128,39 @@ def wna16_linear(
     backend: str,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """y = x @ dequant(W).T + bias; x: [..., in_features] -> [..., out_features]."""
-    return wna16_linear_reference(
-        x, prepared["weight_packed"], prepared["weight_scale"], prepared.get("weight_zero_point"),
-        bits, in_features, bias,
-    )
+    """y = x @ dequant(W).T + bias; x: [..., in_features] fp16/bf16/fp32 -> [..., out_features] in x's dtype.
+
+    ``prepared`` comes from ``prepare_wna16`` with the same ``backend`` (it may since have been moved
+    with ``.to(device)``). This runs once per linear per decode step, so it is kept to a few
+    attribute reads before the op call.
+    """
+    if x.dtype not in _ACTIVATION_DTYPES or x.shape[-1] != in_features:
+        check_activation(x, in_features)  # raises, naming the problem
+    x2 = x.reshape(-1, in_features) if x.dim() != 2 else x  # [M, K]
+    if "cpu_int4_weight" in prepared and backend == "torch":
+        y = torch.ops.quantkit.wna16_int4_cpu(
+            x2, prepared["cpu_int4_weight"], prepared["cpu_int4_scales_zeros"],
+            prepared.get("cpu_int4_weight_lo"), prepared.get("cpu_int4_scales_zeros_lo"), bias,
+        )
+    elif "cpu_int8_weight" in prepared and backend == "torch":
+        y = torch.ops.quantkit.wna16_int8_cpu(
+            x2, prepared["cpu_int8_weight"], prepared["cpu_int8_scale"], prepared.get("cpu_int8_zero_scale"), bias
+        )
+    elif "triton_qweight" in prepared and backend == "triton":
+        y = torch.ops.quantkit.wna16_gemm(
+            x2, prepared["triton_qweight"], prepared["triton_scales"], prepared.get("triton_zeros"), bias, bits
+        )
+    elif "weight_packed" in prepared and backend in ("reference", "torch"):
+        y = wna16_linear_reference(
+            x2, prepared["weight_packed"], prepared["weight_scale"], prepared.get("weight_zero_point"),
+            bits, in_features, bias,
+        )
+    else:
+        layout = prepared_layout(prepared)  # raises for a dict that is no prepared weight
+        raise ValueError(
+            f"the weight was prepared in the {layout!r} layout, which backend {backend!r} does not read; "
+            f"call prepare_wna16(..., backend={backend!r}) again"
+        )
+    if y.shape[-1] != out_features:
+        raise ValueError(f"the prepared weight has {y.shape[-1]} outputs, out_features={out_features}")
+    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], out_features)

@@ -53,7 +53,7 @@ def calibration_config(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import quantkit
     from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source
-    from quantkit.report_text import quantization_summary
+    from quantkit.report_text import quantization_summary, state_bytes
 
     out = Path(args.out)
     if out.exists() and not args.force:
@@ -61,12 +61,14 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.algorithms import CALIBRATED_ALGORITHMS
 
     recipe = quantkit.load_recipe(args.recipe)  # validate before loading anything big
-    calibrated = recipe.weights is not None and recipe.algorithm.name in CALIBRATED_ALGORITHMS
+    calibrated = recipe.kv_cache is not None or (
+        recipe.weights is not None and recipe.algorithm.name in CALIBRATED_ALGORITHMS
+    )
     calibration = calibration_config(args) if calibrated else None
     source = resolve_model_source(args.model)
     start = time.perf_counter()
     model = load_float_model(source, dtype=DTYPES[args.dtype], device=args.device, trust_remote_code=args.trust_remote_code)
-    size_before = folder_size_bytes(Path(source)) if Path(source).is_dir() else None
+    size_before = state_bytes(model)  # at the dtype the model runs in
     if calibrated:
         quantkit.quantize(model, recipe, calibration, device=args.calib_device)
     else:

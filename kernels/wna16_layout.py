@@ -1,0 +1,246 @@
+"""Validation of WNA16 inputs and the in-memory layouts each backend reads.
+
+On disk (compressed-tensors "pack-quantized", W is [N=out, K=in]):
+
+- ``weight_packed``      int32 [N, ceil(K*bits/32)]: packed along K, least-significant first,
+                         values stored unsigned (offset by 2**(bits-1));
+- ``weight_scale``       fp16/bf16/fp32 [N, G], G = K / group_size (G = 1: per channel);
+- ``weight_zero_point``  int32 [ceil(N*bits/32), G] packed along N (asymmetric only) or None;
+- w = (q - zp) * s with q and zp signed.
+
+Layouts built from it, once, by ``prepare_wna16`` (keys of the prepared dict):
+
+- "reference": the on-disk tensors themselves (``weight_packed``, ``weight_scale``,
+  ``weight_zero_point``).
+- "triton" (``triton_*`` keys), see ``to_triton_layout``.
+- "torch" on CPU (``cpu_int4_*`` / ``cpu_int8_*`` keys), see ``to_cpu_int4_layout`` and
+  ``to_cpu_int8_layout``; schemes those kernels cannot run keep the reference keys.
+
+A prepared dict holds tensors only, and its keys alone say which layout it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .packing import SUPPORTED_BITS, unpack_int32
+
+ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# The CPU int4 kernel (_weight_int4pack_mm_for_cpu) accepts exactly these group sizes.
+CPU_INT4_GROUP_SIZES = (256, 128, 64, 32)
+CPU_INT4_N_MULTIPLE = 16  # _convert_weight_to_int4pack_for_cpu needs N % 16 == 0
+
+
+@dataclass(frozen=True)
+class WNA16Shape:
+    """What the on-disk tensors describe: W [out_features, in_features] in groups of group_size."""
+
+    out_features: int  # N
+    in_features: int  # K
+    bits: int
+    groups: int  # G
+    symmetric: bool
+
+    @property
+    def group_size(self) -> int:
+        return self.in_features // self.groups
+
+    @property
+    def per_channel(self) -> bool:
+        return self.groups == 1
+
+    @property
+    def offset(self) -> int:
+        """The unsigned storage offset 2**(bits-1)."""
+        return 1 << (self.bits - 1)
+
+
+def check_bits(bits: int) -> None:
+    if bits not in SUPPORTED_BITS:
+        raise ValueError(f"bits={bits} is not supported; allowed: {SUPPORTED_BITS}")
+
+
+def check_wna16_weight(
+    weight_packed: torch.Tensor,
+    weight_scale: torch.Tensor,
+    weight_zero_point: torch.Tensor | None,
+    bits: int,
+    in_features: int,
+) -> WNA16Shape:
+    """Validate the on-disk tensors against each other; return their shape. Raises ValueError/TypeError."""
+    check_bits(bits)
+    if in_features <= 0:
+        raise ValueError(f"in_features must be positive, got {in_features}")
+    if weight_packed.dtype != torch.int32 or weight_packed.dim() != 2:
+        raise TypeError(
+            f"weight_packed must be a 2-D int32 tensor [N, ceil(K*bits/32)], got {weight_packed.dtype} "
+            f"{tuple(weight_packed.shape)}"
+        )
+    n = weight_packed.shape[0]
+    words = -(-in_features * bits // 32)
+    if weight_packed.shape[1] != words:
+        raise ValueError(
+            f"weight_packed has {weight_packed.shape[1]} words per row; in_features={in_features} at {bits} bits "
+            f"needs ceil({in_features}*{bits}/32) = {words}"
+        )
+    if weight_scale.dtype not in ACTIVATION_DTYPES or weight_scale.dim() != 2 or weight_scale.shape[0] != n:
+        raise ValueError(
+            f"weight_scale must be [N={n}, G] in one of {ACTIVATION_DTYPES}, got {weight_scale.dtype} "
+            f"{tuple(weight_scale.shape)}"
+        )
+    groups = weight_scale.shape[1]
+    if groups < 1 or in_features % groups:
+        raise ValueError(
+            f"weight_scale has {groups} groups, which does not divide in_features={in_features}: "
+            "G must be in_features / group_size (1 for per-channel)"
+        )
+    if weight_zero_point is not None:
+        zp_rows = -(-n * bits // 32)
+        if weight_zero_point.dtype != torch.int32 or tuple(weight_zero_point.shape) != (zp_rows, groups):
+            raise ValueError(
+                f"weight_zero_point must be int32 [ceil(N*bits/32)={zp_rows}, G={groups}] (packed along N), got "
+                f"{weight_zero_point.dtype} {tuple(weight_zero_point.shape)}"
+            )
+    if weight_scale.device != weight_packed.device or (
+        weight_zero_point is not None and weight_zero_point.device != weight_packed.device
+    ):
+        raise ValueError("weight_packed, weight_scale and weight_zero_point must be on the same device")
+    return WNA16Shape(n, in_features, bits, groups, weight_zero_point is None)
+
+
+def check_activation(x: torch.Tensor, in_features: int) -> None:
+    """x: [..., K] floating point, K == in_features."""
+    if x.dtype not in ACTIVATION_DTYPES:
+        raise TypeError(f"x must be one of {ACTIVATION_DTYPES}, got {x.dtype}")
+    if x.dim() < 1 or x.shape[-1] != in_features:
+        raise ValueError(f"x must be [..., in_features={in_features}], got {tuple(x.shape)}")
+
+
+def unpack_zero_point(weight_zero_point: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
+    """int32 [ceil(N*bits/32), G] packed along N -> int32 [N, G] signed zero points."""
+    return unpack_int32(weight_zero_point.t().contiguous(), bits, out_features).t().to(torch.int32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton layout
+# ----------------------------------------------------------------------------------------------
+def to_triton_layout(
+    weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_zero_point: torch.Tensor | None, shape: WNA16Shape
+) -> dict[str, torch.Tensor]:
+    """On-disk tensors -> the layout the Triton kernels read (N-contiguous, so loads coalesce along N).
+
+    - ``triton_qweight`` int32 [ceil(K*bits/32), N]: word j of column n holds k = j*(32/bits) + i at bits
+      [i*bits, (i+1)*bits), unsigned (offset 2**(bits-1)): the on-disk words, transposed.
+    - ``triton_scales`` [G, N] in the scale dtype.
+    - ``triton_zeros`` uint8 [G, N] (asymmetric only): the *unsigned* zero zp + 2**(bits-1), so that
+      w = (u - zeros) * s exactly, with u the stored unsigned value; symmetric layers subtract the
+      constant 2**(bits-1) instead and store no zeros.
+    """
+    out = {
+        "triton_qweight": weight_packed.t().contiguous(),
+        "triton_scales": weight_scale.t().contiguous(),
+    }
+    if weight_zero_point is not None:
+        zp = unpack_zero_point(weight_zero_point, shape.bits, shape.out_features)  # [N, G]
+        out["triton_zeros"] = (zp + shape.offset).to(torch.uint8).t().contiguous()  # [G, N]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# CPU layouts (PyTorch's weight-only CPU kernels)
+# ----------------------------------------------------------------------------------------------
+def cpu_int4_group_size(shape: WNA16Shape) -> int | None:
+    """The group size the CPU int4 kernel runs this weight with, or None if it cannot.
+
+    The kernel takes groups of 32/64/128/256; a larger group (or per-channel: one group of K) is run as
+    the largest of those that divides it, with its scale repeated, which is exact.
+    """
+    if shape.out_features % CPU_INT4_N_MULTIPLE:
+        return None
+    return next((g for g in CPU_INT4_GROUP_SIZES if shape.group_size % g == 0), None)
+
+
+def cpu_int4_supports(shape: WNA16Shape) -> bool:
+    """int4 any group layout, or int8 grouped (split into two int4 halves), on the CPU int4 kernel."""
+    return shape.bits in (4, 8) and cpu_int4_group_size(shape) is not None
+
+
+def cpu_int8_supports(shape: WNA16Shape) -> bool:
+    """int8 per channel on _weight_int8pack_mm (any N, K)."""
+    return shape.bits == 8 and shape.per_channel
+
+
+def _int4_scales_zeros(scale: torch.Tensor, zero: torch.Tensor, repeat: int) -> torch.Tensor:
+    """scale, zero: fp32 [N, G] -> bf16 [G*repeat, N, 2] (the CPU kernel's scales_and_zeros)."""
+    sz = torch.stack([scale, zero], dim=-1)  # [N, G, 2]
+    sz = sz.repeat_interleave(repeat, dim=1)  # [N, G*repeat, 2]
+    return sz.transpose(0, 1).contiguous().to(torch.bfloat16)  # [G*repeat, N, 2]
+
+
+def to_cpu_int4_layout(
+    weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_zero_point: torch.Tensor | None, shape: WNA16Shape
+) -> dict[str, torch.Tensor]:
+    """On-disk tensors -> ``_weight_int4pack_mm_for_cpu`` operands (CPU tensors).
+
+    That kernel computes w = (u - 8) * scale + zero for u in [0, 15] stored unsigned, with
+    scales_and_zeros [K/gc, N, 2] (gc in 32/64/128/256) in the activation dtype; quantkit runs it in
+    bf16, its fast path. With u = q + 8 (the stored value): zero = -zp * s.
+
+    int4 -> ``cpu_int4_weight`` uint8 [N, K/2] (the kernel's packed form) and ``cpu_int4_scales_zeros``
+    bf16 [K/gc, N, 2].
+
+    int8 grouped -> the same for two int4 halves, exact: q = 16*hi + lo with hi in [-8, 7], lo in [0, 15],
+    w = (hi + 8 - 8) * 16s + (lo - 8) * s + (8 - zp) * s: ``cpu_int4_weight`` / ``cpu_int4_scales_zeros`` hold
+    the high half (scale 16s, zero 0) and ``cpu_int4_weight_lo`` / ``cpu_int4_scales_zeros_lo`` the low half
+    (scale s, zero (8 - zp) s). Two int4 passes read the same bytes as one int8 pass.
+    """
+    gc = cpu_int4_group_size(shape)
+    if shape.bits not in (4, 8) or gc is None:
+        raise ValueError(f"the CPU int4 kernel cannot run {shape}: it needs N % 16 == 0 and groups of a multiple of 32")
+    repeat = shape.group_size // gc
+    n, k = shape.out_features, shape.in_features
+    q = unpack_int32(weight_packed.cpu(), shape.bits, k).to(torch.int32)  # [N, K] signed
+    s = weight_scale.cpu().to(torch.float32)  # [N, G]
+    zp = (
+        unpack_zero_point(weight_zero_point.cpu(), shape.bits, n).to(torch.float32)
+        if weight_zero_point is not None
+        else torch.zeros_like(s)
+    )  # [N, G]
+    convert = torch.ops.aten._convert_weight_to_int4pack_for_cpu
+    if shape.bits == 4:
+        return {
+            "cpu_int4_weight": convert((q + 8).contiguous(), 1),  # uint8 [N, K/2]
+            "cpu_int4_scales_zeros": _int4_scales_zeros(s, -zp * s, repeat),
+        }
+    hi = torch.div(q, 16, rounding_mode="floor")  # [N, K] in [-8, 7]
+    lo = q - 16 * hi  # [N, K] in [0, 15]
+    return {
+        "cpu_int4_weight": convert((hi + 8).contiguous(), 1),
+        "cpu_int4_scales_zeros": _int4_scales_zeros(16 * s, torch.zeros_like(s), repeat),
+        "cpu_int4_weight_lo": convert(lo.contiguous(), 1),
+        "cpu_int4_scales_zeros_lo": _int4_scales_zeros(s, (8 - zp) * s, repeat),
+    }
+
+
+def to_cpu_int8_layout(
+    weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_zero_point: torch.Tensor | None, shape: WNA16Shape
+) -> dict[str, torch.Tensor]:
+    """On-disk int8 per-channel tensors -> ``_weight_int8pack_mm`` operands (CPU tensors).
+
+    - ``cpu_int8_weight`` int8 [N, K] (signed q), ``cpu_int8_scale`` bf16 [N];
+    - asymmetric: ``cpu_int8_zero_scale`` fp32 [N] = zp * s, applied as y -= rowsum(x) * zp * s.
+    """
+    if not cpu_int8_supports(shape):
+        raise ValueError(f"the CPU int8 kernel runs int8 per-channel weights only, got {shape}")
+    n, k = shape.out_features, shape.in_features
+    s = weight_scale.cpu().to(torch.float32)[:, 0]  # [N]
+    out = {
+        "cpu_int8_weight": unpack_int32(weight_packed.cpu(), 8, k).contiguous(),  # int8 [N, K]
+        "cpu_int8_scale": s.to(torch.bfloat16),
+    }
+    if weight_zero_point is not None:
+        zp = unpack_zero_point(weight_zero_point.cpu(), 8, n)[:, 0].to(torch.float32)  # [N]
+        out["cpu_int8_zero_scale"] = (zp * s).contiguous()
+    return out

@@ -1,0 +1,49 @@
+"""evals/kernels/bench_decode_cpu.py end to end on a tiny Llama: runs, reports, and --fuse keeps the outputs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "evals" / "kernels" / "bench_decode_cpu.py"
+TINY = ["--layers", "2", "--hidden", "256", "--intermediate", "768", "--heads", "4", "--kv-heads", "2",
+        "--vocab", "512", "--prompt", "8", "--new-tokens", "3", "--rounds", "2", "--threads", "1"]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_decode_cpu", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_decode_bench_runs_and_reports(tmp_path):
+    bench = _load()
+    result = bench.main(["--out", str(tmp_path), "--variants", "bf16,w8,w4-all", *TINY])
+    saved = json.loads((tmp_path / "decode_cpu.json").read_text())
+    assert set(saved["variants"]) == {"bf16", "w8", "w4-all"}
+    for name, v in saved["variants"].items():
+        assert v["steps_timed"] == 3 and v["tokens_per_s"] > 0
+        assert abs(v["speedup_vs_bf16"] - result["variants"]["bf16"]["median_ms_per_token"]
+                   / v["median_ms_per_token"]) < 1e-9
+    assert saved["variants"]["w4-all"]["lm_head_quantized"] and not saved["variants"]["w8"]["lm_head_quantized"]
+    assert saved["variants"]["w4-all"]["weight_GB"] < saved["variants"]["w8"]["weight_GB"] < saved["variants"]["bf16"]["weight_GB"]
+    assert "| w8 | w8a16-rtn |" in (tmp_path / "decode_cpu.md").read_text()
+
+
+def test_fused_projections_match_separate_linears():
+    bench = _load()
+    args = bench.argparse.Namespace(hidden=256, intermediate=768, layers=2, heads=4, kv_heads=2, vocab=512, seed=0)
+    base = bench.build_model(args)
+    separate = bench.quantized_copy(base, "w8a16-rtn", False, "torch", fuse=False)
+    fused = bench.quantized_copy(base, "w8a16-rtn", False, "torch", fuse=True)
+    assert any(isinstance(m, bench.FusedProjections) for m in fused.modules())
+    ids = torch.randint(0, 512, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        a, b = separate(ids).logits.float(), fused(ids).logits.float()
+    assert ((a - b).abs().mean() / a.abs().mean()).item() < 2 ** -7  # bf16 compute, other summation split
