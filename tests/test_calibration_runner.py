@@ -19,11 +19,14 @@ class _RecordInputs:
     """A processor that quantizes nothing and keeps each block's replayed inputs and arguments."""
 
     def __init__(self):
-        self.inputs, self.kwargs = [], []
+        self.inputs, self.kwargs, self.finished = [], [], None
 
     def process_block(self, ctx):
         self.inputs.append([x.clone() for x in ctx.inputs])
         self.kwargs.append(ctx.kwargs)
+
+    def finish(self, model):
+        self.finished = model
 
 
 @pytest.mark.parametrize("family", CALIBRATION_FAMILIES)
@@ -32,6 +35,7 @@ def test_replayed_block_inputs_match_the_model_forward(family):
     batches = token_batches(model.config.vocab_size, seq_len=40)
     rec = _RecordInputs()
     run_blockwise(model, batches, [], [rec], progress=False)
+    assert rec.finished is model
     with torch.no_grad():
         for b, ids in enumerate(batches):
             hidden = model(ids, output_hidden_states=True).hidden_states

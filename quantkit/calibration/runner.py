@@ -17,8 +17,10 @@ quantized blocks already done (about a quarter of their float size at 4 bits). N
 found through small per-family adapters (adapters.py).
 
 A BlockProcessor is anything with ``process_block(ctx: BlockContext)``: a weight quantizer (GPTQ, AWQ),
-or an observer that only collects statistics (e.g. KV-cache scales from the k/v projections' outputs,
-with ``ctx.forward(hooks=...)``), and that publishes what it found in its own ``finish(model)``.
+or an observer that only collects statistics (e.g. KV-cache scales, with ``ctx.forward(hooks=...)`` on
+the attention's sub-modules), and optionally ``finish(model)``, called once after the last block, where
+it publishes what it found. Processors run in list order on each block; one listed after a weight
+quantizer sees the block with its linears already quantized.
 """
 
 from __future__ import annotations
@@ -305,5 +307,9 @@ def run_blockwise(
         bar.close()
     del inputs
     materialize_model_(model)
+    for processor in processors:
+        finish = getattr(processor, "finish", None)
+        if finish is not None:
+            finish(model)
     model.train(was_training)
     return outside
