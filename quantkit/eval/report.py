@@ -369,18 +369,21 @@ def _why_paragraph(bench: dict) -> list[str]:
 
 def _roofline_section(bench: dict, images: dict[str, str]) -> list[str]:
     md = ["## Measured against the roofline", "",
-          "measured / predicted: 1.0 would be a kernel at the device's achievable bandwidth or matmul rate; "
-          "larger is slower than the roofline.", ""]
+          "measured / roofline: 1.0 would be a kernel at the device's achievable bandwidth or matmul rate; "
+          "larger is slower than the roofline. Achieved GB/s: the roofline's bytes over the measured time, "
+          "and its share of the device's bandwidth.", ""]
     rows = []
+    bandwidth = bench["device"]["spec"]["memory_bandwidth"]
     for phase, key in (("prefill", "prompt_len"), ("decode", "context_len")):
         for name in variant_names(bench):
             for r in records(bench, phase, name):
                 rows.append([phase, name, r["batch"], r[key], f"{r['roofline']['intensity']:.1f}",
                              r["roofline"]["bound"], _fmt_ms(r["roofline"]["predicted_s"]), _fmt_ms(r["median_s"]),
                              f"{r['roofline']['measured_over_predicted']:.2f}",
-                             f"{r['achieved_bandwidth'] / 1e9:.1f}"])
+                             f"{r['achieved_bandwidth'] / 1e9:.1f}",
+                             f"{100 * r['achieved_bandwidth'] / bandwidth:.0f}%"])
     md += _table(["phase", "variant", "batch", "length", "flop/byte", "bound", "roofline ms", "measured ms",
-                  "measured / roofline", "achieved GB/s"], rows)
+                  "measured / roofline", "achieved GB/s", "% of bandwidth"], rows)
     if "roofline" in images:
         md += ["", f"![measured against the roofline]({images['roofline']})"]
     return md + [""]
