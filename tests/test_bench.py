@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from quantkit.eval.roofline import ModelShape, kv_cache_bytes, weight_memory_bytes
-from quantkit.eval.timing import SCHEMA, cache_tensor_bytes, make_decode_cache, time_call
+from quantkit.eval.timing import SCHEMA, cache_tensor_bytes, make_decode_cache, rewind, time_call
 from quantkit.eval.variants import build_variant, float_variant, load_source_model, model_tensor_bytes
 
 # every linear's input a multiple of 128 and output of 64 (what the kernels and vLLM accept)
@@ -88,7 +88,7 @@ def test_decode_step_matches_generation_with_a_dynamic_cache(tmp_path):
     model(input_ids=prompt, cache=cache, use_cache=True)
     for _ in range(3):  # repeated steps must each decode at the same context
         logits = model(input_ids=token, cache=cache, use_cache=True).logits
-        cache.crop(-1)
+        rewind(cache, 1)
         assert int(cache.get_seq_length()) == context
         torch.testing.assert_close(logits, reference, rtol=1e-4, atol=1e-4)
     # the cache holds exactly what the roofline counts

@@ -198,6 +198,18 @@ def fill_cache(cache, shape: ModelShape, batch: int, context_len: int, *, dtype:
         cache.update(k, v, layer_idx)
 
 
+def rewind(cache, tokens: int) -> None:
+    """Forget the last ``tokens`` positions of ``cache``. Static layers only move their write
+    position back (an in-place op on a device tensor, so a CUDA graph can replay it; transformers
+    before 5.24 has no crop for them); growing layers are cropped."""
+    for layer in cache.layers:
+        position = getattr(layer, "cumulative_length", None)
+        if isinstance(position, torch.Tensor) and not hasattr(layer, "cumulative_length_int"):
+            position.sub_(tokens)
+        else:
+            layer.crop(-tokens)
+
+
 def _is_static(cache) -> bool:
     """Whether the cache writes in place (CUDA graphs can replay it); a growing cache cannot."""
     from transformers import StaticCache
@@ -318,7 +330,7 @@ def decode_run(variant: Variant, shape: ModelShape, batch: int, context_len: int
 
     def step():
         model(input_ids=ids, use_cache=True, **{kw: cache})
-        cache.crop(-1)  # back to context_len: every repeat decodes at the same context
+        rewind(cache, 1)  # back to context_len: every repeat decodes at the same context
 
     mode, run = "eager", step
     if device.type == "cuda" and settings.cuda_graphs and _is_static(cache):
