@@ -150,7 +150,7 @@ def test_bench_command_writes_both_sections(tmp_path, capsys):
     assert w4_row["roofline"]["bytes_breakdown"]["weights"] < 0.3 * base_row["roofline"]["bytes_breakdown"]["weights"]
     assert w4_row["memory"]["kv_cache_bytes"] == base_row["memory"]["kv_cache_bytes"]
     assert w4_row["memory"]["weights_bytes"] < base_row["memory"]["weights_bytes"]
-    assert data["command"].startswith("quantkit bench ") and "--variants w4a16-rtn,w4a16-rtn-asym" in data["command"]
+    assert "quantkit bench " in data["command"] and "--variants w4a16-rtn,w4a16-rtn-asym" in data["command"]
     printed = capsys.readouterr().out
     assert "TTFT" in printed and "TPOT" in printed and "speedup w4a16-rtn" in printed
 
