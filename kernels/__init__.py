@@ -12,7 +12,7 @@ Contract used by quantkit.modules.QuantLinear:
 
 Ops (``torch.ops.quantkit.*``, usable without the rest of quantkit, with fake implementations for
 torch.compile): ``wna16_gemm`` (Triton), ``wna16_int4_cpu`` and ``wna16_int8_cpu`` (PyTorch's CPU
-weight-only kernels). Backends, layouts and numerics: ``wna16``, ``wna16_layout``, ``wna16_triton``.
+weight-only kernels), ``decode_attention_fp8`` (FP8/bf16 KV-cache decode attention). Backends, layouts and numerics: ``wna16``, ``wna16_layout``, ``wna16_triton``.
 Set TRITON_INTERPRET=1 before importing this package to run the Triton kernels on CPU tensors.
 """
 
@@ -23,6 +23,8 @@ if __name__ != "quantkit.kernels":
     # torch.ops.quantkit operators a second time under another module name.
     __all__: list[str] = []
 else:
+    from .decode_attention import decode_attention_fp8, decode_attention_triton
+    from .decode_attention_reference import decode_attention_reference
     from .fusion import concat_wna16_weights
     from .packing import pack_int32, unpack_int32
     from .reference import dequantize_wna16, wna16_linear_reference
@@ -35,6 +37,9 @@ else:
         "WNA16Config",
         "choose_config",
         "concat_wna16_weights",
+        "decode_attention_fp8",
+        "decode_attention_reference",
+        "decode_attention_triton",
         "dequantize_wna16",
         "pack_int32",
         "prepare_wna16",

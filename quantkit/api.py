@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .algorithms import rtn_quantize
+from .algorithms import CALIBRATED_ALGORITHMS, rtn_quantize
+from .calibration.kv_scales import attach_kv_scales, pop_kv_scales
 from .errors import CheckpointError, QuantizationError
 from .formats.compressed_tensors import build_quantization_config, parse_quantization_config
 from .formats.safetensors_io import read_state_dict, write_state_dict
@@ -19,6 +21,7 @@ from .loading import (
     atomic_output_dir, copy_tokenizer_files, is_quantized_checkpoint, load_float_model, read_config_json,
     resolve_model_source,
 )
+from .modules.kv_cache import enable_fp8_kv_cache
 from .modules.quant_linear import QuantLinear
 from .recipe import Recipe, load_recipe
 from .targets import select_linears, set_submodule
@@ -46,26 +49,44 @@ def _check_shapes(model: nn.Module, names: list[str], recipe: Recipe) -> None:
 
 def quantize(
     model: nn.Module, recipe: "str | os.PathLike | Recipe | dict", calibration_data: Any = None, *,
-    progress: bool = True,
+    progress: bool = True, tokenizer: Any = None, device: "str | torch.device | None" = None,
 ) -> nn.Module:
     """Quantize `model`'s targeted nn.Linear layers in place per `recipe`; returns the model.
 
     recipe: a built-in name ("w4a16-rtn"), a YAML path, a dict or a Recipe.
-    calibration_data: needed by calibrated algorithms; RTN ignores it.
+    calibration_data (GPTQ, AWQ, FP8 KV scales; RTN weights ignore it): a source string (text/JSONL/Parquet file or folder,
+      "hub:NAME[:CONFIG]:SPLIT:COLUMN", "ref"), a quantkit.calibration.CalibrationConfig (source, samples,
+      length, seed), or token ids ([T], [B, T] or a list); None: the built-in reference models' training text.
+    tokenizer: for text calibration sources (default: the model folder's tokenizer).
+    device: where calibration computes, one decoder block at a time (default: cuda if available, else cpu).
+      Models loaded with accelerate CPU/disk offloading are supported and come back as plain CPU models.
     """
     recipe = load_recipe(recipe)
     if recipe.weights is not None:
         names, _ = select_linears(model, recipe.targets, recipe.ignore)
         _check_shapes(model, names, recipe)
-        if recipe.algorithm.name != "rtn":
+        if recipe.algorithm.name in CALIBRATED_ALGORITHMS:
+            from .calibration import quantize_blockwise
+
+            names = quantize_blockwise(
+                model, recipe, names, calibration_data, tokenizer=tokenizer, device=device, progress=progress
+            )
+            if names:
+                warnings.warn(
+                    f"{', '.join(names)}: outside the decoder blocks, quantized with RTN (no calibration)", stacklevel=2
+                )
+        elif recipe.algorithm.name != "rtn":
             raise QuantizationError(f"algorithm {recipe.algorithm.name!r} is not available in this build")
-        for name in tqdm(names, desc=f"quantize {recipe.name}", unit="layer", disable=not progress):
+        for name in tqdm(names, desc=f"quantize {recipe.name}", unit="layer", disable=not progress or not names):
             linear = model.get_submodule(name)
             _check_finite(name, linear.weight)
             qweight = rtn_quantize(linear.weight.detach(), recipe.weights)
             set_submodule(model, name, QuantLinear.from_quantized(qweight, linear.bias, dtype=linear.weight.dtype))
     if recipe.kv_cache is not None:
-        raise QuantizationError("KV-cache quantization is not available in this build")
+        from .calibration import calibration_batches
+        from .calibration.kv_scales import quantize_kv_cache
+
+        quantize_kv_cache(model, calibration_batches(calibration_data, model, tokenizer), progress=progress)
     model.config.quantization_config = build_quantization_config(model, recipe.kv_cache)
     return model
 
@@ -165,6 +186,7 @@ def _load_quantized(folder: Path, *, backend: str, device, dtype, trust_remote_c
                 set_submodule(model, name, q)
     state = read_state_dict(folder)
     state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
+    kv_scales = pop_kv_scales(model, state)
     result = model.load_state_dict(state, strict=False, assign=True)
     tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
     missing = [k for k in result.missing_keys if k not in tied]
@@ -183,6 +205,11 @@ def _load_quantized(folder: Path, *, backend: str, device, dtype, trust_remote_c
     for module in model.modules():
         if isinstance(module, QuantLinear):
             module.prepare(backend)
+    if qcfg.kv_cache is not None:
+        if not kv_scales:
+            raise CheckpointError(f"{folder}: kv_cache_scheme is set but the checkpoint has no k_scale/v_scale tensors")
+        attach_kv_scales(model, kv_scales, dtype=dtype)
+        enable_fp8_kv_cache(model)
     model.config.quantization_config = quantization_config
     model.name_or_path = str(folder)
     return model.eval()

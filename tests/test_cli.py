@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from quantkit.cli import main
 
@@ -59,3 +60,39 @@ def test_eval_on_the_tiny_reference_model(tmp_path, capsys):
     w8, w4 = results["w8a16-rtn"], results["w4a16-rtn"]
     assert w8["baseline_perplexity"] == w4["baseline_perplexity"]
     assert w8["kl_divergence"] < w4["kl_divergence"] and w8["top1_agreement"] > w4["top1_agreement"]
+
+
+def test_demo_end_to_end_on_tiny(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--model", "ref:tiny", "--recipes", "w8a16-rtn,w4a16-rtn-asym", "--max-tokens", "2048",
+                 "--out", str(out)]) == 0
+    capsys.readouterr()
+    report = (out / "report.md").read_text()
+    assert "| w8a16-rtn | int8 per-channel sym |" in report and "| w4a16-rtn-asym | int4 g128 asym |" in report
+    rows = json.loads((out / "quality.json").read_text())["results"]
+    assert [r["recipe"] for r in rows] == ["w8a16-rtn", "w4a16-rtn-asym"]
+    assert rows[0]["linear_bits_per_weight"] > 8 > rows[1]["linear_bits_per_weight"] > 4
+    assert (out / "checkpoints" / "w4a16-rtn-asym" / "model.safetensors").is_file()
+    assert main(["demo", "--model", "ref:tiny", "--out", str(out)]) == 2, "an existing output folder is refused"
+
+
+def test_gptq_weights_and_fp8_kv_in_one_command(tmp_path, capsys):
+    from safetensors import safe_open
+
+    import quantkit
+    from quantkit.modules.kv_cache import FP8KVCache
+
+    out = tmp_path / "w4kv"
+    assert main(["quantize", "ref:tiny", "--recipe", "w4a16-gptq-kv-fp8", "--out", str(out),
+                 "--calib-samples", "8", "--calib-seq-len", "128"]) == 0
+    capsys.readouterr()
+    qcfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qcfg["kv_cache_scheme"]["type"] == "float" and qcfg["config_groups"]["group_0"]["weights"]["num_bits"] == 4
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        scales = [float(f.get_tensor(f"model.layers.{i}.self_attn.{kv}_scale")) for i in (0, 1) for kv in "kv"]
+    assert all(s > 0 and s != 1.0 for s in scales), scales
+    model = quantkit.load(out)
+    assert float(model.model.layers[0].self_attn.k_scale) == scales[0]
+    ids = torch.randint(0, 4096, (1, 12))
+    generated = model.generate(ids, max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
+    assert isinstance(generated.past_key_values, FP8KVCache)

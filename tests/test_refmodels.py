@@ -39,6 +39,14 @@ MICRO = RefModelSpec(
     tokenizer_train_bytes=200_000,
 )
 HELDOUT_SLICE_BYTES = 40_000
+QUICK_BUILD = dict(num_threads=1, progress=False, heldout_max_bytes=HELDOUT_SLICE_BYTES)
+
+
+@pytest.fixture
+def short_heldout(monkeypatch):
+    """Builds score only the first HELDOUT_SLICE_BYTES of the held-out text (keeps tests fast)."""
+    full = corpus.heldout_text
+    monkeypatch.setattr(corpus, "heldout_text", lambda max_bytes=None, root=None: full(HELDOUT_SLICE_BYTES, root))
 
 
 @pytest.fixture
@@ -116,7 +124,8 @@ def test_bpe_tokenizer_round_trips_any_text():
 def test_committed_model_loads_with_required_dims_and_has_learned(name):
     spec = refmodels.REFERENCE_MODELS[name]
     folder = committed_folder(spec)
-    assert is_complete(folder, spec), f"{folder} is missing or stale: run python -m quantkit.refmodels build {name} --out {folder} --force"
+    assert is_complete(folder, spec), (
+        f"{folder} is missing or stale: run python -m quantkit.refmodels build {name} --out {folder} --force")
     assert refmodels.reference_model_path(name) == folder
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -153,8 +162,8 @@ def test_committed_model_loads_with_required_dims_and_has_learned(name):
 # ---- building -----------------------------------------------------------------------------------
 
 def test_micro_build_is_loadable_and_deterministic(tmp_path):
-    first = build_atomically(MICRO, tmp_path / "a", progress=False, heldout_max_bytes=HELDOUT_SLICE_BYTES)
-    second = build_atomically(MICRO, tmp_path / "b", progress=False, heldout_max_bytes=HELDOUT_SLICE_BYTES)
+    first = build_atomically(MICRO, tmp_path / "a", **QUICK_BUILD)
+    second = build_atomically(MICRO, tmp_path / "b", **QUICK_BUILD)
     assert is_complete(first, MICRO)
     assert not list(tmp_path.glob(".*")), "staging folders must not be left behind"
     weights_a, weights_b = load_file(first / "model.safetensors"), load_file(second / "model.safetensors")
@@ -171,12 +180,12 @@ def test_micro_build_is_loadable_and_deterministic(tmp_path):
     assert math.isfinite(record["final_train_loss"]) and record["heldout_perplexity"] > 1
 
     changed = dataclasses.replace(MICRO, seed=8)
-    third = build_atomically(changed, tmp_path / "c", progress=False, heldout_max_bytes=HELDOUT_SLICE_BYTES)
+    third = build_atomically(changed, tmp_path / "c", **QUICK_BUILD)
     weights_c = load_file(third / "model.safetensors")
     assert not torch.equal(weights_a["model.embed_tokens.weight"], weights_c["model.embed_tokens.weight"])
 
 
-def test_reference_model_path_builds_into_the_cache_once(tmp_cache, monkeypatch):
+def test_reference_model_path_builds_into_the_cache_once(tmp_cache, short_heldout, monkeypatch):
     monkeypatch.setitem(registry.REFERENCE_MODELS, "micro", MICRO)
     path = refmodels.reference_model_path("micro")
     assert path == tmp_cache / "refmodels" / f"micro-{MICRO.spec_hash()}" and is_complete(path, MICRO)
@@ -188,11 +197,18 @@ def test_reference_model_path_builds_into_the_cache_once(tmp_cache, monkeypatch)
     assert refmodels.resolve_model_name("./ref:not-a-prefix") == "./ref:not-a-prefix"
 
 
-def test_cli_build_writes_into_out(tmp_path, monkeypatch, capsys):
+def test_cli_build_writes_into_out(tmp_path, short_heldout, monkeypatch, capsys):
     monkeypatch.setitem(registry.REFERENCE_MODELS, "micro", dataclasses.replace(MICRO, steps=2))
     out = tmp_path / "built"
     assert refmodels_main(["build", "micro", "--out", str(out), "--no-progress", "--threads", "1"]) == 0
     assert is_complete(out, registry.REFERENCE_MODELS["micro"]) and str(out) in capsys.readouterr().out
+
+
+def test_build_refuses_to_replace_a_folder_that_is_not_a_model(tmp_path):
+    (tmp_path / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="not a model folder"):
+        build_atomically(MICRO, tmp_path, force=True, progress=False)
+    assert (tmp_path / "notes.txt").read_text() == "keep me"
 
 
 def test_unknown_model_name_is_a_clear_error():
@@ -213,3 +229,21 @@ def test_spec_rejects_dimensions_real_kernels_cannot_take():
         RefModelSpec.from_dict({**MICRO.to_dict(), "dropout": 0.1})
     assert RefModelSpec.from_dict(MICRO.to_dict()) == MICRO
     assert dataclasses.replace(MICRO, lr=1e-3).spec_hash() != MICRO.spec_hash()
+
+
+def test_heldout_nll_scores_each_window_alone():
+    from quantkit.refmodels.train import llama_config
+
+    torch.manual_seed(0)
+    special_ids = {"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2}
+    model = AutoModelForCausalLM.from_config(llama_config(MICRO, special_ids))
+    ids = torch.randint(0, MICRO.vocab_size, (5 * 64 + 17,))
+    expected_nll, expected_count = 0.0, 0
+    for window in torch.split(ids, 64):  # [64] x 5, then [17]
+        logits = model(input_ids=window[None]).logits[0]  # [T, V]
+        expected_nll += torch.nn.functional.cross_entropy(logits[:-1], window[1:], reduction="sum").item()
+        expected_count += window.numel() - 1
+    for tokens_per_batch in (64, 128, 4096):
+        nll, count = heldout_nll(model, ids, 64, tokens_per_batch=tokens_per_batch)
+        assert count == expected_count == 5 * 63 + 16
+        assert nll == pytest.approx(expected_nll, rel=1e-5)

@@ -1,7 +1,8 @@
 """`quantkit demo`: the main job end to end on a built-in reference model.
 
 Builds (or reuses) the reference model, quantizes it with each recipe, evaluates every checkpoint
-against the unquantized model on the held-out text, and writes a report.
+against the unquantized model on the held-out text, times prefill and decode of each variant, and
+writes one report (Markdown, JSON, PNG plots).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ def register(sub) -> None:
     p.add_argument("--model", default="ref:small", help="model to demonstrate on (default: ref:small)")
     p.add_argument("--recipes", default=DEFAULT_RECIPES, help=f"comma-separated recipes (default: {DEFAULT_RECIPES})")
     p.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")
-    p.add_argument("--max-tokens", type=int, default=131072, help="evaluation tokens (default: 131072)")
+    p.add_argument("--max-tokens", type=int, default=32768, help="evaluation tokens (default: 32768)")
+    p.add_argument("--no-bench", action="store_true", help="skip the prefill/decode timing")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.set_defaults(func=run)
 
@@ -27,55 +29,88 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import quantkit
     from quantkit.eval.data import eval_token_windows
-    from quantkit.eval.quality import evaluate_quality
+    from quantkit.eval.quality import evaluate_variants
     from quantkit.loading import atomic_output_dir, folder_size_bytes, load_float_model, resolve_model_source
+    from quantkit.eval.report import load_quality, render_report
+    from quantkit.report_text import dtype_name, quantized_bits_per_weight, state_bytes
 
     recipes = [quantkit.load_recipe(r.strip()) for r in args.recipes.split(",") if r.strip()]
     out = Path(args.out)
     with atomic_output_dir(out, force=args.force) as tmp:
-        print(f"[1/3] reference model {args.model}")
+        steps = 3 if args.no_bench else 4
+        print(f"[1/{steps}] reference model {args.model}")
         source = resolve_model_source(args.model)
         baseline = load_float_model(source, dtype=None)
         windows = eval_token_windows(source, None, max_tokens=args.max_tokens, model_config=baseline.config)
-        rows = []
+        rows, models = [], {}
         for i, recipe in enumerate(recipes):
-            print(f"[2/3] {recipe.name}: quantize and save ({i + 1}/{len(recipes)})")
+            print(f"[2/{steps}] {recipe.name}: quantize and save ({i + 1}/{len(recipes)})")
             start = time.perf_counter()
             model = quantkit.quantize(load_float_model(source, dtype=None), recipe)
             quantize_seconds = time.perf_counter() - start
             ckpt = quantkit.save(model, tmp / "checkpoints" / recipe.name, tokenizer_source=source)
-            print(f"[3/3] {recipe.name}: evaluate against the baseline on {windows.numel()} tokens")
-            result = evaluate_quality(quantkit.load(ckpt), baseline, windows).to_dict()
-            result.update(recipe=recipe.name, scheme=recipe.weights.describe() if recipe.weights else "-",
-                          quantize_seconds=quantize_seconds, checkpoint_bytes=folder_size_bytes(ckpt))
-            (tmp / f"eval-{recipe.name}.json").write_text(json.dumps(result, indent=2) + "\n")
-            rows.append(result)
-        report = _markdown(args.model, source, rows, folder_size_bytes(Path(source)))
-        (tmp / "report.md").write_text(report)
-        (tmp / "report.json").write_text(json.dumps({"model": args.model, "results": rows}, indent=2) + "\n")
+            models[recipe.name] = quantkit.load(ckpt)
+            rows.append(dict(recipe=recipe.name, scheme=recipe.weights.describe() if recipe.weights else "-",
+                             quantize_seconds=quantize_seconds, checkpoint_bytes=folder_size_bytes(ckpt),
+                             linear_bits_per_weight=quantized_bits_per_weight(model)[0]))
+        print(f"[3/{steps}] evaluate {len(models)} variants against the baseline on {windows.numel()} tokens")
+        results = evaluate_variants(models, baseline, windows)
+        for row in rows:
+            row.update(results[row["recipe"]].to_dict())
+        (tmp / "quality.json").write_text(json.dumps({"model": args.model, "results": rows}, indent=2) + "\n")
+        bench = None
+        if not args.no_bench:
+            print(f"[4/{steps}] time prefill and decode of each variant")
+            bench = _bench(source, [r.name for r in recipes], tmp / "bench.json")
+        table = _markdown(args.model, source, rows, state_bytes(baseline), dtype_name(baseline))
+        render_report(bench, load_quality([tmp / "quality.json"]), tmp, title=f"quantkit demo: {args.model}",
+                      notes=table.splitlines()[2:])
+        report = table
     print("\n" + report)
-    print(f"written to {out}/ (report.md, report.json, checkpoints/)")
+    print(f"written to {out}/ (report.md with plots, report.json, quality.json{'' if args.no_bench else ', bench.json'}, checkpoints/)")
     return 0
 
 
-def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int) -> str:
+def _bench(source: str, recipes: list[str], out: Path) -> dict:
+    """TTFT and TPOT of the float model and each recipe on this machine (short settings)."""
+    from quantkit.cli import build_parser
+
+    args = build_parser().parse_args([
+        "bench", source, "--variants", ",".join(recipes), "--device", "cpu", "--dtype", "bf16",
+        "--prompt-lens", "64,256", "--context-lens", "128,512", "--batch-sizes", "1,4", "--warmup", "1",
+        "--repeats", "3", "--quiet", "--json", str(out),
+    ])
+    if args.func(args) != 0:
+        raise RuntimeError("the prefill/decode benchmark failed")
+    return json.loads(out.read_text())
+
+
+def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int, dtype: str) -> str:
     from quantkit.report_text import human_bytes
 
     r0 = rows[0]
     lines = [
         f"# quantkit demo: {name}",
         "",
-        f"Model folder: `{source}`. Evaluation: {r0['windows']} non-overlapping windows of {r0['window']} tokens "
-        f"of held-out text ({r0['tokens']} predictions). KL is KL(P_baseline || P_quantized) in nats per token.",
+        f"Model folder: `{source}`, run in {dtype}. Evaluation: the first {r0['windows']} non-overlapping windows of "
+        f"{r0['window']} tokens of the held-out text ({r0['tokens']} predictions). KL is KL(P_baseline || P_quantized) "
+        f"in nats per token; top-1 agreement is how often both models rank the same next token first.",
         "",
-        "| variant | scheme | perplexity | Δ ppl | KL | top-1 agreement | checkpoint | quantize time |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
-        f"| baseline | {'float'} | {r0['baseline_perplexity']:.3f} | - | 0 | 1 | {human_bytes(baseline_bytes)} | - |",
+        "| variant | scheme | perplexity | Δ ppl | KL | top-1 agreement | bits/weight (linears) | size | quantize time |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| baseline | {dtype} | {r0['baseline_perplexity']:.3f} | - | 0 | 1 | {_BITS.get(dtype, '?')} | "
+        f"{human_bytes(baseline_bytes)} | - |",
     ]
     for r in rows:
         lines.append(
             f"| {r['recipe']} | {r['scheme']} | {r['perplexity']:.3f} | "
-            f"{r['perplexity'] / r['baseline_perplexity'] - 1:+.2%} | {r['kl_divergence']:.5f} | "
-            f"{r['top1_agreement']:.4f} | {human_bytes(r['checkpoint_bytes'])} | {r['quantize_seconds']:.1f} s |"
+            f"{r['perplexity'] / r['baseline_perplexity'] - 1:+.2%} | {r['kl_divergence']:.2e} | "
+            f"{r['top1_agreement']:.4f} | {r['linear_bits_per_weight']:.3f} | {human_bytes(r['checkpoint_bytes'])} | "
+            f"{r['quantize_seconds']:.1f} s |"
         )
+    lines += ["", "Size: the baseline's parameters in memory; the quantized checkpoints on disk (unquantized tensors "
+              "such as embeddings, norms and lm_head stay in the model dtype)."]
     return "\n".join(lines) + "\n"
+
+
+_BITS = {"float32": 32, "bfloat16": 16, "float16": 16}

@@ -15,7 +15,7 @@ def register(sub) -> None:
     p.add_argument("model", help="quantized checkpoint or model folder / hub id / ref:NAME")
     p.add_argument("--baseline", required=True, help="the unquantized model (folder, hub id, ref:NAME)")
     p.add_argument("--data", default=None,
-                   help="evaluation text: a text file or a folder of .txt files (default: the reference models' held-out text)")
+                   help="evaluation text: a .txt/.jsonl/.parquet file or folder, or hub:NAME[:CONFIG]:SPLIT:COLUMN (default: the reference models' held-out text)")
     p.add_argument("--window", type=int, default=None, help="tokens per window (default: min(context, 2048))")
     p.add_argument("--max-tokens", type=int, default=None, help="evaluate only the first N tokens of the text")
     p.add_argument("--batch-size", type=int, default=8)

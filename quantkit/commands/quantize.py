@@ -17,23 +17,64 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="output folder (must not exist unless --force)")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     add_model_options(p)
+    add_calibration_options(p)
     p.set_defaults(func=run)
+
+
+def add_calibration_options(p: argparse.ArgumentParser) -> None:
+    """--calib* / --seed: calibration data of GPTQ and AWQ recipes (RTN needs none)."""
+    g = p.add_argument_group("calibration (gptq and awq recipes)")
+    g.add_argument("--calib", metavar="SOURCE", default=None,
+                   help="calibration text: a .txt/.md/.py, .jsonl/.json or .parquet file or a folder of them, "
+                        "hub:NAME[:CONFIG]:SPLIT:COLUMN (e.g. hub:wikitext:wikitext-2-raw-v1:train:text), or 'ref' "
+                        "(default for ref:* models: their training text)")
+    g.add_argument("--calib-samples", type=int, default=128, metavar="N", help="number of token windows (default: 128)")
+    g.add_argument("--calib-seq-len", type=int, default=None, metavar="L",
+                   help="tokens per window (default: min(2048, model context))")
+    g.add_argument("--calib-column", default="text", metavar="NAME",
+                   help="text field of JSONL/Parquet rows (default: text)")
+    g.add_argument("--calib-batch-size", type=int, default=None, metavar="B",
+                   help="windows per forward pass (default: as many as fit in 8192 tokens)")
+    g.add_argument("--calib-device", default=None, metavar="DEVICE",
+                   help="device calibration computes on, one decoder block at a time "
+                        "(default: cuda if available, else cpu)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the calibration sampling (default: 0)")
+
+
+def calibration_config(args: argparse.Namespace):
+    from quantkit.calibration import CalibrationConfig
+
+    return CalibrationConfig(
+        source=args.calib, num_samples=args.calib_samples, seq_len=args.calib_seq_len, seed=args.seed,
+        column=args.calib_column, batch_size=args.calib_batch_size,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     import quantkit
     from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source
-    from quantkit.report_text import quantization_summary
+    from quantkit.report_text import quantization_summary, state_bytes
 
     out = Path(args.out)
     if out.exists() and not args.force:
         raise FileExistsError(f"output folder {out} already exists; choose another --out or pass --force to replace it")
+    from quantkit.algorithms import CALIBRATED_ALGORITHMS
+
     recipe = quantkit.load_recipe(args.recipe)  # validate before loading anything big
+    calibrated = recipe.kv_cache is not None or (
+        recipe.weights is not None and recipe.algorithm.name in CALIBRATED_ALGORITHMS
+    )
+    calibration = calibration_config(args) if calibrated else None
     source = resolve_model_source(args.model)
     start = time.perf_counter()
     model = load_float_model(source, dtype=DTYPES[args.dtype], device=args.device, trust_remote_code=args.trust_remote_code)
-    size_before = folder_size_bytes(Path(source)) if Path(source).is_dir() else None
-    quantkit.quantize(model, recipe)
+    size_before = state_bytes(model)  # at the dtype the model runs in
+    if calibrated:
+        quantkit.quantize(model, recipe, calibration, device=args.calib_device)
+    else:
+        if args.calib is not None:
+            print(f"note: --calib is ignored: {recipe.name} uses {recipe.algorithm.name}, which needs no calibration")
+        quantkit.quantize(model, recipe)
     path = quantkit.save(model, out, tokenizer_source=source, force=args.force)
     elapsed = time.perf_counter() - start
     print(quantization_summary(model, recipe, source, path, size_before, folder_size_bytes(path), elapsed))

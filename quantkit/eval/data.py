@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from ..errors import CheckpointError
@@ -12,20 +10,15 @@ from .quality import token_windows
 
 
 def read_eval_text(data: str | None) -> str:
-    """A text file, a folder of .txt files (sorted), or None for the reference models' held-out text."""
+    """The evaluation text: any calibration SOURCE (text/JSONL/Parquet file or folder, hub:...), or None
+    for the reference models' held-out text."""
     if data is None:
         from ..refmodels import heldout_text_path
 
-        return heldout_text_path().read_text()
-    path = Path(data)
-    if path.is_file():
-        return path.read_text(errors="replace")
-    if path.is_dir():
-        files = sorted(path.rglob("*.txt"))
-        if not files:
-            raise FileNotFoundError(f"evaluation data folder {path} has no .txt files")
-        return "\n\n".join(f.read_text(errors="replace") for f in files)
-    raise FileNotFoundError(f"evaluation data {data!r} is neither a file nor a folder")
+        return heldout_text_path().read_text(encoding="utf-8")
+    from ..calibration.data import load_texts
+
+    return "\n\n".join(load_texts(data))
 
 
 def load_tokenizer(source: str):

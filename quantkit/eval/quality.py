@@ -42,34 +42,48 @@ def token_windows(ids: torch.Tensor, window: int, max_tokens: int | None = None)
     return ids[: n * window].reshape(n, window)  # [num_windows, window]
 
 
-@torch.no_grad()
 def evaluate_quality(
     model: nn.Module, baseline: nn.Module, windows: torch.Tensor, *, batch_size: int = 8, progress: bool = True,
 ) -> QualityResult:
     """Run both models over the same windows ([num_windows, W] int64) and compare them."""
-    nll = base_nll = kl = agree = 0.0
-    count = 0
-    device = next(model.parameters()).device
+    return evaluate_variants({"model": model}, baseline, windows, batch_size=batch_size, progress=progress)["model"]
+
+
+@torch.no_grad()
+def evaluate_variants(
+    models: dict[str, nn.Module], baseline: nn.Module, windows: torch.Tensor, *, batch_size: int = 8,
+    progress: bool = True,
+) -> dict[str, QualityResult]:
+    """Compare several models with one baseline; the baseline runs once per batch for all of them."""
+    sums = {name: {"nll": 0.0, "kl": 0.0, "agree": 0.0} for name in models}
+    base_nll, count = 0.0, 0
     base_device = next(baseline.parameters()).device
-    batches = windows.split(batch_size)
-    for batch in tqdm(batches, desc="eval", unit="batch", disable=not progress):
-        logp = torch.log_softmax(model(batch.to(device)).logits[:, :-1].float(), dim=-1).cpu()  # [B, W-1, V]
-        base_logp = torch.log_softmax(baseline(batch.to(base_device)).logits[:, :-1].float(), dim=-1).cpu()
+    for batch in tqdm(windows.split(batch_size), desc="eval", unit="batch", disable=not progress):
         target = batch[:, 1:].unsqueeze(-1)  # [B, W-1, 1]
-        nll += -logp.gather(-1, target).sum().item()
+        base_logp = torch.log_softmax(baseline(batch.to(base_device)).logits[:, :-1].float(), dim=-1).cpu()  # [B, W-1, V]
+        base_p = base_logp.exp()
+        base_top1 = base_logp.argmax(-1)
         base_nll += -base_logp.gather(-1, target).sum().item()
-        kl += (base_logp.exp() * (base_logp - logp)).sum().item()
-        agree += (logp.argmax(-1) == base_logp.argmax(-1)).sum().item()
+        for name, model in models.items():
+            device = next(model.parameters()).device
+            logp = torch.log_softmax(model(batch.to(device)).logits[:, :-1].float(), dim=-1).cpu()  # [B, W-1, V]
+            acc = sums[name]
+            acc["nll"] += -logp.gather(-1, target).sum().item()
+            acc["kl"] += (base_p * (base_logp - logp)).sum().item()
+            acc["agree"] += (logp.argmax(-1) == base_top1).sum().item()
         count += target.numel()
-    return QualityResult(
-        perplexity=math.exp(nll / count),
-        baseline_perplexity=math.exp(base_nll / count),
-        kl_divergence=kl / count,
-        top1_agreement=agree / count,
-        window=windows.shape[1],
-        windows=windows.shape[0],
-        tokens=count,
-    )
+    return {
+        name: QualityResult(
+            perplexity=math.exp(acc["nll"] / count),
+            baseline_perplexity=math.exp(base_nll / count),
+            kl_divergence=acc["kl"] / count,
+            top1_agreement=acc["agree"] / count,
+            window=windows.shape[1],
+            windows=windows.shape[0],
+            tokens=count,
+        )
+        for name, acc in sums.items()
+    }
 
 
 @torch.no_grad()

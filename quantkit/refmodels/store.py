@@ -40,17 +40,33 @@ def is_complete(folder: Path, spec: RefModelSpec) -> bool:
     return record.get("spec_hash") == spec.spec_hash()
 
 
+def _check_replaceable(destination: Path) -> None:
+    """Refuse to replace anything but an empty folder or a (stale or partial) model folder."""
+    if not destination.exists():
+        return
+    if not destination.is_dir():
+        raise FileExistsError(f"{destination} is a file, not a model folder: choose another --out")
+    entries = {p.name for p in destination.iterdir()}
+    if entries and not entries & {TRAINING_RECORD, "config.json"}:
+        raise FileExistsError(
+            f"{destination} holds files that are not a model folder ({', '.join(sorted(entries)[:5])}); "
+            f"refusing to replace it: choose an empty or new folder for --out"
+        )
+
+
 def build_atomically(spec: RefModelSpec, destination: Path, *, force: bool = False,
                      num_threads: int | None = None, progress: bool = True,
                      heldout_max_bytes: int | None = None) -> Path:
     """Train ``spec`` into ``destination``: built in a temporary sibling folder, then renamed.
 
-    An existing complete ``destination`` is kept unless ``force``; anything else there is replaced.
+    An existing complete ``destination`` is kept unless ``force``; a stale or partial model folder
+    (or an empty folder) is replaced; any other existing path raises FileExistsError.
     ``heldout_max_bytes`` caps the held-out text scored for ``training.json`` (None: all of it).
     """
     destination = Path(destination)
     if not force and is_complete(destination, spec):
         return destination
+    _check_replaceable(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.building."))
     staging.chmod(0o755)  # mkdtemp makes it private; the finished model folder is an ordinary one
@@ -60,7 +76,12 @@ def build_atomically(spec: RefModelSpec, destination: Path, *, force: bool = Fal
             retired = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.old."))
             destination.rename(retired / destination.name)
             shutil.rmtree(retired, ignore_errors=True)
-        staging.rename(destination)
+        try:
+            staging.rename(destination)
+        except OSError:
+            # Another process finished the same build first: keep its folder if it is complete.
+            if not is_complete(destination, spec):
+                raise
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

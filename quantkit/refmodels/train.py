@@ -168,24 +168,27 @@ def train_model(spec: RefModelSpec, tokenizer, *, progress: bool = True) -> tupl
 
 
 @torch.no_grad()
-def heldout_nll(model, token_ids: torch.Tensor, window: int, batch_size: int = 8) -> tuple[float, int]:
+def heldout_nll(model, token_ids: torch.Tensor, window: int, tokens_per_batch: int = 8192) -> tuple[float, int]:
     """(total negative log-likelihood in nats, predicted tokens) over non-overlapping windows.
 
     ``token_ids`` int64 [N] is cut into windows of ``window`` tokens (the last one may be shorter);
-    each window is scored on its own: every token but the window's first is predicted.
+    each window is scored on its own: every token but the window's first is predicted. Full windows
+    are batched ``tokens_per_batch // window`` at a time.
     """
     windows = list(torch.split(token_ids, window))
     if windows and windows[-1].numel() < 2:
         windows.pop()
+    full = [w for w in windows if w.numel() == window]
+    per_batch = max(1, tokens_per_batch // window)
+    chunks = [torch.stack(full[i : i + per_batch]) for i in range(0, len(full), per_batch)]  # [b, window]
+    chunks += [w[None] for w in windows if w.numel() != window]  # the short tail, [1, n]
     total, count = 0.0, 0
-    for i in range(0, len(windows), batch_size):
-        group = windows[i : i + batch_size]
-        same = [w for w in group if w.numel() == group[0].numel()]
-        for chunk in [torch.stack(same)] + [w[None] for w in group[len(same):]]:  # [b, T]
-            logits = model(input_ids=chunk).logits.float()  # [b, T, V]
-            nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1), reduction="sum")
-            total += nll.item()
-            count += chunk[:, 1:].numel()
+    for chunk in chunks:
+        logits = model(input_ids=chunk).logits.float()  # [b, T, V]
+        targets = chunk[:, 1:]  # [b, T-1]
+        nll = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum")
+        total += nll.item()
+        count += targets.numel()
     return total, count
 
 

@@ -1,0 +1,485 @@
+"""Decode attention over an FP8 KV cache (flash-decoding), as ``torch.ops.quantkit.decode_attention_fp8``.
+
+One query token per sequence attends to the whole cached context. Decode attention is bound by
+reading K and V, so the cache is read in its stored dtype (float8_e4m3fn: half the bytes of bf16)
+and dequantized in registers: fp8 -> bf16/fp16 is exact, the K scale is folded into the score
+scale and the V scale into the final normalisation, so no element-wise multiply is spent on the
+cache. The same kernel reads bf16/fp16/fp32 caches (scales omitted), which gives the baseline.
+
+Algorithm (two launches):
+
+1. ``_decode_attention_split_kernel``, grid (B * Hkv, S): program (b, kv head, split s) reads
+   the keys [s * split_len, (s+1) * split_len) of one KV head in tiles of BLOCK_N, for all the
+   Hq / Hkv query heads that share it (GQA: each K/V tile is loaded once per group), and keeps an
+   online softmax (running max m, running sum l, unnormalised accumulator acc) in base 2.
+   It writes (acc, m, l) per query head and split to fp32 workspaces.
+2. ``_decode_attention_reduce_kernel``, grid (B * Hq,): merges the S partial softmaxes:
+   out = v_scale * sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
+
+Depends on torch and triton only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch._subclasses.fake_tensor import is_fake
+from torch.library import triton_op, wrap_triton
+
+from .decode_attention_reference import decode_attention_reference
+
+
+_KERNELS_INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
+FP8_DTYPE = torch.float8_e4m3fn
+QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+KV_DTYPES = (FP8_DTYPE, torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
+BLOCK_N = 64  # keys per tile
+MIN_BLOCK_G = 16  # tl.dot needs M >= 16 on GPUs: query heads of a group are padded to this
+LOG2E = 1.4426950408889634
+# Initial running max: finite, so a tile whose keys are all masked gives 2^(-inf - m) = 0, never NaN.
+_M_INIT = tl.constexpr(-1.0e30)
+
+
+@triton.jit
+def _decode_attention_split_kernel(
+    q_ptr,  # [B, Hq, D], q dtype
+    k_ptr,  # [B, Hkv, T, D], fp8 / fp16 / bf16 / fp32
+    v_ptr,  # [B, Hkv, T, D], same dtype as k
+    k_scale_ptr,  # fp32 [1] or [Hkv]
+    v_scale_ptr,  # unused here (applied in the reduce kernel); kept for a uniform signature
+    mask_ptr,  # uint8 [B, T] (1 = attend), read only when HAS_MASK
+    part_acc_ptr,  # fp32 [B, Hq, S, D] unnormalised partial outputs
+    part_m_ptr,  # fp32 [B, Hq, S] running max (base 2)
+    part_l_ptr,  # fp32 [B, Hq, S] running sum
+    qk_scale,  # fp32: sm_scale * log2(e)
+    seq_len,  # T
+    split_len,  # keys per split, a multiple of BLOCK_N
+    num_kv_heads,
+    k_scale_stride,  # 0 (per tensor) or 1 (per KV head)
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_kh,
+    stride_kt,
+    stride_vb,
+    stride_vh,
+    stride_vt,
+    stride_mb,
+    GROUP: tl.constexpr,  # Hq // Hkv
+    BLOCK_G: tl.constexpr,  # power of two >= max(GROUP, 16)
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # power of two >= HEAD_DIM
+    BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    DOT_FP32: tl.constexpr,  # dot products in fp32 (interpreter, fp32 queries) or in q's dtype
+):
+    pid_bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = (pid_bh // num_kv_heads).to(tl.int64)  # int64: b * stride_kb can pass 2**31 on long caches
+    kv_head = pid_bh % num_kv_heads
+    num_splits = tl.num_programs(1)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    g_valid = offs_g < GROUP
+    d_valid = offs_d < HEAD_DIM
+    q_heads = kv_head * GROUP + offs_g  # [BLOCK_G]
+
+    q_ptrs = q_ptr + b * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=g_valid[:, None] & d_valid[None, :], other=0.0)  # [BLOCK_G, BLOCK_D]
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    # The K scale multiplies every score of this KV head: fold it into the softmax scale.
+    score_scale = qk_scale * tl.load(k_scale_ptr + kv_head * k_scale_stride).to(tl.float32)
+
+    m_i = tl.full([BLOCK_G], _M_INIT, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+
+    k_base = k_ptr + b * stride_kb + kv_head * stride_kh
+    v_base = v_ptr + b * stride_vb + kv_head * stride_vh
+    split_start = split * split_len
+    split_end = tl.minimum(split_start + split_len, seq_len)
+    for start_n in range(split_start, split_end, BLOCK_N):
+        keys = start_n + offs_n  # [BLOCK_N]
+        n_valid = keys < split_end
+        kv_load_mask = n_valid[:, None] & d_valid[None, :]
+        k = tl.load(k_base + keys[:, None] * stride_kt + offs_d[None, :], mask=kv_load_mask, other=0.0)
+        # fp8 -> q dtype is exact; the scale is applied to the scores
+        if DOT_FP32:
+            k = k.to(tl.float32)
+            scores = tl.dot(q, tl.trans(k), input_precision="ieee")  # [BLOCK_G, BLOCK_N]
+        else:
+            k = k.to(q.dtype)
+            scores = tl.dot(q, tl.trans(k))  # [BLOCK_G, BLOCK_N], fp32 accumulation
+        scores = scores * score_scale
+        if HAS_MASK:
+            attend = tl.load(mask_ptr + b * stride_mb + keys, mask=n_valid, other=0)
+            n_valid = n_valid & (attend != 0)
+        scores = tl.where(n_valid[None, :], scores, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))  # [BLOCK_G]
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])  # [BLOCK_G, BLOCK_N]
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+
+        v = tl.load(v_base + keys[:, None] * stride_vt + offs_d[None, :], mask=kv_load_mask, other=0.0)
+        if DOT_FP32:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")  # [BLOCK_G, BLOCK_D]
+        else:
+            pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    # workspaces are [B, Hq, S, ...]: row (b, q_head, split)
+    rows = (b * (num_kv_heads * GROUP) + q_heads) * num_splits + split  # [BLOCK_G]
+    tl.store(part_m_ptr + rows, m_i, mask=g_valid)
+    tl.store(part_l_ptr + rows, l_i, mask=g_valid)
+    acc_ptrs = part_acc_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(acc_ptrs, acc, mask=g_valid[:, None] & d_valid[None, :])
+
+
+@triton.jit
+def _decode_attention_reduce_kernel(
+    part_acc_ptr,  # fp32 [B, Hq, S, D]
+    part_m_ptr,  # fp32 [B, Hq, S]
+    part_l_ptr,  # fp32 [B, Hq, S]
+    v_scale_ptr,  # fp32 [1] or [Hkv]
+    out_ptr,  # [B, Hq, D] contiguous, q dtype
+    num_q_heads,
+    num_splits,
+    v_scale_stride,  # 0 (per tensor) or 1 (per KV head)
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # power of two >= S
+):
+    row = tl.program_id(0)  # b * Hq + q_head
+    q_head = row % num_q_heads
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_valid = offs_s < num_splits
+    d_valid = offs_d < HEAD_DIM
+
+    m = tl.load(part_m_ptr + row * num_splits + offs_s, mask=s_valid, other=_M_INIT)  # [BLOCK_S]
+    l = tl.load(part_l_ptr + row * num_splits + offs_s, mask=s_valid, other=0.0)
+    acc_ptrs = part_acc_ptr + (row * num_splits + offs_s)[:, None] * HEAD_DIM + offs_d[None, :]
+    acc = tl.load(acc_ptrs, mask=s_valid[:, None] & d_valid[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
+
+    m_max = tl.max(m, axis=0)
+    w = tl.exp2(m - m_max)  # [BLOCK_S]; splits that saw no key have l = 0 and acc = 0
+    l_total = tl.sum(w * l, axis=0)
+    out = tl.sum(w[:, None] * acc, axis=0)  # [BLOCK_D]
+    v_scale = tl.load(v_scale_ptr + (q_head // GROUP) * v_scale_stride).to(tl.float32)
+    # A row whose keys are all masked has l_total = 0: it gives zeros, as the reference does.
+    out = tl.where(l_total > 0.0, out * (v_scale / tl.maximum(l_total, 1e-30)), 0.0)
+    tl.store(out_ptr + row * HEAD_DIM + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_valid)
+
+
+def _check_scale(name: str, scale: torch.Tensor | None, num_kv_heads: int, device: torch.device) -> torch.Tensor:
+    """None -> fp32 ones [1]; else a float [1] or [Hkv] tensor, returned as contiguous fp32."""
+    if scale is None:
+        return torch.ones(1, dtype=torch.float32, device=device)
+    if not scale.is_floating_point() or scale.dim() != 1 or scale.numel() not in (1, num_kv_heads):
+        raise ValueError(
+            f"{name} must be a 1-D float tensor of shape [1] (per tensor) or [{num_kv_heads}] (per KV head), "
+            f"got dtype {scale.dtype} shape {tuple(scale.shape)}"
+        )
+    if scale.device != device:
+        raise ValueError(f"{name} is on {scale.device} but the cache is on {device}: move it with .to()")
+    return scale.to(torch.float32).contiguous()
+
+
+def check_decode_attention_args(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_mask: torch.Tensor | None,
+) -> None:
+    """Raise a ValueError naming the problem if the arguments break the contract of decode_attention_fp8."""
+    if q.dim() != 3:
+        raise ValueError(
+            f"q must be [B, Hq, D] (one query token per sequence), got shape {tuple(q.shape)}; "
+            "for a [B, Hq, 1, D] query pass q.squeeze(2)"
+        )
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"k_cache and v_cache must both be [B, Hkv, T, D] with the same shape, got {tuple(k_cache.shape)} "
+            f"and {tuple(v_cache.shape)}"
+        )
+    batch, num_q_heads, head_dim = q.shape
+    kb, num_kv_heads, seq_len, kd = k_cache.shape
+    if kb != batch or kd != head_dim:
+        raise ValueError(
+            f"q [B={batch}, Hq={num_q_heads}, D={head_dim}] does not match the cache [B={kb}, Hkv={num_kv_heads}, "
+            f"T={seq_len}, D={kd}]: batch and head_dim must agree"
+        )
+    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
+        raise ValueError(f"Hq={num_q_heads} must be a multiple of Hkv={num_kv_heads} (grouped-query attention)")
+    if seq_len == 0:
+        raise ValueError("the KV cache is empty (T = 0): there is nothing to attend to")
+    if head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim={head_dim} is above the supported maximum {MAX_HEAD_DIM}")
+    if q.dtype not in QUERY_DTYPES:
+        raise ValueError(f"q dtype {q.dtype} is not supported; use one of {QUERY_DTYPES}")
+    if k_cache.dtype not in KV_DTYPES or v_cache.dtype != k_cache.dtype:
+        raise ValueError(
+            f"k_cache/v_cache dtypes {k_cache.dtype}/{v_cache.dtype}: both must be the same one of {KV_DTYPES}"
+        )
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("q, k_cache and v_cache must be contiguous along head_dim (stride 1): call .contiguous()")
+    if not (q.device == k_cache.device == v_cache.device):
+        raise ValueError(f"q, k_cache, v_cache are on {q.device}, {k_cache.device}, {v_cache.device}: use one device")
+    if kv_mask is not None:
+        if kv_mask.dtype != torch.bool or tuple(kv_mask.shape) != (batch, seq_len):
+            raise ValueError(
+                f"kv_mask must be bool [B={batch}, T={seq_len}] (True = attend), got {kv_mask.dtype} "
+                f"{tuple(kv_mask.shape)}"
+            )
+        if kv_mask.device != q.device:
+            raise ValueError(f"kv_mask is on {kv_mask.device}, q on {q.device}: use one device")
+
+
+def default_num_splits(batch: int, num_kv_heads: int, seq_len: int, device: torch.device) -> int:
+    """Splits of the KV length so that B * Hkv * S programs fill the GPU (about 2 per SM)."""
+    if device.type == "cuda":
+        target_programs = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        target_programs = 8
+    max_splits = triton.cdiv(seq_len, BLOCK_N)
+    return max(1, min(max_splits, triton.cdiv(target_programs, batch * num_kv_heads)))
+
+
+def kernels_interpreted() -> bool:
+    """True when triton was imported with TRITON_INTERPRET=1: the kernels then run on CPU tensors.
+
+    Triton decides this once, when triton is imported, so the variable must be set before that.
+    """
+    return _KERNELS_INTERPRETED
+
+
+def triton_can_run_on(device: torch.device) -> bool:
+    """CUDA tensors always; CPU tensors when the kernels were built under Triton's interpreter."""
+    return device.type == "cuda" or (device.type == "cpu" and _KERNELS_INTERPRETED)
+
+
+def decode_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    kv_mask: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    num_splits: int = 0,
+) -> torch.Tensor:
+    """Run the Triton kernels (no fallback). Arguments as ``decode_attention_fp8``."""
+    check_decode_attention_args(q, k_cache, v_cache, kv_mask)
+    if not triton_can_run_on(q.device):
+        raise RuntimeError(
+            f"the Triton decode-attention kernel cannot run on {q.device}: use CUDA tensors, or set "
+            "TRITON_INTERPRET=1 before triton is first imported to run it on CPU, or call "
+            "decode_attention_reference"
+        )
+    interpreted = q.device.type == "cpu"
+    batch, num_q_heads, head_dim = q.shape
+    num_kv_heads, seq_len = k_cache.shape[1], k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    k_scale = _check_scale("k_scale", k_scale, num_kv_heads, q.device)
+    v_scale = _check_scale("v_scale", v_scale, num_kv_heads, q.device)
+    if sm_scale is None:
+        sm_scale = head_dim**-0.5
+    if num_splits < 0:
+        raise ValueError(f"num_splits must be >= 0 (0 = automatic), got {num_splits}")
+    if num_splits == 0:
+        num_splits = default_num_splits(batch, num_kv_heads, seq_len, q.device)
+    num_splits = min(num_splits, triton.cdiv(seq_len, BLOCK_N))
+    split_len = triton.cdiv(triton.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    num_splits = triton.cdiv(seq_len, split_len)  # no split left without keys
+
+    if kv_mask is not None:
+        mask_u8 = kv_mask.contiguous().view(torch.uint8)  # [B, T]
+        stride_mb = mask_u8.stride(0)
+    else:
+        mask_u8 = torch.empty(1, dtype=torch.uint8, device=q.device)  # never read
+        stride_mb = 0
+
+    part_acc = q.new_empty((batch, num_q_heads, num_splits, head_dim), dtype=torch.float32)
+    part_m = q.new_empty((batch, num_q_heads, num_splits), dtype=torch.float32)
+    part_l = q.new_empty((batch, num_q_heads, num_splits), dtype=torch.float32)
+    # The interpreter casts fp32 -> bf16 by truncation (GPUs round to nearest even): there, the
+    # reduce kernel writes fp32 and torch rounds.
+    out_dtype = torch.float32 if interpreted and q.dtype == torch.bfloat16 else q.dtype
+    out = q.new_empty((batch, num_q_heads, head_dim), dtype=out_dtype)
+
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    # fp32 dot products: in the interpreter (its bf16 tl.dot is wrong), for fp32 queries or an fp32 cache
+    dot_fp32 = interpreted or q.dtype == torch.float32 or k_cache.dtype == torch.float32
+    wrap_triton(_decode_attention_split_kernel)[(batch * num_kv_heads, num_splits)](
+        q, k_cache, v_cache, k_scale, v_scale, mask_u8,
+        part_acc, part_m, part_l,
+        sm_scale * LOG2E, seq_len, split_len, num_kv_heads, 0 if k_scale.numel() == 1 else 1,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        stride_mb,
+        GROUP=group,
+        BLOCK_G=max(MIN_BLOCK_G, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_N=BLOCK_N,
+        HAS_MASK=kv_mask is not None,
+        DOT_FP32=dot_fp32,
+    )  # fmt: skip
+    wrap_triton(_decode_attention_reduce_kernel)[(batch * num_q_heads,)](
+        part_acc, part_m, part_l, v_scale, out,
+        num_q_heads, num_splits, 0 if v_scale.numel() == 1 else 1,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_S=triton.next_power_of_2(num_splits),
+    )  # fmt: skip
+    return out.to(q.dtype)
+
+
+@triton_op("quantkit::decode_attention_fp8", mutates_args=())
+def _decode_attention_fp8_op(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    kv_mask: torch.Tensor | None,
+    sm_scale: float,
+    num_splits: int,
+) -> torch.Tensor:
+    # Triton's interpreter needs real CPU memory: when the op is traced on CPU (fake/functional
+    # tensors, e.g. torch.compile or export), the reference's torch ops are traced instead.
+    if triton_can_run_on(q.device) and (q.is_cuda or not is_fake(q)):
+        return decode_attention_triton(q, k_cache, v_cache, k_scale, v_scale, kv_mask, sm_scale, num_splits)
+    check_decode_attention_args(q, k_cache, v_cache, kv_mask)
+    return decode_attention_reference(q, k_cache, v_cache, k_scale, v_scale, kv_mask, sm_scale)
+
+
+@_decode_attention_fp8_op.register_fake
+def _decode_attention_fp8_fake(q, k_cache, v_cache, k_scale, v_scale, kv_mask, sm_scale, num_splits):
+    check_decode_attention_args(q, k_cache, v_cache, kv_mask)
+    return q.new_empty(q.shape)
+
+
+def decode_attention_fp8(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    kv_mask: torch.Tensor | None = None,
+    sm_scale: float | None = None,
+    num_splits: int = 0,
+) -> torch.Tensor:
+    """Attention of one query token per sequence over a (FP8) KV cache.
+
+    Args:
+        q: [B, Hq, D], float16 / bfloat16 / float32, stride 1 along D (any strides on B, Hq).
+        k_cache: [B, Hkv, T, D] (the ``transformers`` cache layout), float8_e4m3fn, or float16 /
+            bfloat16 / float32 for an unquantized cache; stride 1 along D. Hq must be a multiple of
+            Hkv; query head h reads KV head h // (Hq // Hkv). Dequantized key = k_cache * k_scale.
+        v_cache: [B, Hkv, T, D], same dtype and shape as k_cache.
+        k_scale, v_scale: float tensors of shape [1] (per tensor) or [Hkv] (per KV head), any float
+            dtype, on the cache's device; None means 1.0 (unquantized caches).
+        kv_mask: bool [B, T], True where the key is attended (left padding: False on the pads), or
+            None to attend to all T keys. A sequence with every key masked gets zeros.
+        sm_scale: softmax scale; None means D ** -0.5.
+        num_splits: number of programs the KV length is split across per (sequence, KV head);
+            0 picks one that fills the GPU. Any value gives the same result up to rounding.
+
+    Returns:
+        [B, Hq, D] in q's dtype (contiguous).
+
+    Runs the Triton kernel on CUDA tensors, and on CPU tensors when TRITON_INTERPRET=1 was set
+    before triton was imported (Triton's interpreter); else the pure-torch reference.
+    """
+    if sm_scale is None:
+        if q.dim() < 1:
+            raise ValueError(f"q must be [B, Hq, D], got shape {tuple(q.shape)}")
+        sm_scale = q.shape[-1] ** -0.5
+    if not math.isfinite(sm_scale):
+        raise ValueError(f"sm_scale must be finite, got {sm_scale}")
+    return torch.ops.quantkit.decode_attention_fp8(q, k_cache, v_cache, k_scale, v_scale, kv_mask, sm_scale, num_splits)
+
+
+# -- ahead-of-time compile check ------------------------------------------------------------------
+
+#: (kv dtype, q dtype, GQA group, head_dim, has_mask) variants compiled by compile_kernels.
+COMPILE_VARIANTS = (
+    ("fp8e4nv", "bf16", 4, 128, True),
+    ("fp8e4nv", "fp16", 6, 80, False),
+    ("fp8e4nv", "fp32", 1, 64, True),
+    ("bf16", "bf16", 8, 128, True),
+)
+_SPLIT_POINTER_TYPES = {
+    "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "mask_ptr": "*u8", "part_acc_ptr": "*fp32",
+    "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "qk_scale": "fp32",
+}
+
+
+def _compile(kernel, types: dict[str, str], constexprs: dict, target):
+    signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in kernel.arg_names}
+    source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=target)
+
+
+def compile_kernels(target=None, variants=COMPILE_VARIANTS) -> dict[str, dict]:
+    """Compile both kernels with the real Triton compiler for `target` (default: Hopper, sm_90).
+
+    Needs no GPU, but Triton's interpreter must be off (TRITON_INTERPRET unset when triton was
+    imported). Returns {variant name: {"cubin_bytes", "shared_bytes", "fp8_converts"}}; raises
+    the compiler's error if a variant does not compile.
+    """
+    from triton.backends.compiler import GPUTarget
+
+    if _KERNELS_INTERPRETED:
+        raise RuntimeError(
+            "compile_kernels needs triton imported without TRITON_INTERPRET=1 (run it in a fresh process)"
+        )
+    target = target or GPUTarget("cuda", 90, 32)
+    results = {}
+    for kv_type, q_type, group, head_dim, has_mask in variants:
+        block_d = max(16, triton.next_power_of_2(head_dim))
+        compiled = _compile(
+            _decode_attention_split_kernel,
+            {**_SPLIT_POINTER_TYPES, "q_ptr": f"*{q_type}", "k_ptr": f"*{kv_type}", "v_ptr": f"*{kv_type}"},
+            dict(GROUP=group, BLOCK_G=max(MIN_BLOCK_G, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+                 BLOCK_D=block_d, BLOCK_N=BLOCK_N, HAS_MASK=has_mask, DOT_FP32=q_type == "fp32"),
+            target,
+        )
+        results[f"split/{kv_type}/{q_type}/g{group}/d{head_dim}/mask{int(has_mask)}"] = {
+            "cubin_bytes": len(compiled.asm.get("cubin", b"")),
+            "shared_bytes": compiled.metadata.shared,
+            "fp8_converts": "e4m3" in compiled.asm.get("ptx", ""),
+        }
+        block_s = 1 if has_mask else 64  # one split, and many
+        compiled = _compile(
+            _decode_attention_reduce_kernel,
+            {"out_ptr": f"*{q_type}", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
+             "v_scale_ptr": "*fp32"},
+            dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=block_s),
+            target,
+        )
+        results[f"reduce/{q_type}/g{group}/d{head_dim}/s{block_s}"] = {
+            "cubin_bytes": len(compiled.asm.get("cubin", b"")),
+            "shared_bytes": compiled.metadata.shared,
+            "fp8_converts": False,
+        }
+    return results
+
+
+if __name__ == "__main__":  # python -m quantkit.kernels.decode_attention: the Hopper compile check
+    import json
+
+    print(json.dumps(compile_kernels(), indent=1))

@@ -1,0 +1,230 @@
+"""GPTQ: quantize a weight column by column, pushing each column's error onto the columns not yet quantized.
+
+Two verbs, both pure functions over tensors (the calibration runner schedules them):
+
+- ``hessian_update(h, count, x)``: accumulate H = 2 XᵀX / n over calibration inputs, as a running
+  mean in fp32 (the same matrix whatever the batching);
+- ``gptq_quantize(weight, hessian, scheme, options)``: the quantized weight.
+
+Algorithm (Frantar et al., "GPTQ", 2022), with the fixes later implementations converged on:
+
+- dead inputs (diag(H) == 0: never active in calibration) get H_jj = 1 and their weights zeroed;
+- relative damping: H += damp_percent * mean(diag H) * I, raised x10 (with a warning) while the
+  Cholesky factorisation fails;
+- act-order with *static groups*: columns are visited by decreasing diag(H), but each group's scale and
+  zero point are computed up front from the columns of that group in the original order, so the
+  checkpoint needs no reordering and no `g_idx` at inference;
+- lazy batch updates: the error of a block of ``block_size`` columns is applied to the rest of the
+  matrix in one matmul.
+
+Without act-order, a group's scale is computed when the walk reaches the group's first column, from
+that group's *updated* weights (the IST-DASLab code reads stale weights there when the group starts
+inside a lazy block; we read the updated ones, so results do not depend on ``block_size``).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from ..primitives import compute_qparams
+from ..quantized_weight import QuantizedWeight
+from ..scheme import QuantScheme
+
+MAX_DAMP_RETRIES = 6  # 0.01 -> 1e4 in x10 steps
+
+
+class CholeskyWarning(UserWarning):
+    """The Hessian was not positive definite at the requested damping; damping was raised."""
+
+
+@dataclass(frozen=True)
+class GPTQOptions:
+    """Options of the `gptq` algorithm (recipe: ``algorithm: {name: gptq, ...}``).
+
+    damp_percent: damping added to diag(H), relative to mean(diag(H)); raised x10 automatically
+      (with a warning) while the Cholesky factorisation fails.
+    block_size: columns per lazy batch update (a multiple of the group size when groups are used).
+    act_order: visit columns by decreasing activation energy diag(H) (static groups: no g_idx).
+    """
+
+    damp_percent: float = 0.01
+    block_size: int = 128
+    act_order: bool = True
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.damp_percent <= 1.0):
+            raise ValueError(f"damp_percent must be in (0, 1], got {self.damp_percent}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be a positive number of columns, got {self.block_size}")
+
+
+# -- verb 1: statistics -------------------------------------------------------------------------
+
+
+def hessian_update(h: torch.Tensor | None, count: int, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Fold inputs x into the running mean H = 2 XᵀX / n.
+
+    h: fp32 [K, K] or None (start); count: rows seen so far; x: [..., K] inputs of the linear.
+    returns: (fp32 [K, K], new count). Accumulates in fp32 whatever x's dtype.
+    """
+    x = x.reshape(-1, x.shape[-1]).float()  # [M, K]
+    m, k = x.shape
+    if h is None:
+        h = torch.zeros(k, k, dtype=torch.float32, device=x.device)
+    if m == 0:
+        return h, count
+    total = count + m
+    h.mul_(count / total)
+    x = x * math.sqrt(2.0 / total)
+    h.addmm_(x.t(), x)
+    return h, total
+
+
+# -- verb 2: quantize ---------------------------------------------------------------------------
+
+
+def _damped_cholesky_inverse(h: torch.Tensor, damp_percent: float, where: str) -> tuple[torch.Tensor, float]:
+    """Upper Cholesky factor U of (H + damp*I)^-1 (so that Uᵀ U = H^-1), raising damping on failure.
+
+    h: [K, K] symmetric PSD, damped *in place* (the caller's working copy). At most three [K, K]
+    matrices are alive at once. returns (U [K, K], damp_percent actually used).
+    """
+    diag = h.diagonal()
+    undamped = diag.clone()  # [K]
+    mean_diag = torch.mean(undamped).item()
+    damp = damp_percent
+    for attempt in range(MAX_DAMP_RETRIES + 1):
+        diag.copy_(undamped + damp * mean_diag)
+        l, info = torch.linalg.cholesky_ex(h)
+        if int(info) == 0:
+            hinv = torch.cholesky_inverse(l)
+            del l
+            u, info = torch.linalg.cholesky_ex(hinv, upper=True)
+            del hinv
+            if int(info) == 0 and torch.isfinite(u).all():
+                return u, damp
+        if attempt < MAX_DAMP_RETRIES:
+            warnings.warn(
+                f"{where}: Hessian not positive definite with damp_percent={damp:g}; retrying with {damp * 10:g}",
+                CholeskyWarning, stacklevel=3,
+            )
+            damp *= 10
+    raise RuntimeError(
+        f"{where}: the Hessian stays singular even with damp_percent={damp:g}; the calibration inputs of this "
+        f"layer are degenerate: use more or more varied calibration data, or quantize it with RTN (ignore it)"
+    )
+
+
+def _quantize_column(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, scheme: QuantScheme):
+    """w, scale, zero: [N]. returns (int q [N] as float, dequantized [N]) in w's dtype."""
+    q = torch.round(w / scale)
+    if zero is not None:
+        q = q + zero
+    q = q.clamp(scheme.qmin, scheme.qmax)
+    deq = (q - zero) * scale if zero is not None else q * scale
+    return q, deq
+
+
+def _qparams(w: torch.Tensor, scheme: QuantScheme, scale_dtype: torch.dtype | None):
+    """Min-max qparams of w [N, Kg] as one group: (scale [N], zero [N] or None), fp32.
+
+    scale_dtype: round scales to the storage dtype first, so the error GPTQ compensates is the real one.
+    """
+    one_group = QuantScheme(num_bits=scheme.num_bits, symmetric=scheme.symmetric, strategy="channel", group_size=None)
+    scale, zero = compute_qparams(w, one_group)  # [N, 1]
+    if scale_dtype is not None:
+        scale = scale.to(scale_dtype).float().clamp(min=torch.finfo(scale_dtype).tiny)
+    return scale[:, 0], (zero[:, 0].float() if zero is not None else None)
+
+
+def gptq_quantize(
+    weight: torch.Tensor,
+    hessian: torch.Tensor,
+    scheme: QuantScheme,
+    options: GPTQOptions = GPTQOptions(),
+    *,
+    scale_dtype: torch.dtype | None = None,
+    name: str = "weight",
+) -> QuantizedWeight:
+    """GPTQ-quantize one linear weight.
+
+    weight: float [N, K] (out, in); hessian: [K, K] = 2 XᵀX / n of the layer's inputs (hessian_update).
+    scale_dtype: dtype the scales are stored in (the model dtype); scales are rounded to it before use.
+    Math runs in fp32 (fp64 if weight and hessian are fp64). Inputs are not modified.
+    returns: QuantizedWeight (q int8 [N, K], scale fp32 [N, G], zero_point int32 [N, G] | None), columns in
+    the original order whatever act_order.
+    """
+    if weight.dim() != 2:
+        raise ValueError(f"{name}: expected a 2-D weight [out, in], got shape {tuple(weight.shape)}")
+    n, k = weight.shape
+    if tuple(hessian.shape) != (k, k):
+        raise ValueError(f"{name}: Hessian shape {tuple(hessian.shape)} does not match in_features {k}")
+    if not torch.isfinite(hessian).all():
+        raise ValueError(f"{name}: the Hessian has NaN/Inf entries: the calibration activations overflowed")
+    dtype = torch.float64 if (weight.dtype == torch.float64 and hessian.dtype == torch.float64) else torch.float32
+    w = weight.detach().to(dtype).clone()  # [N, K]
+    h = hessian.detach().to(dtype=dtype, device=w.device).clone()  # [K, K]
+    groups = scheme.groups_for(k)
+    group_size = k // groups
+
+    dead = torch.diag(h) == 0
+    h[dead, dead] = 1.0
+    w[:, dead] = 0.0
+
+    # Channel-wise and static-group parameters come from the (dead-zeroed) weight in its original order.
+    scales = torch.zeros(n, groups, dtype=dtype, device=w.device)  # [N, G]
+    zeros = None if scheme.symmetric else torch.zeros(n, groups, dtype=dtype, device=w.device)
+    static = scheme.strategy == "channel" or options.act_order
+    if static:
+        for g in range(groups):
+            s, z = _qparams(w[:, g * group_size:(g + 1) * group_size], scheme, scale_dtype)
+            scales[:, g] = s
+            if zeros is not None:
+                zeros[:, g] = z
+
+    perm = torch.argsort(torch.diag(h), descending=True) if options.act_order else None
+    if perm is not None:
+        w = w[:, perm]
+        h = h[perm][:, perm]
+    column_group = (perm if perm is not None else torch.arange(k, device=w.device)) // group_size  # [K]
+
+    u = _damped_cholesky_inverse(h, options.damp_percent, name)[0]  # [K, K] upper
+    del h
+
+    block = options.block_size
+    if not static and block % group_size:
+        block = max(group_size, (block // group_size) * group_size)
+    q_int = torch.zeros(n, k, dtype=dtype, device=w.device)  # [N, K] (visit order)
+    for i1 in range(0, k, block):
+        i2 = min(i1 + block, k)
+        w1 = w[:, i1:i2].clone()  # [N, B]
+        err1 = torch.zeros_like(w1)
+        u1 = u[i1:i2, i1:i2]  # [B, B]
+        for i in range(i2 - i1):
+            col = i1 + i
+            g = int(column_group[col])
+            if not static and col % group_size == 0:
+                s, z = _qparams(w1[:, i:i + group_size], scheme, scale_dtype)
+                scales[:, g] = s
+                if zeros is not None:
+                    zeros[:, g] = z
+            zero = zeros[:, g] if zeros is not None else None
+            q, deq = _quantize_column(w1[:, i], scales[:, g], zero, scheme)
+            q_int[:, col] = q
+            err = (w1[:, i] - deq) / u1[i, i]  # [N]
+            w1[:, i:] -= err.unsqueeze(1) * u1[i, i:].unsqueeze(0)
+            err1[:, i] = err
+        w[:, i2:] -= err1 @ u[i1:i2, i2:]
+
+    if perm is not None:
+        q_int = q_int[:, torch.argsort(perm)]
+    return QuantizedWeight(
+        q=q_int.to(torch.int8),
+        scale=scales.float(),
+        zero_point=zeros.to(torch.int32) if zeros is not None else None,
+        scheme=scheme,
+    )

@@ -1,0 +1,117 @@
+"""Per-family adapters: where a model keeps its decoder blocks and how a block's linears are grouped.
+
+The block-by-block runner walks decoder blocks through these small descriptions instead of tracing
+the model: an adapter names the list of blocks and, inside a block, the *sub-layer steps* in the
+order the block computes them. Each step is a group of linears fed by the same input (q/k/v read the
+attention norm's output; gate/up read the MLP norm's output), with the module that produces that
+input (for AWQ to fold its scales into) and optionally the sub-module whose output AWQ compares.
+
+Supporting a new family whose blocks follow a known layout is one `register_adapter` call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from ..errors import QuantizationError
+
+
+@dataclass(frozen=True)
+class LinearGroup:
+    """One sub-layer step: linears that read the same input, quantized together.
+
+    linears: names relative to the block, in call order (e.g. "self_attn.q_proj").
+    prev: the module whose output is the group's input (a norm or a linear; AWQ folds 1/s into it),
+      or None when there is no such module to fold into.
+    inspect: the sub-module whose output AWQ's scale search compares (it must take the group's input
+      as its only argument, like an MLP); None compares the outputs of the group's linears.
+    """
+
+    linears: tuple[str, ...]
+    prev: str | None = None
+    inspect: str | None = None
+
+
+@dataclass(frozen=True)
+class FamilyAdapter:
+    """How the calibration runner walks one model family.
+
+    model_types: `config.model_type` values this adapter handles.
+    blocks: dotted path of the nn.ModuleList of decoder blocks in the *CausalLM model.
+    groups: the sub-layer steps of one block, in the order the block computes them.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    blocks: str
+    groups: tuple[LinearGroup, ...]
+
+    def blocks_of(self, model: nn.Module) -> nn.ModuleList:
+        try:
+            blocks = model.get_submodule(self.blocks)
+        except AttributeError:
+            raise QuantizationError(
+                f"{type(model).__name__} has no module {self.blocks!r} although its model_type is handled by the "
+                f"{self.name!r} adapter; pass the *ForCausalLM model (not the base model or a wrapper)"
+            ) from None
+        if not isinstance(blocks, nn.ModuleList) or len(blocks) == 0:
+            raise QuantizationError(f"{type(model).__name__}.{self.blocks} is not a non-empty list of decoder blocks")
+        return blocks
+
+    def check_block(self, block: nn.Module, where: str) -> None:
+        """Raise if a block lacks a module the adapter names (a layout this adapter does not know)."""
+        for group in self.groups:
+            for name in (*group.linears, group.prev, group.inspect):
+                if name is None:
+                    continue
+                try:
+                    block.get_submodule(name)
+                except AttributeError:
+                    raise QuantizationError(
+                        f"{where} has no sub-module {name!r} expected by the {self.name!r} adapter; "
+                        f"this checkpoint's block layout differs from the family's usual one"
+                    ) from None
+
+
+LLAMA_LIKE_GROUPS = (
+    LinearGroup(("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), prev="input_layernorm"),
+    LinearGroup(("self_attn.o_proj",), prev="self_attn.v_proj"),
+    LinearGroup(("mlp.gate_proj", "mlp.up_proj"), prev="post_attention_layernorm", inspect="mlp"),
+    LinearGroup(("mlp.down_proj",), prev="mlp.up_proj"),
+)
+
+_ADAPTERS: dict[str, FamilyAdapter] = {}
+
+
+def register_adapter(adapter: FamilyAdapter) -> None:
+    """Make the runner handle `adapter.model_types` (replaces an earlier adapter for the same type)."""
+    for model_type in adapter.model_types:
+        _ADAPTERS[model_type] = adapter
+
+
+# Llama-layout decoders: pre-norm blocks with q/k/v/o attention and a gated (SwiGLU) MLP. Qwen2 adds q/k/v
+# biases, Qwen3 per-head q/k norms inside attention, Mistral sliding-window masks: none of these changes the
+# grouping, and the runner replays each block's own attention mask and rotary embeddings.
+register_adapter(FamilyAdapter("llama", ("llama",), "model.layers", LLAMA_LIKE_GROUPS))
+register_adapter(FamilyAdapter("mistral", ("mistral",), "model.layers", LLAMA_LIKE_GROUPS))
+register_adapter(FamilyAdapter("qwen2", ("qwen2",), "model.layers", LLAMA_LIKE_GROUPS))
+register_adapter(FamilyAdapter("qwen3", ("qwen3",), "model.layers", LLAMA_LIKE_GROUPS))
+
+
+def supported_model_types() -> list[str]:
+    return sorted(_ADAPTERS)
+
+
+def adapter_for(model: nn.Module) -> FamilyAdapter:
+    """The adapter for `model` (by config.model_type); a clear error for an unknown family."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in _ADAPTERS:
+        raise QuantizationError(
+            f"calibrated quantization does not support model type {model_type!r} ({type(model).__name__}) yet; "
+            f"supported: {', '.join(supported_model_types())}. Use an RTN recipe (no calibration, any model), or "
+            f"describe the family with quantkit.calibration.register_adapter(FamilyAdapter(...))"
+        )
+    return _ADAPTERS[model_type]

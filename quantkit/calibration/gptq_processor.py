@@ -1,0 +1,38 @@
+"""GPTQ inside the block-by-block runner: per sub-layer step, accumulate H from the step's input, quantize."""
+
+from __future__ import annotations
+
+from ..algorithms.gptq import GPTQOptions, gptq_quantize, hessian_update
+from ..scheme import QuantScheme
+from .runner import BlockContext, check_finite
+
+
+class GPTQProcessor:
+    """Quantizes a block's targeted linears with GPTQ, step by step (q/k/v, o, gate/up, down).
+
+    The linears of one step read the same input, so they share one Hessian: one fp32 [K, K] matrix
+    on the compute device at a time.
+    """
+
+    def __init__(self, scheme: QuantScheme, options: GPTQOptions) -> None:
+        self.scheme, self.options = scheme, options
+
+    def process_block(self, ctx: BlockContext) -> None:
+        for step in ctx.steps:
+            first = step.targets[0]
+            ctx.status(f"gptq {'/'.join(n.rsplit('.', 1)[-1] for n in step.targets)}")
+            acc = {"h": None, "count": 0}
+
+            def accumulate(module, x, output, _where=f"the input of {ctx.name}.{first}"):
+                check_finite(x, _where)
+                acc["h"], acc["count"] = hessian_update(acc["h"], acc["count"], x)
+
+            ctx.forward({first: accumulate}, stop_after=[first])
+            for name in step.targets:
+                linear = ctx.module(name)
+                qweight = gptq_quantize(
+                    linear.weight, acc["h"], self.scheme, self.options,
+                    scale_dtype=linear.weight.dtype, name=f"{ctx.name}.{name}",
+                )
+                ctx.set_quantized(name, qweight)
+            del acc

@@ -1,0 +1,88 @@
+"""Bring modules of a model loaded with accelerate offloading (`device_map` with "cpu"/"disk") into memory.
+
+A model loaded with offloading keeps some weights on the meta device, with an accelerate
+`AlignDevicesHook` that loads them from a weights map (CPU tensors or files on disk) around each forward.
+The calibration runner materialises one decoder block at a time with `materialize_`, quantizes it and
+keeps the (4x smaller) quantized block as plain CPU tensors, so peak memory is about one float block.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _align_hooks(module: nn.Module) -> list:
+    """accelerate AlignDevicesHooks attached to `module` itself (also inside a SequentialHook)."""
+    from accelerate.hooks import AlignDevicesHook, SequentialHook
+
+    hook = getattr(module, "_hf_hook", None)
+    if hook is None:
+        return []
+    hooks = list(hook.hooks) if isinstance(hook, SequentialHook) else [hook]
+    return [h for h in hooks if isinstance(h, AlignDevicesHook)]
+
+
+def is_offloaded(module: nn.Module) -> bool:
+    """True when any sub-module keeps its weights outside memory behind an accelerate hook."""
+    return any(h.offload for m in module.modules() for h in _align_hooks(m))
+
+
+def has_accelerate_hooks(module: nn.Module) -> bool:
+    return any(hasattr(m, "_hf_hook") for m in module.modules())
+
+
+def materialize_(module: nn.Module, device: torch.device | str) -> None:
+    """Give every parameter and buffer of `module` a real tensor on `device` and detach accelerate hooks.
+
+    Offloaded tensors are read from their hook's weights map (copied, so later in-place edits such as
+    AWQ's scale folding never write through to the offload storage). Modules without hooks are moved.
+    """
+    from accelerate.hooks import remove_hook_from_submodules
+    from accelerate.utils import set_module_tensor_to_device
+    from accelerate.utils.modeling import named_module_tensors
+
+    for sub in module.modules():
+        for hook in _align_hooks(sub):
+            if not hook.offload:
+                continue
+            for name, _ in named_module_tensors(
+                sub, include_buffers=hook.offload_buffers, recurse=hook.place_submodules, remove_non_persistent=True
+            ):
+                value = hook.weights_map[name]
+                set_module_tensor_to_device(sub, name, device, value=value.detach().to(device, copy=True))
+    remove_hook_from_submodules(module)
+    for sub in module.modules():
+        # accelerate restores `forward` as an instance attribute bound to the module itself: a reference
+        # cycle that keeps the module (and its float weights, once replaced) alive until a garbage collection.
+        bound = sub.__dict__.get("forward")
+        if bound is not None and getattr(bound, "__self__", None) is sub:
+            del sub.__dict__["forward"]
+    leftover = [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.is_meta]
+    if leftover:
+        raise RuntimeError(
+            f"{type(module).__name__}: tensors {leftover[:4]} are on the meta device with no offload hook to load "
+            f"them from; load the model with real weights (or with accelerate's device_map offloading)"
+        )
+    module.to(device)
+
+
+def home_device(module: nn.Module) -> torch.device:
+    """Where a processed block goes back to: its own device, or the CPU for offloaded / meta blocks."""
+    if is_offloaded(module):
+        return torch.device("cpu")
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        if not tensor.is_meta:
+            return tensor.device
+    return torch.device("cpu")
+
+
+def materialize_model_(model: nn.Module) -> None:
+    """After calibration: turn an offloaded model into a plain CPU model (no hooks, no meta tensors)."""
+    if not has_accelerate_hooks(model):
+        return
+    materialize_(model, "cpu")
+    if hasattr(model, "hf_device_map"):
+        del model.hf_device_map
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()

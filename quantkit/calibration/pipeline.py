@@ -1,0 +1,50 @@
+"""Recipe -> calibration data -> block-by-block runner with the recipe's algorithm."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import QuantizationError
+from ..recipe import Recipe
+from .adapters import adapter_for
+from .data import calibration_batches
+from .runner import BlockProcessor, run_blockwise
+
+
+def make_processor(recipe: Recipe) -> BlockProcessor:
+    """The block processor running `recipe`'s calibrated algorithm on its weight scheme."""
+    assert recipe.weights is not None
+    name, options = recipe.algorithm.name, recipe.algorithm.options
+    if name == "gptq":
+        from ..algorithms.gptq import GPTQOptions
+        from .gptq_processor import GPTQProcessor
+
+        return GPTQProcessor(recipe.weights, options or GPTQOptions())
+    if name == "awq":
+        from ..algorithms.awq import AWQOptions
+        from .awq_processor import AWQProcessor
+
+        return AWQProcessor(recipe.weights, options or AWQOptions())
+    raise QuantizationError(f"algorithm {name!r} does not use calibration")
+
+
+def quantize_blockwise(
+    model: nn.Module, recipe: Recipe, targets: Sequence[str], calibration_data: Any = None, *,
+    tokenizer=None, device: torch.device | str | None = None, progress: bool = True,
+) -> list[str]:
+    """Quantize the targeted linears inside `model`'s decoder blocks with the recipe's calibrated algorithm.
+
+    Returns the targeted names outside the decoder blocks (left for the caller to quantize without
+    calibration). Raises QuantizationError for an unsupported family before loading any data.
+    """
+    adapter_for(model)
+    batches = calibration_batches(calibration_data, model, tokenizer)
+    processor = make_processor(recipe)
+    return run_blockwise(
+        model, batches, targets, [processor], device=device, progress=progress,
+        desc=f"{recipe.algorithm.name} {recipe.name}",
+    )

@@ -1,0 +1,315 @@
+"""The block-by-block calibration runner: one decoder block in memory at a time, whatever the depth.
+
+    capture   run the model with every decoder block replaced by a recorder: the embedding runs, and
+              each recorder keeps the arguments the model passes to its block (attention mask, rotary
+              (cos, sin), position ids; masks may differ per block, e.g. sliding-window layers), then
+              passes the hidden states through. The last recorder stops the forward, so the final norm
+              and the LM head never run.
+    per block materialise it on the compute device (from accelerate's CPU/disk offload if needed), let
+              each BlockProcessor collect statistics with forward hooks and quantize the block's linears
+              in sub-layer order (q/k/v, then o, then gate/up, then down: each step's statistics come
+              from a forward through the block with the earlier steps already quantized), recompute the
+              block's outputs as the next block's inputs, swap in QuantLinear layers and move the block
+              back to its home device (the CPU for offloaded models).
+
+Peak memory is one float block plus the calibration activations (samples x tokens x hidden) plus the
+quantized blocks already done (about a quarter of their float size at 4 bits). No tracing: blocks are
+found through small per-family adapters (adapters.py).
+
+A BlockProcessor is anything with ``process_block(ctx: BlockContext)``: a weight quantizer (GPTQ, AWQ),
+or an observer that only collects statistics (e.g. KV-cache scales, with ``ctx.forward(hooks=...)`` on
+the attention's sub-modules), and optionally ``finish(model)``, called once after the last block, where
+it publishes what it found. Processors run in list order on each block; one listed after a weight
+quantizer sees the block with its linears already quantized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..errors import QuantizationError
+from ..modules.quant_linear import QuantLinear
+from ..quantized_weight import QuantizedWeight
+from .adapters import FamilyAdapter, LinearGroup, adapter_for
+from .offload import home_device, materialize_, materialize_model_
+
+InputHook = Callable[[nn.Module, torch.Tensor, Any], None]  # (module, its first input, its output)
+
+
+class _StopForward(Exception):
+    """Raised from a hook to end a forward pass once everything needed has been seen."""
+
+
+class BlockProcessor(Protocol):
+    def process_block(self, ctx: "BlockContext") -> None: ...
+
+
+@dataclass
+class Step:
+    """One sub-layer step of a block: the adapter's group, with the linears of it that are quantized."""
+
+    group: LinearGroup
+    targets: tuple[str, ...]  # block-relative names of the targeted linears, in call order
+
+
+def check_finite(x: torch.Tensor, where: str) -> None:
+    if not torch.isfinite(x).all():
+        bad = int((~torch.isfinite(x)).sum())
+        raise QuantizationError(
+            f"{bad} NaN/Inf value(s) in the calibration activations at {where}: the model overflows on this data "
+            f"in {x.dtype}; load it in bfloat16 or float32 (not float16), or check its weights"
+        )
+
+
+def _to_device(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, tuple):
+        return tuple(_to_device(o, device) for o in obj)
+    if isinstance(obj, list):
+        return [_to_device(o, device) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    return obj
+
+
+@dataclass
+class BlockContext:
+    """A decoder block on the compute device with its calibration inputs, handed to each processor.
+
+    inputs: per calibration batch, the block's input hidden states [B, T, H] (model dtype).
+    kwargs: per batch, the other arguments the model passes to this block (mask, rotary, positions).
+    steps: the sub-layer steps in call order (only those with targeted linears are listed).
+    quantized: block-relative linear name -> QuantizedWeight, filled by `set_quantized`.
+    """
+
+    index: int
+    name: str
+    block: nn.Module
+    adapter: FamilyAdapter
+    steps: list[Step]
+    inputs: list[torch.Tensor]
+    kwargs: list[dict[str, Any]]
+    device: torch.device
+    quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
+    status: Callable[[str], None] = lambda _msg: None
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(x.shape[0] * x.shape[1] for x in self.inputs)
+
+    def module(self, name: str) -> nn.Module:
+        return self.block.get_submodule(name)
+
+    def forward(self, hooks: dict[str, InputHook] | None = None, stop_after: Iterable[str] = ()) -> list[torch.Tensor] | None:
+        """Run every calibration batch through the block, calling `hooks[name](module, input, output)`
+        after each call of the named sub-module.
+
+        stop_after: end each batch's pass as soon as all these sub-modules have run (returns None);
+        when empty, the full block runs and its outputs [B, T, H] per batch are returned.
+        """
+        hooks = hooks or {}
+        stop_after = set(stop_after)
+        seen: set[str] = set()
+        handles = []
+
+        def make(name: str, fn: InputHook | None):
+            def hook(module, args, output):
+                if fn is not None:
+                    x = args[0] if args else None
+                    fn(module, x, output)
+                if name in stop_after:
+                    seen.add(name)
+                    if seen == stop_after:
+                        raise _StopForward
+
+            return hook
+
+        for name in set(hooks) | stop_after:
+            handles.append(self.module(name).register_forward_hook(make(name, hooks.get(name))))
+        outputs: list[torch.Tensor] | None = [] if not stop_after else None
+        try:
+            for b, (x, kwargs) in enumerate(zip(self.inputs, self.kwargs)):
+                seen.clear()
+                try:
+                    out = self.block(x, **kwargs)
+                except _StopForward:
+                    continue
+                if stop_after:
+                    raise RuntimeError(f"{self.name}: the block never called {sorted(stop_after - seen)}")
+                out = out[0] if isinstance(out, (tuple, list)) else out
+                check_finite(out, f"the output of {self.name} (calibration batch {b})")
+                outputs.append(out)
+        finally:
+            for h in handles:
+                h.remove()
+        return outputs
+
+    def set_quantized(self, name: str, qweight: QuantizedWeight) -> None:
+        """Record a linear's quantized weight and make the block compute with it from now on."""
+        linear = self.module(name)
+        dtype = linear.weight.dtype
+        scale = qweight.scale.to(dtype).float()
+        weight = QuantizedWeight(qweight.q, scale, qweight.zero_point, qweight.scheme).dequantize()
+        linear.weight.data = weight.to(device=linear.weight.device, dtype=dtype)
+        self.quantized[name] = qweight
+
+
+class _BlockRecorder(nn.Module):
+    """Stands in for decoder block `index` during capture: records its arguments, passes hidden states on."""
+
+    def __init__(self, index: int, last: int, store: list[dict[int, tuple]]) -> None:
+        super().__init__()
+        self.index, self.last, self.store = index, last, store
+
+    def forward(self, *args, **kwargs):
+        hidden = args[0] if args else kwargs.pop("hidden_states")
+        if len(args) > 1:
+            raise QuantizationError(
+                f"decoder block {self.index} was called with {len(args)} positional arguments; the runner replays "
+                f"only hidden_states positionally: this model family needs an adapter update"
+            )
+        self.store[-1][self.index] = (hidden, kwargs)
+        if self.index == self.last:
+            raise _StopForward
+        return hidden
+
+
+@torch.no_grad()
+def capture_block_inputs(
+    model: nn.Module, blocks: nn.ModuleList, batches: Sequence[torch.Tensor], device: torch.device
+) -> tuple[list[torch.Tensor], list[list[dict[str, Any]]]]:
+    """Run only what precedes the decoder blocks; returns (inputs of block 0 per batch [B, T, H],
+    per block, per batch, the keyword arguments the model passes to that block), all on `device`."""
+    n = len(blocks)
+    store: list[dict[int, tuple]] = []
+    originals = list(blocks)
+    embed = model.get_input_embeddings()
+    embed_device = embed.weight.device if embed is not None and not embed.weight.is_meta else torch.device("cpu")
+    try:
+        for i in range(n):
+            blocks[i] = _BlockRecorder(i, n - 1, store)
+        for ids in batches:
+            store.append({})
+            try:
+                model(input_ids=ids.to(embed_device), use_cache=False)
+            except _StopForward:
+                pass
+            if len(store[-1]) != n:
+                raise QuantizationError(
+                    f"{type(model).__name__} called {len(store[-1])} of its {n} decoder blocks during calibration; "
+                    f"the runner needs every block called once per forward"
+                )
+    finally:
+        for i, block in enumerate(originals):
+            blocks[i] = block
+    inputs = []
+    for b, record in enumerate(store):
+        hidden = record[0][0].to(device)
+        check_finite(hidden, f"the input of decoder block 0 (calibration batch {b})")
+        inputs.append(hidden)
+    kwargs = [[_to_device(record[i][1], device) for record in store] for i in range(n)]
+    return inputs, kwargs
+
+
+def _block_steps(adapter: FamilyAdapter, block: nn.Module, targets: list[str]) -> list[Step]:
+    """The adapter's sub-layer steps restricted to the targeted linears, plus one step per targeted linear
+    the adapter does not know (quantized last, each on its own input)."""
+    steps, covered = [], set()
+    for group in adapter.groups:
+        chosen = tuple(n for n in group.linears if n in targets)
+        covered.update(group.linears)
+        if chosen:
+            steps.append(Step(group, chosen))
+    extra = [n for n in targets if n not in covered]
+    order = [n for n, m in block.named_modules() if isinstance(m, nn.Linear)]
+    for name in sorted(extra, key=order.index):
+        steps.append(Step(LinearGroup((name,)), (name,)))
+    return steps
+
+
+@torch.no_grad()
+def run_blockwise(
+    model: nn.Module,
+    batches: Sequence[torch.Tensor],
+    targets: Sequence[str],
+    processors: Sequence[BlockProcessor],
+    *,
+    device: torch.device | str | None = None,
+    progress: bool = True,
+    desc: str = "calibrate",
+) -> list[str]:
+    """Walk `model` block by block, letting `processors` quantize the targeted linears inside blocks.
+
+    batches: calibration token ids, each [B, T] int64. targets: full names of the linears to quantize.
+    device: compute device (default: cuda if available, else cpu).
+    Quantized linears are replaced by QuantLinear in place. Returns the targeted names that are not in
+    any decoder block (e.g. lm_head), which the caller quantizes without calibration.
+    An offloaded model (accelerate device_map with cpu/disk) comes back as a plain CPU model.
+    """
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    adapter = adapter_for(model)
+    blocks = adapter.blocks_of(model)
+    prefix = adapter.blocks + "."
+    per_block: dict[int, list[str]] = {}
+    outside: list[str] = []
+    for name in targets:
+        index, _, local = name[len(prefix):].partition(".") if name.startswith(prefix) else ("", "", "")
+        if index.isdigit() and local:
+            per_block.setdefault(int(index), []).append(local)
+        else:
+            outside.append(name)
+
+    was_training = model.training
+    model.eval()
+    inputs, kwargs = capture_block_inputs(model, blocks, batches, device)
+    bar = tqdm(total=len(blocks), desc=desc, unit="block", disable=not progress)
+    try:
+        for i, block in enumerate(blocks):
+            name = f"{adapter.blocks}.{i}"
+            home = home_device(block)
+            materialize_(block, device)
+            adapter.check_block(block, name)
+            local_targets = per_block.get(i, [])
+            for t in local_targets:
+                weight = block.get_submodule(t).weight
+                if not torch.isfinite(weight).all():
+                    raise QuantizationError(
+                        f"{name}.{t}.weight has NaN/Inf values; quantizing it would corrupt the model: "
+                        f"fix or re-download the source weights"
+                    )
+            ctx = BlockContext(
+                index=i, name=name, block=block, adapter=adapter, steps=_block_steps(adapter, block, local_targets),
+                inputs=inputs, kwargs=kwargs[i], device=device,
+                status=lambda msg: bar.set_postfix_str(msg, refresh=True),
+            )
+            for processor in processors:
+                processor.process_block(ctx)
+            missing = [t for t in local_targets if t not in ctx.quantized]
+            if missing:
+                raise RuntimeError(f"{name}: no processor quantized {missing}")
+            ctx.status("outputs")
+            inputs = ctx.forward()
+            for local, qweight in ctx.quantized.items():
+                linear = block.get_submodule(local)
+                layer = QuantLinear.from_quantized(qweight, linear.bias, dtype=linear.weight.dtype)
+                block.set_submodule(local, layer)
+            block.to(home)
+            kwargs[i] = []
+            bar.update(1)
+    finally:
+        bar.close()
+    del inputs
+    materialize_model_(model)
+    for processor in processors:
+        finish = getattr(processor, "finish", None)
+        if finish is not None:
+            finish(model)
+    model.train(was_training)
+    return outside

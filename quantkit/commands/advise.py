@@ -1,0 +1,69 @@
+"""`quantkit advise`: which scheme to serve a model with, for a workload on a GPU, from the roofline
+(TTFT, TPOT, total latency, memory) and measured quality."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "advise", help="recommend a quantization scheme for a workload on a GPU (roofline + measured quality)",
+        description=__doc__,
+        epilog="Example: quantkit advise ref:small --gpu l4 --prompt-len 2048 --output-len 512 --batch 8 "
+               "--memory 20 --quality w8.json w4.json --max-ppl-increase 3",
+    )
+    p.add_argument("model", help="model folder, hub id, ref:NAME or config.json (only the config is read)")
+    p.add_argument("--gpu", required=True, help="known GPU (h200, h100-sxm, h100-pcie, a100, a100-40gb, a10, l4, "
+                                                "rtx4090) or 'probe' to measure this machine")
+    p.add_argument("--prompt-len", type=int, required=True)
+    p.add_argument("--output-len", type=int, required=True)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--memory", type=float, help="memory budget in GB (default: the device's memory)")
+    p.add_argument("--quality", nargs="+", default=[], metavar="FILE",
+                   help="`quantkit eval` JSON files; each is matched to a scheme by its recipe / name")
+    p.add_argument("--max-ppl-increase", type=float, help="quality budget: largest perplexity increase, in percent")
+    p.add_argument("--max-kl", type=float, help="quality budget: largest KL divergence (nats/token)")
+    p.add_argument("--min-gain", type=float, default=10.0,
+                   help="percent a faster scheme must gain over a higher-quality one to be preferred (default 10)")
+    p.add_argument("--json", dest="json_out", help="write the full comparison here")
+    p.set_defaults(func=run)
+
+
+def load_shape(model: str):
+    from quantkit.eval.roofline import ModelShape
+    from quantkit.loading import resolve_model_source
+
+    source = resolve_model_source(model)
+    if Path(source).exists():
+        return ModelShape.from_config(source)
+    from transformers import AutoConfig
+
+    return ModelShape.from_config(AutoConfig.from_pretrained(source))
+
+
+def run(args: argparse.Namespace) -> int:
+    from quantkit.eval.advisor import Workload, advise, format_advice
+    from quantkit.eval.hardware import resolve_device_spec
+    from quantkit.eval.report import load_quality
+
+    try:
+        shape = load_shape(args.model)
+        device = resolve_device_spec(args.gpu)
+        workload = Workload(args.prompt_len, args.output_len, args.batch)
+        quality = load_quality(args.quality)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    advice = advise(
+        shape, device, workload, memory_budget=None if args.memory is None else args.memory * 1e9,
+        quality=quality, max_ppl_increase=None if args.max_ppl_increase is None else args.max_ppl_increase / 100,
+        max_kl=args.max_kl, min_gain=args.min_gain / 100,
+    )
+    print("\n".join(format_advice(advice)))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(advice.to_dict(), indent=1) + "\n")
+    return 0 if advice.recommended is not None else 1

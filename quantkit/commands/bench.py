@@ -1,0 +1,158 @@
+"""`quantkit bench`: TTFT over prompt lengths and TPOT over context lengths and batch sizes, for a
+float baseline and its quantized variants, side by side and against the roofline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+GPU_DEFAULTS = {"prompt_lens": "128,512,1024,2048,4096", "context_lens": "128,512,1024,2048,4096",
+                "batch_sizes": "1,4,16,64"}
+# Environment variables that change timings; recorded with the command line.
+TIMING_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET")
+CPU_DEFAULTS = {"prompt_lens": "32,128,512", "context_lens": "128,512,2048", "batch_sizes": "1,4,16"}
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench", help="time prefill (TTFT) and decode (TPOT) of a model and its quantized variants",
+        description=__doc__,
+        epilog="Example: quantkit bench ref:small --variants w8a16-rtn,w4a16-rtn --json bench.json",
+    )
+    p.add_argument("model", help="float model (folder, hub id, ref:NAME, or a config.json for a random model) "
+                                 "or a quantized checkpoint folder (then give --baseline)")
+    p.add_argument("--baseline", help="float model to compare with when MODEL is a quantized checkpoint")
+    p.add_argument("--variants", nargs="+", default=[], metavar="RECIPE_OR_DIR",
+                   help="recipes (applied to the float model) or quantized checkpoint folders; comma or space separated")
+    p.add_argument("--json", dest="json_out", help="write the results here")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] (default: cuda if available)")
+    p.add_argument("--dtype", default="bf16", help="model dtype: bf16 | fp16 | fp32 (default bf16)")
+    p.add_argument("--backend", default="auto", help="kernel backend of quantized linears (default auto)")
+    p.add_argument("--prompt-lens", type=int_list, help=f"TTFT prompt lengths (GPU default {GPU_DEFAULTS['prompt_lens']}; "
+                                                        f"CPU {CPU_DEFAULTS['prompt_lens']})")
+    p.add_argument("--context-lens", type=int_list, help=f"TPOT context lengths (GPU default {GPU_DEFAULTS['context_lens']}; "
+                                                         f"CPU {CPU_DEFAULTS['context_lens']})")
+    p.add_argument("--batch-sizes", type=int_list, help=f"TPOT batch sizes (GPU default {GPU_DEFAULTS['batch_sizes']}; "
+                                                        f"CPU {CPU_DEFAULTS['batch_sizes']})")
+    p.add_argument("--prefill-batch-sizes", type=int_list, default=[1], help="TTFT batch sizes (default 1)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed runs per shape (default 2)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per shape; the median is reported (default 5)")
+    p.add_argument("--gpu", default="probe", help="roofline device: a known GPU name (h200, h100-sxm, a100, ...) or "
+                                                  "'probe' to measure this device (default)")
+    p.add_argument("--max-cache-gb", type=float, help="skip decode shapes whose KV cache exceeds this (default: "
+                                                      "a quarter of the device memory)")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="time eager decode steps on GPU")
+    p.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads)")
+    p.add_argument("--seed", type=int, default=0, help="seed of random models, prompts and caches")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def _split(values: list[str]) -> list[str]:
+    return [v for item in values for v in item.split(",") if v]
+
+
+def _command_line(args: argparse.Namespace, variants: list[str], device, settings) -> str:
+    """The command that repeats this measurement (every setting spelled out)."""
+    import shlex
+
+    def csv(values):
+        return ",".join(str(v) for v in values)
+
+    parts = ["quantkit", "bench", args.model]
+    if args.baseline:
+        parts += ["--baseline", args.baseline]
+    if variants:
+        parts += ["--variants", ",".join(variants)]
+    parts += ["--device", str(device), "--dtype", args.dtype, "--backend", args.backend,
+              "--prompt-lens", csv(settings.prompt_lens), "--context-lens", csv(settings.context_lens),
+              "--batch-sizes", csv(settings.batch_sizes), "--prefill-batch-sizes", csv(settings.prefill_batch_sizes),
+              "--warmup", str(settings.warmup), "--repeats", str(settings.repeats), "--gpu", args.gpu,
+              "--seed", str(args.seed)]
+    if args.max_cache_gb:
+        parts += ["--max-cache-gb", str(args.max_cache_gb)]
+    if args.no_cuda_graphs:
+        parts.append("--no-cuda-graphs")
+    if args.threads:
+        parts += ["--threads", str(args.threads)]
+    if args.json_out:
+        parts += ["--json", args.json_out]
+    env = [f"{k}={os.environ[k]}" for k in TIMING_ENV if os.environ.get(k)]
+    return shlex.join(env + parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from quantkit.eval.hardware import resolve_device_spec
+    from quantkit.eval.report import summary_lines
+    from quantkit.eval.timing import BenchSettings, run_bench
+    from quantkit.eval.variants import build_variant, float_variant, load_source_model, parse_dtype
+    from quantkit.loading import is_quantized_checkpoint, resolve_model_source
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if args.device == "auto" else args.device))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda asked for, but no CUDA device is available (use --device cpu)", file=sys.stderr)
+        return 2
+    dtype = parse_dtype(args.dtype)
+    defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
+    spec = resolve_device_spec(args.gpu, device)
+    max_cache = args.max_cache_gb * 2**30 if args.max_cache_gb else spec.memory_bytes / 4
+    settings = BenchSettings(
+        prompt_lens=args.prompt_lens or int_list(defaults["prompt_lens"]),
+        context_lens=args.context_lens or int_list(defaults["context_lens"]),
+        batch_sizes=args.batch_sizes or int_list(defaults["batch_sizes"]),
+        prefill_batch_sizes=args.prefill_batch_sizes, warmup=args.warmup, repeats=args.repeats,
+        cuda_graphs=not args.no_cuda_graphs, max_cache_bytes=max_cache, seed=args.seed,
+    )
+    variant_specs = _split(args.variants)
+    model_is_checkpoint = not args.model.endswith(".json") and is_quantized_checkpoint(resolve_model_source(args.model))
+    if model_is_checkpoint:
+        variant_specs.insert(0, args.model)
+        base_source = args.baseline
+    elif args.baseline:
+        print("error: --baseline is for a quantized MODEL; MODEL is a float model and is the baseline",
+              file=sys.stderr)
+        return 2
+    else:
+        base_source = args.model
+    if base_source is None:
+        if any(not Path(s).is_dir() for s in variant_specs):
+            print("error: recipes need a float model: give it with --baseline", file=sys.stderr)
+            return 2
+        base = None
+    else:
+        base = load_source_model(base_source, dtype=dtype, device=device, seed=args.seed)
+    variants = [float_variant(base)] if base is not None else []
+    for s in variant_specs:
+        variants.append(build_variant(s, base, dtype=dtype, device=device, backend=args.backend))
+    names = [v.name for v in variants]
+    if len(set(names)) != len(names):
+        print(f"error: variant names collide: {names}", file=sys.stderr)
+        return 2
+    results = run_bench(variants, spec, settings, device=device, model_label=str(base_source or args.model),
+                        progress=not args.quiet)
+    results["command"] = _command_line(args, variant_specs if not model_is_checkpoint else variant_specs[1:], device, settings)
+    print("\n".join(summary_lines(results)))
+    if args.json_out:
+        out = Path(args.json_out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1) + "\n")
+        print(f"wrote {out}")
+    return 0

@@ -1,0 +1,260 @@
+"""PNG plots of bench and quality results (matplotlib, Agg backend: no display needed).
+
+Each function writes one file into ``out_dir`` and returns its file name (relative, for Markdown).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
+
+from .report import QualityResult, records, speedups, variant_names  # noqa: E402
+
+DPI = 130
+STYLE = {"axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
+         "font.size": 10, "axes.titlesize": 11, "legend.fontsize": 9, "legend.framealpha": 0.9}
+
+
+def _colors(names: Sequence[str]) -> dict[str, str]:
+    palette = plt.get_cmap("tab10").colors
+    return {n: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, n in enumerate(names)}
+
+
+def _int_ticks(ax, values: Sequence[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(set(values)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{int(v)}"))
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+
+
+def _save(fig, out_dir: Path, name: str) -> str:
+    fig.savefig(out_dir / name, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return name
+
+
+def _figure_legend(fig, axes) -> None:
+    """One legend for all panels, below them: the variants' colours and the dashed roofline."""
+    handles, labels = {}, []
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label not in handles:
+                handles[label] = h
+                labels.append(label)
+    handles["roofline prediction"] = Line2D([], [], color="gray", linestyle="--")
+    labels.append("roofline prediction")
+    fig.legend([handles[x] for x in labels], labels, loc="lower center", ncol=min(len(labels), 5),
+               bbox_to_anchor=(0.5, -0.02), frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+
+
+def plot_ttft(bench: dict, out_dir: Path) -> str | None:
+    if not bench["prefill"]:
+        return None
+    names = variant_names(bench)
+    colors = _colors(names)
+    batches = sorted({r["batch"] for r in bench["prefill"]})
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, len(batches), figsize=(6.4 * len(batches), 4.6), squeeze=False)
+        for ax, b in zip(axes[0], batches):
+            for name in names:
+                rs = records(bench, "prefill", name, batch=b)
+                if not rs:
+                    continue
+                x = [r["prompt_len"] for r in rs]
+                ax.plot(x, [1e3 * r["median_s"] for r in rs], "o-", color=colors[name], label=name)
+                ax.plot(x, [1e3 * r["roofline"]["predicted_s"] for r in rs], "--", color=colors[name], alpha=0.6)
+            _int_ticks(ax, [r["prompt_len"] for r in bench["prefill"]])
+            ax.set_yscale("log")
+            ax.set_xlabel("prompt length (tokens)")
+            ax.set_ylabel("TTFT (ms, log scale)")
+            ax.set_title(f"Time to first token, batch {b}")
+        _figure_legend(fig, axes.flat)
+        return _save(fig, out_dir, "ttft_vs_prompt.png")
+
+
+def plot_tpot(bench: dict, out_dir: Path) -> str | None:
+    if not bench["decode"]:
+        return None
+    names = variant_names(bench)
+    colors = _colors(names)
+    batches = sorted({r["batch"] for r in bench["decode"]})
+    cols = min(len(batches), 2)
+    rows = -(-len(batches) // cols)
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 4.2 * rows + 0.5), squeeze=False)
+        for ax, b in zip(axes.flat, batches):
+            for name in names:
+                rs = records(bench, "decode", name, batch=b)
+                if not rs:
+                    continue
+                x = [r["context_len"] for r in rs]
+                ax.plot(x, [1e3 * r["median_s"] for r in rs], "o-", color=colors[name], label=name)
+                ax.plot(x, [1e3 * r["roofline"]["predicted_s"] for r in rs], "--", color=colors[name], alpha=0.6)
+            _int_ticks(ax, [r["context_len"] for r in bench["decode"]])
+            ax.set_ylim(bottom=0)
+            ax.set_xlabel("context length (tokens in the KV cache)")
+            ax.set_ylabel("TPOT (ms)")
+            ax.set_title(f"Time per output token, batch {b}")
+        for ax in list(axes.flat)[len(batches):]:
+            ax.set_visible(False)
+        _figure_legend(fig, list(axes.flat)[:len(batches)])
+        return _save(fig, out_dir, "tpot_vs_context.png")
+
+
+def plot_speedups(bench: dict, out_dir: Path) -> str | None:
+    """Bars: median prefill and decode speedup per variant, whiskers min..max, roofline as diamonds."""
+    pf, dc = speedups(bench, "prefill"), speedups(bench, "decode")
+    if not pf and not dc:
+        return None
+    min_batch = min((s["batch"] for s in dc), default=None)
+    dc1 = [s for s in dc if s["batch"] == min_batch]
+    names = [n for n in variant_names(bench) if any(s["variant"] == n for s in pf + dc1)]
+    groups = [("prefill (TTFT)", pf, "#4C72B0"), (f"decode (TPOT, batch {min_batch})", dc1, "#DD8452")]
+    width = 0.38
+    top = max([s["measured"] for s in pf + dc1] + [s["predicted"] for s in pf + dc1]) * 1.15
+    with plt.rc_context(STYLE):
+        fig, ax = plt.subplots(figsize=(max(6.0, 2.2 * len(names) + 2), 4.4))
+        ax.set_ylim(0, top)
+        for gi, (label, data, color) in enumerate(groups):
+            for vi, name in enumerate(names):
+                vals = [s["measured"] for s in data if s["variant"] == name]
+                preds = [s["predicted"] for s in data if s["variant"] == name]
+                if not vals:
+                    continue
+                x = vi + (gi - 0.5) * width
+                med = statistics.median(vals)
+                ax.bar(x, med, width * 0.92, color=color, label=label if vi == 0 else None,
+                       yerr=[[med - min(vals)], [max(vals) - med]], capsize=4, ecolor="#333333")
+                ax.text(x, 0.02 * top, f"{med:.2f}x", ha="center", va="bottom", fontsize=9, fontweight="bold",
+                        bbox=dict(boxstyle="round,pad=0.2", facecolor="white", edgecolor="none", alpha=0.85))
+                ax.plot([x], [statistics.median(preds)], "D", color="black", markersize=6,
+                        label="roofline prediction" if (vi == 0 and gi == 0) else None)
+        ax.axhline(1.0, color="gray", linewidth=1)
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names)
+        ax.set_ylabel(f"speedup over {bench.get('baseline')} (x)")
+        ax.set_title("Prefill vs decode speedup (median over lengths; whiskers: min..max)")
+        ax.legend(loc="upper left")
+        return _save(fig, out_dir, "speedups.png")
+
+
+def plot_roofline(bench: dict, out_dir: Path) -> str | None:
+    """Left: the roofline (achieved flop/s against arithmetic intensity). Right: measured vs predicted time."""
+    recs = bench["prefill"] + bench["decode"]
+    if not recs:
+        return None
+    spec = bench["device"]["spec"]
+    names = variant_names(bench)
+    colors = _colors(names)
+    with plt.rc_context(STYLE):
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+        intens = [r["roofline"]["intensity"] for r in recs]
+        lo, hi = min(intens) / 2, max(max(intens) * 2, spec["ridge_intensity"] * 4)
+        xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+        ax.plot(xs, [min(spec["peak_flops"], spec["memory_bandwidth"] * x) for x in xs], color="black",
+                linewidth=1.5, label=f"roofline ({spec['source']})")
+        ax.axvline(spec["ridge_intensity"], color="gray", linestyle=":", linewidth=1)
+        ax.annotate(f"ridge {spec['ridge_intensity']:.0f} flop/B", (spec["ridge_intensity"], spec["peak_flops"]),
+                    textcoords="offset points", xytext=(4, -14), fontsize=8, color="gray")
+        for phase, marker in (("prefill", "s"), ("decode", "o")):
+            for name in names:
+                rs = records(bench, phase, name)
+                if rs:
+                    ax.scatter([r["roofline"]["intensity"] for r in rs], [r["achieved_flops"] for r in rs],
+                               marker=marker, color=colors[name], alpha=0.8, edgecolor="white", linewidth=0.5)
+                    ax2.scatter([1e3 * r["roofline"]["predicted_s"] for r in rs], [1e3 * r["median_s"] for r in rs],
+                                marker=marker, color=colors[name], alpha=0.8, edgecolor="white", linewidth=0.5)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("arithmetic intensity (flop / byte)")
+        ax.set_ylabel("achieved flop/s")
+        ax.set_title("Roofline: decode (circles) is left of the ridge, prefill (squares) right")
+        legend = [Line2D([], [], color="black", label=f"roofline ({spec['source']})")]
+        legend += [Line2D([], [], marker="o", linestyle="", color=colors[n], label=n) for n in names]
+        legend += [Line2D([], [], marker="s", linestyle="", color="gray", label="prefill"),
+                   Line2D([], [], marker="o", linestyle="", color="gray", label="decode")]
+        ax.legend(handles=legend, loc="lower right")
+
+        pts = [1e3 * r["roofline"]["predicted_s"] for r in recs] + [1e3 * r["median_s"] for r in recs]
+        a, b = min(pts) / 1.5, max(pts) * 1.5
+        ax2.plot([a, b], [a, b], color="black", linewidth=1, label="measured = roofline")
+        for k, style in ((2, ":"), (10, "--")):
+            ax2.plot([a, b], [a * k, b * k], color="gray", linestyle=style, linewidth=0.8, label=f"{k}x roofline")
+        ax2.set_xscale("log")
+        ax2.set_yscale("log")
+        ax2.set_xlim(a, b)
+        ax2.set_ylim(a, b * 12)
+        ax2.set_xlabel("roofline prediction (ms)")
+        ax2.set_ylabel("measured (ms)")
+        ax2.set_title("Measured time against the roofline prediction")
+        ax2.legend(handles=ax2.get_legend_handles_labels()[0] + legend[1:], loc="upper left")
+        fig.tight_layout()
+        return _save(fig, out_dir, "roofline.png")
+
+
+def bench_plots(bench: dict, out_dir: Path) -> dict[str, str]:
+    made = {"ttft": plot_ttft(bench, out_dir), "tpot": plot_tpot(bench, out_dir),
+            "speedups": plot_speedups(bench, out_dir), "roofline": plot_roofline(bench, out_dir)}
+    return {k: v for k, v in made.items() if v}
+
+
+def quality_plots(quality: Sequence[QualityResult], out_dir: Path) -> dict[str, str]:
+    """Bars per variant: perplexity increase over the unquantized model (or perplexity when no
+    baseline is known) and KL divergence (log scale when the values span decades)."""
+    if not quality:
+        return {}
+    names = [q.name for q in quality]
+    colors = _colors(names)
+    has_kl = any(q.kl_divergence is not None for q in quality)
+    relative = all(q.perplexity_increase is not None for q in quality)
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, 2 if has_kl else 1, figsize=(11 if has_kl else 6, 4.4), squeeze=False)
+        ax = axes[0][0]
+        x = range(len(quality))
+        if relative:
+            vals = [100 * q.perplexity_increase for q in quality]
+            ax.bar(x, vals, color=[colors[n] for n in names])
+            ax.axhline(0, color="black", linewidth=0.8)
+            for i, q in enumerate(quality):
+                ax.annotate(f"{vals[i]:+.2f}%\n(ppl {q.perplexity:.3f})", (i, max(vals[i], 0)),
+                            textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
+            top = max(max(vals), 0)
+            ax.set_ylim(min(min(vals), 0) * 1.3, top * 1.35 + 1e-3)
+            base = statistics.median(q.baseline_perplexity for q in quality)
+            ax.set_ylabel("perplexity increase (%)")
+            ax.set_title(f"Perplexity vs unquantized ({base:.3f}); lower is better")
+        else:
+            vals = [q.perplexity for q in quality]
+            ax.bar(x, vals, color=[colors[n] for n in names])
+            for i, v in enumerate(vals):
+                ax.annotate(f"{v:.3f}", (i, v), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
+            ax.set_ylabel("perplexity")
+            ax.set_title("Perplexity (lower is better)")
+        if has_kl:
+            ax2 = axes[0][1]
+            kl = [q.kl_divergence or 0.0 for q in quality]
+            ax2.bar(x, kl, color=[colors[n] for n in names])
+            positive = [v for v in kl if v > 0]
+            if positive and max(positive) / min(positive) > 100:
+                ax2.set_yscale("log")
+                ax2.set_ylim(min(positive) / 3, max(positive) * 4)
+            else:
+                ax2.set_ylim(0, max(kl) * 1.2 + 1e-12)
+            for i, v in enumerate(kl):
+                ax2.annotate(f"{v:.3g}", (i, v), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
+            ax2.set_ylabel("nats / token")
+            ax2.set_title("KL(unquantized || quantized); lower is better")
+        for a in axes.flat:
+            a.set_xticks(list(x))
+            a.set_xticklabels(names, rotation=15)
+        fig.tight_layout()
+        return {"quality": _save(fig, out_dir, "quality.png")}

@@ -1,0 +1,418 @@
+"""The evaluation report: one Markdown file, the JSON it was made from, and PNG plots.
+
+Inputs are the JSON of ``quantkit bench`` (schema ``quantkit.bench/1``: ``prefill`` and
+``decode`` records per variant, with roofline predictions) and any number of ``quantkit eval``
+JSON files (``perplexity``, ``kl_divergence``, ``top1_agreement``, ``baseline_perplexity``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .timing import SCHEMA
+
+SHAPE_KEYS = {"prefill": ("batch", "prompt_len"), "decode": ("batch", "context_len")}
+
+
+# -- reading ----------------------------------------------------------------------------------------
+
+def load_bench(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read bench results {path}: {e}") from None
+    if data.get("schema") != SCHEMA or "prefill" not in data or "decode" not in data:
+        raise ValueError(f"{path} is not a `quantkit bench --json` file (schema {SCHEMA!r} with prefill and decode)")
+    return data
+
+
+@dataclass
+class QualityResult:
+    """Quality of one variant against the unquantized model (from a `quantkit eval` JSON)."""
+
+    name: str
+    perplexity: float
+    baseline_perplexity: float | None = None
+    kl_divergence: float | None = None
+    top1_agreement: float | None = None
+    source: str = ""
+    model: str | None = None  # the evaluated model (a checkpoint folder describes its own scheme)
+
+    @property
+    def perplexity_increase(self) -> float | None:
+        """Relative perplexity increase over the baseline (0.02 = +2%)."""
+        if not self.baseline_perplexity:
+            return None
+        return self.perplexity / self.baseline_perplexity - 1.0
+
+
+def _quality_label(d: dict, fallback: str) -> str:
+    """The variant a result is about: its variant / name / recipe / label, else the model folder's name."""
+    for key in ("variant", "name", "recipe", "label"):
+        value = d.get(key)
+        if isinstance(value, str) and value:
+            return Path(value).stem if value.endswith((".yaml", ".yml")) else value
+        if isinstance(value, dict) and isinstance(value.get("name"), str):
+            return value["name"]
+    model = d.get("model")
+    if isinstance(model, str) and model.strip("/"):
+        return Path(model.rstrip("/")).name
+    return fallback
+
+
+def _quality_records(data: Any, fallback: str) -> Iterable[tuple[str, dict]]:
+    if isinstance(data, list):
+        for i, item in enumerate(data):
+            yield from _quality_records(item, f"{fallback}[{i}]")
+    elif isinstance(data, dict):
+        if "perplexity" in data:
+            yield _quality_label(data, fallback), data
+        else:
+            for key in ("results", "variants"):
+                if isinstance(data.get(key), (list, dict)):
+                    items = data[key].items() if isinstance(data[key], dict) else enumerate(data[key])
+                    for k, item in items:
+                        if isinstance(item, dict):
+                            label = _quality_label(item, k if isinstance(k, str) else f"{fallback}[{k}]")
+                            if "perplexity" in item:
+                                yield label, item
+
+
+def load_quality(paths: Sequence[str | Path]) -> list[QualityResult]:
+    """Read `quantkit eval` JSON files; one file may hold one result or a list of them."""
+    results = []
+    for path in paths:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"cannot read quality results {path}: {e}") from None
+        found = list(_quality_records(data, path.stem))
+        if not found:
+            raise ValueError(f"{path} has no `perplexity`: pass the JSON written by `quantkit eval`")
+        for label, d in found:
+            results.append(QualityResult(
+                name=label, perplexity=float(d["perplexity"]),
+                baseline_perplexity=_opt_float(d.get("baseline_perplexity")),
+                kl_divergence=_opt_float(d.get("kl_divergence")),
+                top1_agreement=_opt_float(d.get("top1_agreement")), source=str(path),
+                model=d.get("model") if isinstance(d.get("model"), str) else None,
+            ))
+    return results
+
+
+def _opt_float(v) -> float | None:
+    return None if v is None else float(v)
+
+
+# -- derived numbers --------------------------------------------------------------------------------
+
+def records(bench: dict, phase: str, variant: str | None = None, **match) -> list[dict]:
+    out = [r for r in bench[phase] if (variant is None or r["variant"] == variant)
+           and all(r.get(k) == v for k, v in match.items())]
+    return sorted(out, key=lambda r: tuple(r[k] for k in SHAPE_KEYS[phase]))
+
+
+def variant_names(bench: dict) -> list[str]:
+    return [v["name"] for v in bench["variants"]]
+
+
+def speedups(bench: dict, phase: str) -> list[dict]:
+    """Measured and roofline speedup of each variant over the baseline, shape by shape."""
+    base = bench.get("baseline")
+    if base is None or base not in variant_names(bench):
+        return []
+    keys = SHAPE_KEYS[phase]
+    base_by_shape = {tuple(r[k] for k in keys): r for r in records(bench, phase, base)}
+    out = []
+    for r in bench[phase]:
+        shape = tuple(r[k] for k in keys)
+        b = base_by_shape.get(shape)
+        if r["variant"] == base or b is None:
+            continue
+        out.append({"variant": r["variant"], **dict(zip(keys, shape)),
+                    "measured": b["median_s"] / r["median_s"],
+                    "predicted": b["roofline"]["predicted_s"] / r["roofline"]["predicted_s"]})
+    return sorted(out, key=lambda s: (s["variant"], shape_key(s, phase)))
+
+
+def shape_key(r: dict, phase: str) -> tuple:
+    return tuple(r[k] for k in SHAPE_KEYS[phase])
+
+
+def speedup_summary(bench: dict) -> list[dict]:
+    """Per quantized variant: median measured/predicted speedup of prefill and of batch-1 decode."""
+    pf, dc = speedups(bench, "prefill"), speedups(bench, "decode")
+    out = []
+    for name in variant_names(bench):
+        p = [s for s in pf if s["variant"] == name]
+        d = [s for s in dc if s["variant"] == name and s["batch"] == min(x["batch"] for x in dc)]
+        if not p and not d:
+            continue
+        out.append({
+            "variant": name,
+            "prefill_measured": statistics.median(s["measured"] for s in p) if p else None,
+            "prefill_predicted": statistics.median(s["predicted"] for s in p) if p else None,
+            "decode_measured": statistics.median(s["measured"] for s in d) if d else None,
+            "decode_predicted": statistics.median(s["predicted"] for s in d) if d else None,
+            "decode_batch": d[0]["batch"] if d else None,
+        })
+    return out
+
+
+def _fmt_ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
+
+
+def _fmt_x(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}x"
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def summary_lines(bench: dict) -> list[str]:
+    """A short plain-text summary of bench results (printed by `quantkit bench`)."""
+    lines = [f"model {bench['model']['name']} on {bench['device']['name']} ({bench['device']['type']})"]
+    for phase, unit in (("prefill", "TTFT"), ("decode", "TPOT")):
+        for r in sorted(bench[phase], key=lambda r: (shape_key(r, phase), r["variant"])):
+            shape = ", ".join(f"{k}={r[k]}" for k in SHAPE_KEYS[phase])
+            lines.append(f"  {unit} {shape:<26} {r['variant']:<18} {_fmt_ms(r['median_s']):>8} ms"
+                         f"   x{r['roofline']['measured_over_predicted']:.2f} of roofline ({r['roofline']['bound']})")
+    for s in speedup_summary(bench):
+        lines.append(f"  speedup {s['variant']:<18} prefill {_fmt_x(s['prefill_measured'])} "
+                     f"(roofline {_fmt_x(s['prefill_predicted'])})   decode {_fmt_x(s['decode_measured'])} "
+                     f"(roofline {_fmt_x(s['decode_predicted'])})")
+    return lines
+
+
+# -- the report -------------------------------------------------------------------------------------
+
+def render_report(bench: dict | None, quality: Sequence[QualityResult], out_dir: str | Path, *,
+                  title: str = "quantkit evaluation report", notes: Sequence[str] = ()) -> Path:
+    """Write report.md, report.json and the plots into ``out_dir``; returns the Markdown path."""
+    from . import plots
+
+    if bench is None and not quality:
+        raise ValueError("nothing to report: give bench results, quality results, or both")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    images: dict[str, str] = {}
+    if bench is not None:
+        images.update(plots.bench_plots(bench, out))
+    if quality:
+        images.update(plots.quality_plots(quality, out))
+
+    md = [f"# {title}", ""]
+    for note in notes:
+        md += [note, ""]
+    if bench is not None:
+        md += _bench_sections(bench, images)
+    md += _quality_section(quality, images, bench)
+    md += ["## Files", "", "- `report.json`: the bench and quality results this report was made from"]
+    md += [f"- `{name}`" for name in images.values()]
+    (out / "report.md").write_text("\n".join(md) + "\n")
+    payload = {"bench": bench, "quality": [q.__dict__ | {"perplexity_increase": q.perplexity_increase} for q in quality]}
+    (out / "report.json").write_text(json.dumps(payload, indent=1) + "\n")
+    return out / "report.md"
+
+
+def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
+    dev, model, settings = bench["device"], bench["model"], bench["settings"]
+    spec = dev["spec"]
+    shape = model["shape"]
+    md = ["## Setup", ""]
+    if dev["type"] == "cpu":
+        md += ["CPU timings depend on the machine and its load: read the ratios (speedups measured side by side "
+               "in one run, variants interleaved shape by shape; measured over roofline), not the milliseconds.", ""]
+    md += [f"- Model: `{model['name']}` ({model['params'] / 1e9:.2f} B parameters, {model['dtype']}; hidden "
+           f"{shape['hidden']}, intermediate {shape['intermediate']}, {shape['layers']} layers, {shape['heads']} heads, "
+           f"{shape['kv_heads']} KV heads, vocab {shape['vocab']})",
+           f"- Device: {dev['name']} ({dev['type']}" + (f", {dev['threads']} threads" if "threads" in dev else "")
+           + f"), torch {dev['torch']}",
+           f"- Timing: {settings['timer']}, {settings['warmup']} warm-up run{'s' if settings['warmup'] != 1 else ''}, "
+           f"median of {settings['repeats']}" + (f" ({settings['order']})" if settings.get("order") else "") + "; "
+           "decode = one step at a fixed context with a pre-filled static KV cache "
+           f"(mode: {', '.join(sorted({r.get('mode', 'eager') for r in bench['decode']})) or '–'})",
+           f"- Memory: {settings['memory_method']}"
+           + (" (CPU: bytes of the model's and the cache's tensors; peak-RSS growth in report.json)"
+              if settings["memory_method"] == "tensor_bytes" else
+              " (the variant's weights plus the allocator's peak growth during the measurement)"),
+           f"- Roofline device: {spec['name']} ({spec['source']}): bandwidth {spec['memory_bandwidth'] / 1e9:.1f} GB/s, "
+           f"matmul peak {spec['peak_flops'] / 1e12:.2f} TFLOP/s, ridge {spec['ridge_intensity']:.0f} flop/byte"
+           + _datasheet_note(spec),
+           ""]
+    md += ["| variant | source | backend | weights in memory |", "|---|---|---|---|"]
+    md += [f"| {v['name']} | {v['source']} | {v.get('backend') or '–'} | {_fmt_bytes(v['weight_bytes'])} |"
+           for v in bench["variants"]]
+    md += [""]
+
+    summary = speedup_summary(bench)
+    if summary:
+        md += ["## Prefill versus decode speedup", "",
+               "Median over the measured lengths (decode at the smallest batch); the roofline column is the "
+               "prediction max(bytes / bandwidth, flops / peak) for the same shapes.", ""]
+        md += _table(["variant", "prefill measured", "prefill roofline", "decode measured", "decode roofline"],
+                     [[s["variant"], _fmt_x(s["prefill_measured"]), _fmt_x(s["prefill_predicted"]),
+                       _fmt_x(s["decode_measured"]), _fmt_x(s["decode_predicted"])] for s in summary])
+        md += ["", _headline(summary), ""]
+        if "speedups" in images:
+            md += [f"![prefill and decode speedups]({images['speedups']})", ""]
+        md += _why_paragraph(bench) + [""]
+
+    md += ["## Time to first token (prefill)", ""]
+    md += _phase_table(bench, "prefill", "prompt_len", "TTFT ms")
+    if "ttft" in images:
+        md += ["", f"![TTFT against prompt length]({images['ttft']})"]
+    md += ["", "## Time per output token (decode)", ""]
+    for b in sorted({r["batch"] for r in bench["decode"]}):
+        md += [f"Batch {b}:", ""]
+        md += _phase_table(bench, "decode", "context_len", "TPOT ms", batch=b)
+        md += [""]
+    if "tpot" in images:
+        md += [f"![TPOT against context length]({images['tpot']})", ""]
+    md += _roofline_section(bench, images)
+    md += _memory_section(bench)
+    if bench.get("skipped"):
+        md += ["## Skipped shapes", ""] + [f"- {s}" for s in bench["skipped"]] + [""]
+    if bench.get("command"):
+        md += ["## Reproduce", "", "```", bench["command"], "```", ""]
+    return md
+
+
+def _datasheet_note(spec: dict) -> str:
+    notes = []
+    if spec.get("datasheet_bandwidth"):
+        notes.append(f"{spec['memory_bandwidth'] / spec['datasheet_bandwidth']:.2f}x the datasheet's "
+                     f"{spec['datasheet_bandwidth'] / 1e12:.2f} TB/s")
+    if spec.get("datasheet_flops"):
+        notes.append(f"{spec['peak_flops'] / spec['datasheet_flops']:.2f}x the datasheet's "
+                     f"{spec['datasheet_flops'] / 1e12:.0f} TFLOP/s")
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
+def _phase_table(bench: dict, phase: str, length_key: str, unit: str, batch: int | None = None) -> list[str]:
+    match = {} if batch is None else {"batch": batch}
+    lengths = sorted({r[length_key] for r in records(bench, phase, **match)})
+    rows = []
+    base = bench.get("baseline")
+    for name in variant_names(bench):
+        by_len = {r[length_key]: r for r in records(bench, phase, name, **match)}
+        if not by_len:
+            continue
+        cells = []
+        for n in lengths:
+            r = by_len.get(n)
+            if r is None:
+                cells.append("–")
+                continue
+            cell = _fmt_ms(r["median_s"])
+            if base and name != base:
+                b = next((x for x in records(bench, phase, base, **match) if x[length_key] == n
+                          and x["batch"] == r["batch"]), None)
+                if b:
+                    cell += f" ({b['median_s'] / r['median_s']:.2f}x)"
+            cells.append(cell)
+        rows.append([name] + cells)
+    header = [f"{unit} \\ {length_key.replace('_', ' ')}"] + [str(n) for n in lengths]
+    return _table(header, rows) + ["", "(in parentheses: speedup over the baseline, measured side by side)"] if base else _table(header, rows)
+
+
+def _headline(summary: list[dict]) -> str:
+    """One sentence: does decode gain more than prefill, variant by variant?"""
+    both = [s for s in summary if s["prefill_measured"] is not None and s["decode_measured"] is not None]
+    if not both:
+        return ""
+    more = [s["variant"] for s in both if s["decode_measured"] > s["prefill_measured"]]
+    less = [s["variant"] for s in both if s["decode_measured"] <= s["prefill_measured"]]
+    parts = ", ".join(f"{s['variant']} {s['decode_measured']:.2f}x vs {s['prefill_measured']:.2f}x" for s in both)
+    if not less:
+        return f"Measured: decode speeds up more than prefill for every variant ({parts}, decode vs prefill)."
+    return (f"Measured: decode speeds up more than prefill for {', '.join(more) or 'no variant'} but not for "
+            f"{', '.join(less)} ({parts}, decode vs prefill).")
+
+
+def _why_paragraph(bench: dict) -> list[str]:
+    spec = bench["device"]["spec"]
+    pf = records(bench, "prefill", bench.get("baseline"))
+    dc = records(bench, "decode", bench.get("baseline"))
+    if not pf or not dc:
+        return []
+    p, d = pf[-1], dc[0]
+    return [
+        f"Why: on this device the ridge point is {spec['ridge_intensity']:.0f} flop/byte. The baseline's prefill of "
+        f"{p['prompt_len']} tokens runs at {p['roofline']['intensity']:.0f} flop/byte "
+        f"({p['roofline']['bound']}-bound): its time is set by flops, which weight-only quantization does not "
+        f"reduce. A decode step (batch {d['batch']}, context {d['context_len']}) runs at "
+        f"{d['roofline']['intensity']:.1f} flop/byte ({d['roofline']['bound']}-bound): its time is set by the bytes "
+        f"it reads, and {_fmt_bytes(d['roofline']['bytes_breakdown']['weights'])} of its "
+        f"{_fmt_bytes(d['roofline']['bytes'])} are the decoder weights, which W8 halves and W4 cuts ~3.9x."
+    ]
+
+
+def _roofline_section(bench: dict, images: dict[str, str]) -> list[str]:
+    md = ["## Measured against the roofline", "",
+          "measured / roofline: 1.0 would be a kernel at the device's achievable bandwidth or matmul rate; "
+          "larger is slower than the roofline. Achieved GB/s: the roofline's bytes over the measured time, "
+          "and its share of the device's bandwidth.", ""]
+    rows = []
+    bandwidth = bench["device"]["spec"]["memory_bandwidth"]
+    for phase, key in (("prefill", "prompt_len"), ("decode", "context_len")):
+        for name in variant_names(bench):
+            for r in records(bench, phase, name):
+                rows.append([phase, name, r["batch"], r[key], f"{r['roofline']['intensity']:.1f}",
+                             r["roofline"]["bound"], _fmt_ms(r["roofline"]["predicted_s"]), _fmt_ms(r["median_s"]),
+                             f"{r['roofline']['measured_over_predicted']:.2f}",
+                             f"{r['achieved_bandwidth'] / 1e9:.1f}",
+                             f"{100 * r['achieved_bandwidth'] / bandwidth:.0f}%"])
+    md += _table(["phase", "variant", "batch", "length", "flop/byte", "bound", "roofline ms", "measured ms",
+                  "measured / roofline", "achieved GB/s", "% of bandwidth"], rows)
+    if "roofline" in images:
+        md += ["", f"![measured against the roofline]({images['roofline']})"]
+    return md + [""]
+
+
+def _memory_section(bench: dict) -> list[str]:
+    method = bench["settings"]["memory_method"]
+    md = ["## Memory", "", f"Peak per decode shape ({method}):", ""]
+    rows = []
+    for name in variant_names(bench):
+        for r in records(bench, "decode", name):
+            m = r["memory"]
+            rows.append([name, r["batch"], r["context_len"], _fmt_bytes(m["weights_bytes"]),
+                         _fmt_bytes(m["kv_cache_bytes"]), _fmt_bytes(m["peak_bytes"])])
+    return md + _table(["variant", "batch", "context", "weights", "KV cache", "peak"], rows) + [""]
+
+
+def _quality_section(quality: Sequence[QualityResult], images: dict[str, str], bench: dict | None) -> list[str]:
+    md = ["## Quality", ""]
+    if not quality:
+        return md + ["No `quantkit eval` results were given (pass them with `--quality FILE...`).", ""]
+    rows = []
+    for q in quality:
+        inc = q.perplexity_increase
+        rows.append([q.name, f"{q.baseline_perplexity:.3f}" if q.baseline_perplexity else "–", f"{q.perplexity:.3f}",
+                     "–" if inc is None else f"{100 * inc:+.2f}%",
+                     "–" if q.kl_divergence is None else f"{q.kl_divergence:.4g}",
+                     "–" if q.top1_agreement is None else f"{100 * q.top1_agreement:.1f}%"])
+    md += _table(["variant", "baseline ppl", "perplexity", "Δ ppl", "KL divergence", "top-1 agreement"], rows)
+    if "quality" in images:
+        md += ["", f"![quality]({images['quality']})"]
+    return md + [""]

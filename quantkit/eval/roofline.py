@@ -1,0 +1,403 @@
+"""Roofline model of one prefill and one decode step of a Llama-family decoder.
+
+Pure functions over numbers: a ``ModelShape`` (read from a HF config), a ``RooflineScheme`` (how
+weights and the KV cache are stored) and a ``DeviceSpec`` (bandwidth and compute peak) give the
+bytes moved, the flops done and the predicted time max(bytes / bandwidth, flops / peak).
+
+Why quantization helps decode far more than prefill: a decode step at batch B does ~2B flops per
+weight it reads, an arithmetic intensity of ~2B / (bytes per weight) flop/byte, far below a GPU's
+ridge point (~200 flop/byte on an H200), so its time is bytes / bandwidth and 4-bit weights cut it
+by up to ~3.9x. A prefill of P tokens does ~2P flops per weight: above the ridge for P in the
+hundreds, so its time is flops / peak, which weight-only quantization does not change.
+
+What is counted (a lower bound on traffic; norms, rotary and elementwise ops are left out):
+- weights: every targeted linear read once per forward, packed values + scales (+ zero points);
+- lm_head: read once per forward (quantized only when ``quantize_lm_head``); logits for the last
+  position only, as generation does;
+- embeddings: one row per token;
+- activations: each linear reads its input and writes its output once;
+- kv_write: the new tokens' K and V; kv_read: K and V of all attended positions, once per layer
+  (a fused attention kernel).
+FLOPs: 2 per multiply-add in the linears, the lm_head and attention (QK^T and PV; causal prefill
+counts only the lower triangle).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from .hardware import DeviceSpec
+
+_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float": 4, "half": 2, "fp16": 2, "bf16": 2}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The dimensions of a Llama-family decoder (GQA attention, SwiGLU MLP)."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied_embeddings: bool = False
+    max_context: int | None = None
+
+    def __post_init__(self):
+        for name in ("hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "vocab"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ModelShape.{name} must be positive, got {getattr(self, name)}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+
+    @classmethod
+    def from_config(cls, config: Any) -> "ModelShape":
+        """From a transformers config object, a config dict, or a path to a model folder / config.json."""
+        if isinstance(config, (str, Path)):
+            path = Path(config)
+            path = path / "config.json" if path.is_dir() else path
+            if not path.exists():
+                raise FileNotFoundError(f"no config.json at {path}")
+            config = json.loads(path.read_text())
+        d = config if isinstance(config, Mapping) else config.to_dict()
+        if "text_config" in d and "hidden_size" not in d:
+            d = d["text_config"]
+        missing = [k for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size") if d.get(k) is None]
+        if missing:
+            raise ValueError(
+                f"config lacks {missing}: the roofline models Llama-family decoders "
+                "(hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size)"
+            )
+        heads = int(d["num_attention_heads"])
+        return cls(
+            hidden=int(d["hidden_size"]),
+            intermediate=int(d["intermediate_size"]),
+            layers=int(d["num_hidden_layers"]),
+            heads=heads,
+            kv_heads=int(d.get("num_key_value_heads") or heads),
+            head_dim=int(d.get("head_dim") or d["hidden_size"] // heads),
+            vocab=int(d["vocab_size"]),
+            tied_embeddings=bool(d.get("tie_word_embeddings", False)),
+            max_context=d.get("max_position_embeddings"),
+        )
+
+    def linears(self) -> list[tuple[str, int, int]]:
+        """(name, in_features, out_features) of the linears of one decoder layer."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return [
+            ("q_proj", self.hidden, q),
+            ("k_proj", self.hidden, kv),
+            ("v_proj", self.hidden, kv),
+            ("o_proj", q, self.hidden),
+            ("gate_proj", self.hidden, self.intermediate),
+            ("up_proj", self.hidden, self.intermediate),
+            ("down_proj", self.intermediate, self.hidden),
+        ]
+
+    @property
+    def linear_params(self) -> int:
+        """Weights in the decoder layers' linears (all layers)."""
+        return self.layers * sum(i * o for _, i, o in self.linears())
+
+    @property
+    def params(self) -> int:
+        """All parameters: linears, embeddings, lm_head (unless tied), RMSNorm weights."""
+        emb = self.vocab * self.hidden
+        return self.linear_params + emb * (1 if self.tied_embeddings else 2) + (2 * self.layers + 1) * self.hidden
+
+    @property
+    def kv_values_per_token(self) -> int:
+        """K and V values stored per token, all layers: 2 * layers * kv_heads * head_dim."""
+        return 2 * self.layers * self.kv_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class RooflineScheme:
+    """How the model is stored, as far as bytes are concerned.
+
+    weight_bits: 16 (or 32) for float weights, else the integer bits of the quantized linears.
+    group_size: scale group along the input dim; None or -1 for one scale per output channel.
+    scale_bytes: bytes per scale (the model dtype); zero points (asymmetric) take weight_bits each.
+    dtype_bytes: bytes of activations, float weights, embeddings and an unquantized lm_head.
+    kv_bytes: bytes per stored K/V value (2 for bf16, 1 for FP8).
+    """
+
+    name: str = "bf16"
+    weight_bits: int = 16
+    group_size: int | None = None
+    symmetric: bool = True
+    scale_bytes: int = 2
+    dtype_bytes: int = 2
+    kv_bytes: int = 2
+    quantize_lm_head: bool = False
+
+    def __post_init__(self):
+        if self.weight_bits not in (2, 3, 4, 8, 16, 32):
+            raise ValueError(f"weight_bits must be one of 2, 3, 4, 8, 16, 32; got {self.weight_bits}")
+        if self.group_size is not None and self.group_size != -1 and self.group_size <= 0:
+            raise ValueError(f"group_size must be positive, -1 or None; got {self.group_size}")
+        if self.kv_bytes not in (1, 2, 4):
+            raise ValueError(f"kv_bytes must be 1, 2 or 4; got {self.kv_bytes}")
+
+    @property
+    def quantized(self) -> bool:
+        return self.weight_bits < 8 * self.dtype_bytes
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "RooflineScheme":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def dtype_bytes_of(dtype: Any) -> int:
+    """Bytes of a torch dtype or a config's dtype string ("bfloat16", "float16", ...)."""
+    if hasattr(dtype, "itemsize"):
+        return int(dtype.itemsize)
+    key = str(dtype).removeprefix("torch.")
+    if key not in _DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}")
+    return _DTYPE_BYTES[key]
+
+
+def scheme_from_weight_args(
+    weights: Any | None, kv_cache: Any | None = None, *, name: str | None = None, dtype_bytes: int = 2
+) -> RooflineScheme:
+    """From weight / KV-cache quantization args: a mapping (compressed-tensors JSON) or an object
+    with ``num_bits``, ``type``, ``symmetric``, ``strategy``, ``group_size`` (quantkit QuantScheme)."""
+
+    def get(obj, key, default=None):
+        if obj is None:
+            return default
+        if isinstance(obj, Mapping):
+            return obj.get(key, default)
+        value = getattr(obj, key, default)
+        return getattr(value, "value", value)  # enums
+
+    kv_bytes = dtype_bytes
+    if kv_cache is not None:
+        kv_bytes = max(1, int(get(kv_cache, "num_bits", 8)) // 8)
+    if weights is None:
+        bits, group, symmetric = 8 * dtype_bytes, None, True
+    else:
+        if str(get(weights, "type", "int")).lower() != "int":
+            raise ValueError(f"the roofline models integer weight quantization; got type {get(weights, 'type')!r}")
+        bits = int(get(weights, "num_bits"))
+        strategy = str(get(weights, "strategy", "channel")).lower()
+        group = get(weights, "group_size") if strategy == "group" else None
+        symmetric = bool(get(weights, "symmetric", True))
+    if name is None:
+        name = "bf16" if weights is None else f"w{bits}" + (f"g{group}" if group else "")
+        if kv_cache is not None:
+            name += f"+kv{8 * kv_bytes}"
+    return RooflineScheme(
+        name=name, weight_bits=bits, group_size=group, symmetric=symmetric,
+        scale_bytes=dtype_bytes, dtype_bytes=dtype_bytes, kv_bytes=kv_bytes,
+    )
+
+
+def scheme_from_quantization_config(config: Any, *, name: str | None = None) -> RooflineScheme:
+    """From a checkpoint's config (dict, transformers config or folder): its compressed-tensors
+    ``quantization_config`` (config_groups' ``weights`` and ``kv_cache_scheme``) and dtype."""
+    if isinstance(config, (str, Path)):
+        path = Path(config)
+        config = json.loads((path / "config.json" if path.is_dir() else path).read_text())
+    d = config if isinstance(config, Mapping) else config.to_dict()
+    dtype_bytes = dtype_bytes_of(d.get("torch_dtype") or d.get("dtype") or "bfloat16")
+    qc = d.get("quantization_config")
+    if qc is None:
+        return scheme_from_weight_args(None, None, name=name, dtype_bytes=dtype_bytes)
+    if not isinstance(qc, Mapping):
+        qc = qc.to_dict()
+    groups = list((qc.get("config_groups") or {}).values())
+    weight_args = [g.get("weights") for g in groups if g.get("weights")]
+    if len({json.dumps(w, sort_keys=True) for w in weight_args}) > 1:
+        raise ValueError("the roofline models one weight scheme for all linears; this checkpoint has several")
+    scheme = scheme_from_weight_args(
+        weight_args[0] if weight_args else None, qc.get("kv_cache_scheme"), name=name, dtype_bytes=dtype_bytes
+    )
+    ignore = qc.get("ignore") or []
+    return replace(scheme, quantize_lm_head=bool(weight_args) and "lm_head" not in ignore)
+
+
+def scheme_from_recipe(recipe: Any, *, name: str | None = None, dtype_bytes: int = 2) -> RooflineScheme:
+    """From a ``quantkit.recipe.Recipe`` (``.weights`` and ``.kv_cache`` QuantSchemes)."""
+    return scheme_from_weight_args(
+        getattr(recipe, "weights", None), getattr(recipe, "kv_cache", None), name=name, dtype_bytes=dtype_bytes
+    )
+
+
+# The schemes the advisor compares: float, W8 per channel, W4 g128, each with a bf16 or FP8 KV cache.
+def standard_schemes(dtype_bytes: int = 2) -> list[RooflineScheme]:
+    float_name = {2: "fp16", 4: "fp32"}[dtype_bytes]
+    base = [
+        RooflineScheme(float_name, 8 * dtype_bytes, None, True, dtype_bytes, dtype_bytes, dtype_bytes),
+        RooflineScheme("w8", 8, None, True, dtype_bytes, dtype_bytes, dtype_bytes),
+        RooflineScheme("w4g128", 4, 128, True, dtype_bytes, dtype_bytes, dtype_bytes),
+    ]
+    return [s for b in base for s in (b, replace(b, name=b.name + "+kv8", kv_bytes=1))]
+
+
+def linear_weight_bytes(in_features: int, out_features: int, scheme: RooflineScheme) -> float:
+    """Bytes of one linear's weight [out, in] as stored: values, scales and zero points."""
+    if not scheme.quantized:
+        return in_features * out_features * scheme.weight_bits / 8
+    groups = 1 if scheme.group_size in (None, -1) else math.ceil(in_features / scheme.group_size)
+    values = out_features * in_features * scheme.weight_bits / 8
+    scales = out_features * groups * scheme.scale_bytes
+    zeros = 0 if scheme.symmetric else out_features * groups * scheme.weight_bits / 8
+    return values + scales + zeros
+
+
+def decoder_weight_bytes(shape: ModelShape, scheme: RooflineScheme) -> float:
+    """Bytes of all decoder-layer linears (what every forward streams)."""
+    return shape.layers * sum(linear_weight_bytes(i, o, scheme) for _, i, o in shape.linears())
+
+
+def lm_head_bytes(shape: ModelShape, scheme: RooflineScheme) -> float:
+    if scheme.quantize_lm_head:
+        return linear_weight_bytes(shape.hidden, shape.vocab, scheme)
+    return shape.hidden * shape.vocab * scheme.dtype_bytes
+
+
+def weight_memory_bytes(shape: ModelShape, scheme: RooflineScheme) -> float:
+    """Resident bytes of the model's parameters (linears, embeddings, lm_head unless tied, norms)."""
+    embeddings = shape.vocab * shape.hidden * scheme.dtype_bytes
+    head = 0 if shape.tied_embeddings and not scheme.quantize_lm_head else lm_head_bytes(shape, scheme)
+    norms = (2 * shape.layers + 1) * shape.hidden * scheme.dtype_bytes
+    return decoder_weight_bytes(shape, scheme) + embeddings + head + norms
+
+
+def kv_cache_bytes(shape: ModelShape, scheme: RooflineScheme, tokens: int, batch: int = 1) -> float:
+    """Bytes of a KV cache holding ``tokens`` positions for each of ``batch`` sequences."""
+    return batch * tokens * shape.kv_values_per_token * scheme.kv_bytes
+
+
+@dataclass
+class Cost:
+    """Bytes moved and flops done by one forward, broken down by where they come from."""
+
+    bytes: dict[str, float] = field(default_factory=dict)
+    flops: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> float:
+        return sum(self.bytes.values())
+
+    @property
+    def total_flops(self) -> float:
+        return sum(self.flops.values())
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity, flop/byte."""
+        return self.total_flops / self.total_bytes
+
+    def to_dict(self) -> dict:
+        return {"bytes": dict(self.bytes), "flops": dict(self.flops), "total_bytes": self.total_bytes,
+                "total_flops": self.total_flops, "intensity": self.intensity}
+
+
+def _linear_flops(shape: ModelShape, tokens: int) -> float:
+    return 2.0 * tokens * shape.linear_params
+
+
+def _activation_bytes(shape: ModelShape, scheme: RooflineScheme, tokens: int) -> float:
+    per_layer = sum(i + o for _, i, o in shape.linears())
+    return tokens * shape.layers * per_layer * scheme.dtype_bytes
+
+
+def prefill_cost(shape: ModelShape, scheme: RooflineScheme, prompt_len: int, batch: int = 1) -> Cost:
+    """One forward over ``batch`` prompts of ``prompt_len`` tokens, writing their KV cache and
+    producing the logits of the last position."""
+    if prompt_len < 1 or batch < 1:
+        raise ValueError(f"prompt_len and batch must be >= 1; got {prompt_len}, {batch}")
+    tokens = batch * prompt_len
+    kv = kv_cache_bytes(shape, scheme, prompt_len, batch)
+    causal_pairs = prompt_len * (prompt_len + 1) / 2  # query-key pairs under the causal mask
+    return Cost(
+        bytes={
+            "weights": decoder_weight_bytes(shape, scheme),
+            "lm_head": lm_head_bytes(shape, scheme),
+            "embeddings": tokens * shape.hidden * scheme.dtype_bytes,
+            "activations": _activation_bytes(shape, scheme, tokens) + batch * shape.vocab * scheme.dtype_bytes,
+            "kv_write": kv,
+            "kv_read": kv,
+        },
+        flops={
+            "linear": _linear_flops(shape, tokens),
+            "attention": 4.0 * batch * shape.layers * shape.heads * shape.head_dim * causal_pairs,
+            "lm_head": 2.0 * batch * shape.hidden * shape.vocab,
+        },
+    )
+
+
+def decode_cost(shape: ModelShape, scheme: RooflineScheme, context_len: int, batch: int = 1) -> Cost:
+    """One decode step: ``batch`` new tokens, each attending to ``context_len`` cached positions
+    plus itself."""
+    if context_len < 0 or batch < 1:
+        raise ValueError(f"context_len must be >= 0 and batch >= 1; got {context_len}, {batch}")
+    attended = context_len + 1
+    return Cost(
+        bytes={
+            "weights": decoder_weight_bytes(shape, scheme),
+            "lm_head": lm_head_bytes(shape, scheme),
+            "embeddings": batch * shape.hidden * scheme.dtype_bytes,
+            "activations": _activation_bytes(shape, scheme, batch) + batch * shape.vocab * scheme.dtype_bytes,
+            "kv_write": kv_cache_bytes(shape, scheme, 1, batch),
+            "kv_read": kv_cache_bytes(shape, scheme, attended, batch),
+        },
+        flops={
+            "linear": _linear_flops(shape, batch),
+            "attention": 4.0 * batch * shape.layers * shape.heads * shape.head_dim * attended,
+            "lm_head": 2.0 * batch * shape.hidden * shape.vocab,
+        },
+    )
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Roofline time of a Cost on a device: max(bytes / bandwidth, flops / peak)."""
+
+    memory_s: float
+    compute_s: float
+    intensity: float
+
+    @property
+    def seconds(self) -> float:
+        return max(self.memory_s, self.compute_s)
+
+    @property
+    def bound(self) -> str:
+        return "memory" if self.memory_s >= self.compute_s else "compute"
+
+    def to_dict(self) -> dict:
+        return {"predicted_s": self.seconds, "memory_s": self.memory_s, "compute_s": self.compute_s,
+                "bound": self.bound, "intensity": self.intensity}
+
+
+def predict(cost: Cost, device: DeviceSpec) -> Prediction:
+    return Prediction(
+        memory_s=cost.total_bytes / device.memory_bandwidth,
+        compute_s=cost.total_flops / device.peak_flops,
+        intensity=cost.intensity,
+    )
+
+
+def predicted_speedups(
+    shape: ModelShape, base: RooflineScheme, variant: RooflineScheme, device: DeviceSpec,
+    *, prompt_len: int, context_len: int, batch: int = 1,
+) -> dict[str, float]:
+    """Roofline speedup of ``variant`` over ``base`` for a prefill and a decode step."""
+    pf = predict(prefill_cost(shape, base, prompt_len, batch), device).seconds / predict(
+        prefill_cost(shape, variant, prompt_len, batch), device).seconds
+    dc = predict(decode_cost(shape, base, context_len, batch), device).seconds / predict(
+        decode_cost(shape, variant, context_len, batch), device).seconds
+    return {"prefill": pf, "decode": dc}

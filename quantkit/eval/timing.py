@@ -1,0 +1,474 @@
+"""Prefill (TTFT) and decode (TPOT) timing of causal LMs, side by side, against the roofline.
+
+- Prefill: one forward over ``batch`` random prompts of ``prompt_len`` tokens into an empty cache,
+  logits of the last position only (what generation does before its first token).
+- Decode: ONE step at a given context length, timed on its own: a ``StaticCache`` sized exactly
+  ``context_len + 1`` (or the variant's FP8 KV cache) is filled with random keys and values
+  (timing does not depend on their values, and this skips a costly prefill), then each timed call
+  feeds one token per sequence and crops the cache back to ``context_len`` so every repeat sees
+  the same context. On CUDA a static-cache step is captured in a CUDA graph when possible (eager
+  launches would dominate a small model's step); a growing cache runs eagerly.
+
+Timers: CUDA events on GPU, ``time.perf_counter`` on CPU; warm-up runs, then the median of
+repeats. On CPU the repeats of all variants at one shape are interleaved (A B C A B C ...) so that
+the load of a shared machine drifts over all of them alike; on GPU variants run one after another. Peak memory: on GPU the variant's weights plus the growth of ``torch.cuda.max_memory_allocated``
+during the measurement (cache, activations; other variants stay resident and are not counted); on
+CPU the bytes of the model's tensors plus the cache's tensors ("tensor_bytes"), with the peak-RSS
+growth during the measurement beside it where /proc allows.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from .hardware import DeviceSpec, cpu_name
+from .roofline import ModelShape, decode_cost, kv_cache_bytes, predict, prefill_cost
+from .variants import Variant, model_tensor_bytes
+
+SCHEMA = "quantkit.bench/1"
+
+
+@dataclass
+class BenchSettings:
+    """What to measure. Lengths above the model's context are dropped (and listed as skipped)."""
+
+    prompt_lens: Sequence[int] = (128, 512, 1024, 2048, 4096)
+    context_lens: Sequence[int] = (128, 512, 1024, 2048, 4096)
+    batch_sizes: Sequence[int] = (1, 4, 16, 64)
+    prefill_batch_sizes: Sequence[int] = (1,)
+    warmup: int = 2
+    repeats: int = 5
+    cuda_graphs: bool = True
+    max_cache_bytes: float | None = None  # skip decode shapes whose KV cache would exceed this
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("prompt_lens", "context_lens", "batch_sizes", "prefill_batch_sizes"):
+            values = list(getattr(self, name))
+            if not values or any(int(v) < 1 for v in values):
+                raise ValueError(f"{name} must be a non-empty list of positive integers, got {values}")
+            setattr(self, name, [int(v) for v in values])
+        if self.repeats < 1 or self.warmup < 0:
+            raise ValueError(f"repeats must be >= 1 and warmup >= 0; got {self.repeats}, {self.warmup}")
+
+
+# -- timers -------------------------------------------------------------------------------------
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_once(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds of one call of ``fn``: CUDA events on GPU, perf_counter on CPU."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def time_call(fn: Callable[[], object], device: torch.device, *, warmup: int, repeats: int,
+              before: Callable[[], object] | None = None) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``fn`` after ``warmup`` untimed calls.
+
+    ``before`` runs untimed ahead of every call (e.g. to reset a cache)."""
+    for _ in range(warmup):
+        if before:
+            before()
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        if before:
+            before()
+        times.append(time_once(fn, device))
+    return times
+
+
+class MemoryMeter:
+    """Peak memory of a measurement: CUDA max allocated, or tensor bytes (+ peak-RSS growth) on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.method = "cuda_max_allocated" if device.type == "cuda" else "tensor_bytes"
+
+    @staticmethod
+    def _status_kib(key: str) -> int | None:
+        try:
+            m = re.search(rf"{key}:\s+(\d+) kB", open("/proc/self/status").read())
+        except OSError:
+            return None
+        return int(m.group(1)) if m else None
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._allocated0 = torch.cuda.memory_allocated(self.device)
+            return
+        self._rss0 = self._status_kib("VmRSS")
+        try:  # "5" resets the peak RSS (VmHWM) of this process
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            self._rss0 = None
+
+    def stop(self, model_bytes: int, cache_bytes: int, *, cache_allocated_before: bool = False) -> dict:
+        """``cache_allocated_before``: the cache existed when ``start`` ran (so the growth excludes it)."""
+        if self.device.type == "cuda":
+            # Other variants stay resident on the device: count this variant's weights (and its
+            # cache) plus what the measurement itself allocated at its peak (activations, workspaces).
+            growth = int(torch.cuda.max_memory_allocated(self.device)) - self._allocated0
+            base = model_bytes + (cache_bytes if cache_allocated_before else 0)
+            return {"method": self.method, "peak_bytes": base + growth, "measurement_peak_bytes": growth,
+                    "weights_bytes": model_bytes, "kv_cache_bytes": cache_bytes}
+        out = {"method": self.method, "peak_bytes": model_bytes + cache_bytes,
+               "weights_bytes": model_bytes, "kv_cache_bytes": cache_bytes}
+        hwm = self._status_kib("VmHWM")
+        if self._rss0 is not None and hwm is not None:
+            out["rss_peak_delta_bytes"] = max(0, hwm - self._rss0) * 1024
+        return out
+
+
+# -- caches ---------------------------------------------------------------------------------------
+
+def cache_tensor_bytes(cache) -> int:
+    """Bytes of the tensors a transformers Cache holds (keys, values and any per-layer scales)."""
+    total, seen = 0, set()
+    for layer in getattr(cache, "layers", []):
+        for value in vars(layer).values():
+            if isinstance(value, torch.Tensor) and value.data_ptr() not in seen:
+                seen.add(value.data_ptr())
+                total += value.numel() * value.element_size()
+    return total
+
+
+def make_decode_cache(variant: Variant, max_cache_len: int):
+    """A cache for ``variant``: a transformers StaticCache of ``max_cache_len`` positions, or the
+    FP8 KV cache its recipe asks for."""
+    if variant.kv_cache is not None:
+        return _quantized_kv_cache(variant, max_cache_len)
+    from transformers import StaticCache
+
+    return StaticCache(config=variant.model.config, max_cache_len=max_cache_len)
+
+
+def make_prefill_cache(variant: Variant, shape: ModelShape, batch: int, prompt_len: int, *,
+                       dtype: torch.dtype, device: torch.device):
+    """An empty cache for a prompt, allocated up front (as an engine's would be) so the timed
+    prefill pays for writing the cache, not for allocating it."""
+    cache = make_decode_cache(variant, prompt_len)
+    if hasattr(cache, "early_initialization") and variant.kv_cache is None:
+        cache.early_initialization(batch, shape.kv_heads, shape.head_dim, dtype, device)
+    return cache
+
+
+def _quantized_kv_cache(variant: Variant, max_cache_len: int):
+    """The FP8 KV cache of ``variant`` (a growing cache: ``max_cache_len`` is not preallocated)."""
+    import warnings
+
+    from quantkit.modules import kv_cache
+
+    with warnings.catch_warnings():  # uncalibrated scales are fine for timing
+        warnings.simplefilter("ignore")
+        return kv_cache.fp8_cache_for(variant.model, attention=variant.info.get("kv_attention", "dequantize"))
+
+
+def fill_cache(cache, shape: ModelShape, batch: int, context_len: int, *, dtype: torch.dtype,
+               device: torch.device, seed: int = 0) -> None:
+    """Write ``context_len`` positions of random K and V (drawn on ``device``) into every layer of ``cache``."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    for layer_idx in range(shape.layers):
+        size = (batch, shape.kv_heads, context_len, shape.head_dim)
+        k = torch.randn(size, generator=g, device=device, dtype=dtype)  # [B, Hkv, C, D]
+        v = torch.randn(size, generator=g, device=device, dtype=dtype)  # [B, Hkv, C, D]
+        cache.update(k, v, layer_idx)
+
+
+def rewind(cache, tokens: int) -> None:
+    """Forget the last ``tokens`` positions of ``cache``. Static layers only move their write
+    position back (an in-place op on a device tensor, so a CUDA graph can replay it; transformers
+    before 5.24 has no crop for them); growing layers are cropped."""
+    for layer in cache.layers:
+        position = getattr(layer, "cumulative_length", None)
+        if isinstance(position, torch.Tensor) and not hasattr(layer, "cumulative_length_int"):
+            position.sub_(tokens)
+        else:
+            layer.crop(-tokens)
+
+
+def _is_static(cache) -> bool:
+    """Whether the cache writes in place (CUDA graphs can replay it); a growing cache cannot."""
+    from transformers import StaticCache
+
+    return isinstance(cache, StaticCache)
+
+
+def _seq_length(cache) -> int:
+    return int(cache.get_seq_length())
+
+
+# -- one measurement --------------------------------------------------------------------------------
+
+def cache_kwarg(model: nn.Module) -> str:
+    """The name of the forward argument that takes a Cache: ``cache`` from transformers 5.24,
+    ``past_key_values`` before."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _random_ids(vocab: int, batch: int, length: int, device: torch.device, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (batch, length), generator=g).to(device)  # [B, T]
+
+
+class TimedRun:
+    """One variant at one shape, ready to time: ``run`` is the timed call, ``before`` (untimed)
+    resets state ahead of each call. Calls can be interleaved with other variants' runs."""
+
+    def __init__(self, variant: Variant, device: torch.device, run: Callable[[], object], *,
+                 before: Callable[[], object] | None = None, cache: Callable[[], object],
+                 cache_allocated_before: bool, info: dict | None = None, context_len: int | None = None):
+        self.variant, self.device, self.run, self.before = variant, device, run, before
+        self.cache, self.cache_allocated_before = cache, cache_allocated_before
+        self.info = info or {}
+        self.context_len = context_len  # decode: the cache length every call must leave behind
+        self.times: list[float] = []
+
+    @torch.inference_mode()
+    def warm(self, n: int) -> None:
+        for _ in range(n):
+            if self.before:
+                self.before()
+            self.run()
+        _sync(self.device)
+
+    @torch.inference_mode()
+    def time(self) -> None:
+        if self.before:
+            self.before()
+        self.times.append(time_once(self.run, self.device))
+
+    @torch.inference_mode()
+    def finish(self) -> dict:
+        """The times so far, and the peak memory of one more (untimed) call."""
+        meter = MemoryMeter(self.device)
+        meter.start()
+        if self.before:
+            self.before()
+        self.run()
+        _sync(self.device)
+        memory = meter.stop(model_tensor_bytes(self.variant.model), cache_tensor_bytes(self.cache()),
+                            cache_allocated_before=self.cache_allocated_before)
+        if self.context_len is not None and _seq_length(self.cache()) != self.context_len:
+            raise RuntimeError(f"decode steps changed the cache length to {_seq_length(self.cache())} "
+                               f"(expected {self.context_len})")
+        return {"times_s": list(self.times), "memory": memory, **self.info}
+
+
+def prefill_run(variant: Variant, shape: ModelShape, batch: int, prompt_len: int, settings: BenchSettings,
+                device: torch.device) -> TimedRun:
+    """Prefill of ``batch`` random prompts of ``prompt_len`` tokens into a fresh (preallocated) cache."""
+    model = variant.model
+    dtype = next(model.parameters()).dtype
+    ids = _random_ids(shape.vocab, batch, prompt_len, device, settings.seed)  # [B, P]
+    kw = cache_kwarg(model)
+    holder = {}
+
+    def reset():
+        holder.clear()  # free the previous cache before allocating the next
+        holder["cache"] = make_prefill_cache(variant, shape, batch, prompt_len, dtype=dtype, device=device)
+
+    def run():
+        model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: holder["cache"]})
+
+    reset()
+    return TimedRun(variant, device, run, before=reset, cache=lambda: holder["cache"], cache_allocated_before=False)
+
+
+def _capture_graph(step: Callable[[], object]) -> Callable[[], object]:
+    """Capture ``step`` (which must leave the cache as it found it) in a CUDA graph; returns replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
+@torch.inference_mode()
+def decode_run(variant: Variant, shape: ModelShape, batch: int, context_len: int, settings: BenchSettings,
+               device: torch.device) -> TimedRun:
+    """One decode step of ``batch`` sequences at ``context_len`` cached positions (random K/V)."""
+    model = variant.model
+    dtype = next(model.parameters()).dtype
+    cache = make_decode_cache(variant, context_len + 1)
+    fill_cache(cache, shape, batch, context_len, dtype=dtype, device=device, seed=settings.seed)
+    if _seq_length(cache) != context_len:
+        raise RuntimeError(f"cache holds {_seq_length(cache)} positions after filling {context_len}")
+    ids = _random_ids(shape.vocab, batch, 1, device, settings.seed + 1)  # [B, 1]
+    kw = cache_kwarg(model)
+
+    def step():
+        model(input_ids=ids, use_cache=True, **{kw: cache})
+        rewind(cache, 1)  # back to context_len: every repeat decodes at the same context
+
+    mode, run = "eager", step
+    if device.type == "cuda" and settings.cuda_graphs and _is_static(cache):
+        try:
+            run, mode = _capture_graph(step), "cuda_graph"
+        except Exception as e:  # capture fails on ops that synchronise; fall back to eager
+            torch.cuda.synchronize(device)
+            mode = f"eager (CUDA graph capture failed: {type(e).__name__})"
+            if _seq_length(cache) != context_len:
+                raise RuntimeError("a failed CUDA graph capture left the cache at another length") from e
+
+    return TimedRun(variant, device, run, cache=lambda: cache, cache_allocated_before=True,
+                    info={"mode": mode, "cache": type(cache).__name__}, context_len=context_len)
+
+
+def measure(runs: Sequence[TimedRun], settings: BenchSettings) -> list[dict]:
+    """Warm up and time ``runs`` (one per variant, same shape). Repeats are interleaved across the
+    variants (A B C A B C ...), so load or clock drift during the measurement hits all alike."""
+    for r in runs:
+        r.warm(settings.warmup)
+    for _ in range(settings.repeats):
+        for r in runs:
+            r.time()
+    return [r.finish() for r in runs]
+
+
+def time_prefill(variant: Variant, shape: ModelShape, batch: int, prompt_len: int, settings: BenchSettings,
+                 device: torch.device) -> dict:
+    return measure([prefill_run(variant, shape, batch, prompt_len, settings, device)], settings)[0]
+
+
+def time_decode(variant: Variant, shape: ModelShape, batch: int, context_len: int, settings: BenchSettings,
+                device: torch.device) -> dict:
+    return measure([decode_run(variant, shape, batch, context_len, settings, device)], settings)[0]
+
+
+# -- the whole benchmark -------------------------------------------------------------------------
+
+def _record(variant: Variant, shape: ModelShape, spec: DeviceSpec, cost, measured: dict, **keys) -> dict:
+    median = statistics.median(measured["times_s"])
+    pred = predict(cost, spec)
+    rec = {"variant": variant.name, **keys, "median_s": median, **measured,
+           "roofline": {**pred.to_dict(), "bytes": cost.total_bytes, "flops": cost.total_flops,
+                        "bytes_breakdown": cost.bytes, "flops_breakdown": cost.flops,
+                        "measured_over_predicted": median / pred.seconds}}
+    tokens = keys.get("batch", 1) * keys.get("prompt_len", 1)
+    rec["tokens_per_s"] = tokens / median
+    rec["achieved_bandwidth"] = cost.total_bytes / median
+    rec["achieved_flops"] = cost.total_flops / median
+    return rec
+
+
+def _measure_variants(variants: Sequence[Variant], make_run: Callable[[Variant], TimedRun], settings: BenchSettings,
+                      device: torch.device) -> list[dict]:
+    """One shape, every variant. On CPU the variants' repeats are interleaved (a shared CPU's load
+    drifts); on GPU they run one variant after the other, so only one variant's cache is allocated."""
+    if device.type == "cpu":
+        return measure([make_run(v) for v in variants], settings)
+    out = []
+    for v in variants:
+        out.append(measure([make_run(v)], settings)[0])
+        torch.cuda.empty_cache()
+    return out
+
+
+def _progress(total: int, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="shape", leave=False)
+
+
+def run_bench(variants: Sequence[Variant], spec: DeviceSpec, settings: BenchSettings, *,
+              device: str | torch.device = "cpu", model_label: str = "", progress: bool = True) -> dict:
+    """Measure every variant on every shape (variants interleaved per shape, so drift hits all alike)."""
+    device = torch.device(device)
+    if not variants:
+        raise ValueError("nothing to benchmark: give at least the baseline variant")
+    shape = ModelShape.from_config(variants[0].model.config)
+    max_ctx = shape.max_context or max(max(settings.prompt_lens), max(settings.context_lens) + 1)
+    skipped = []
+    prompt_lens = [p for p in settings.prompt_lens if p <= max_ctx]
+    context_lens = [c for c in settings.context_lens if c + 1 <= max_ctx]
+    skipped += [{"phase": "prefill", "prompt_len": p, "reason": f"exceeds the model's context {max_ctx}"}
+                for p in settings.prompt_lens if p > max_ctx]
+    skipped += [{"phase": "decode", "context_len": c, "reason": f"exceeds the model's context {max_ctx}"}
+                for c in settings.context_lens if c + 1 > max_ctx]
+    decode_shapes = []
+    for c in context_lens:
+        for b in settings.batch_sizes:
+            largest = max(kv_cache_bytes(shape, v.scheme, c + 1, b) for v in variants)
+            if settings.max_cache_bytes is not None and largest > settings.max_cache_bytes:
+                skipped.append({"phase": "decode", "context_len": c, "batch": b,
+                                "reason": f"KV cache {largest / 2**30:.1f} GiB > limit {settings.max_cache_bytes / 2**30:.1f} GiB"})
+            else:
+                decode_shapes.append((c, b))
+    prefill_shapes = [(p, b) for p in prompt_lens for b in settings.prefill_batch_sizes]
+
+    prefill, decode = [], []
+    bar = _progress(len(prefill_shapes) + len(decode_shapes), "bench") if progress else None
+    for p, b in prefill_shapes:
+        measured = _measure_variants(variants, lambda v: prefill_run(v, shape, b, p, settings, device), settings, device)
+        for v, m in zip(variants, measured):
+            prefill.append(_record(v, shape, spec, prefill_cost(shape, v.scheme, p, b), m, batch=b, prompt_len=p))
+        if bar:
+            bar.update()
+    for c, b in decode_shapes:
+        measured = _measure_variants(variants, lambda v: decode_run(v, shape, b, c, settings, device), settings, device)
+        for v, m in zip(variants, measured):
+            rec = _record(v, shape, spec, decode_cost(shape, v.scheme, c, b), m, batch=b, context_len=c)
+            rec["tokens_per_s"] = b / rec["median_s"]
+            decode.append(rec)
+        if bar:
+            bar.update()
+    if bar:
+        bar.close()
+    return {
+        "schema": SCHEMA,
+        "model": {"name": model_label, "shape": asdict(shape), "params": shape.params,
+                  "dtype": str(next(variants[0].model.parameters()).dtype).removeprefix("torch.")},
+        "device": device_info(device, spec),
+        "settings": {**asdict(settings), "timer": "cuda_events" if device.type == "cuda" else "perf_counter",
+                     "statistic": "median",
+                     "order": "variant by variant" if device.type == "cuda" else "repeats interleaved across variants",
+                     "memory_method": MemoryMeter(device).method},
+        "variants": [v.describe() for v in variants],
+        "baseline": variants[0].name,
+        "prefill": prefill,
+        "decode": decode,
+        "skipped": skipped,
+    }
+
+
+def device_info(device: torch.device, spec: DeviceSpec) -> dict:
+    info = {"type": device.type, "torch": torch.__version__, "spec": spec.to_dict()}
+    if device.type == "cuda":
+        info["name"] = torch.cuda.get_device_name(device)
+        info["cuda"] = torch.version.cuda
+    else:
+        info["name"] = cpu_name()
+        info["threads"] = torch.get_num_threads()
+    return info

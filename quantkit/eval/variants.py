@@ -1,0 +1,191 @@
+"""The models a benchmark compares: a float baseline and quantized variants of it.
+
+A model source is a local HF folder, a hub id, ``ref:<name>`` (a built-in reference model), or a
+path to a bare ``config.json`` (a randomly initialised model of that architecture: for speed
+measurements only). A variant is a recipe (name or YAML path) applied to a copy of the float
+baseline, or a quantized checkpoint folder.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .roofline import (
+    ModelShape, RooflineScheme, dtype_bytes_of, scheme_from_quantization_config, scheme_from_weight_args,
+)
+
+
+@dataclass
+class Variant:
+    """One model under test.
+
+    name: label in tables and plots; source: where it came from ("float", "recipe:NAME",
+    "checkpoint:PATH"); scheme: what the roofline assumes it stores; kv_cache: the KV-cache
+    QuantScheme (None: the cache is kept in the model dtype).
+    """
+
+    name: str
+    model: nn.Module
+    scheme: RooflineScheme
+    source: str
+    kv_cache: Any = None
+    backend: str | None = None
+    info: dict = field(default_factory=dict)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "source": self.source, "scheme": self.scheme.to_dict(),
+                "backend": self.backend, "weight_bytes": model_tensor_bytes(self.model), **self.info}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+             "fp32": torch.float32, "float32": torch.float32}
+    if name not in table:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(table)}")
+    return table[name]
+
+
+def model_tensor_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters and buffers, each storage counted once (tied weights)."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t is None or t.is_meta:
+            continue
+        key = (t.untyped_storage().data_ptr(), t.device)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.untyped_storage().nbytes()
+    return total
+
+
+def is_random_config(source: str) -> bool:
+    return str(source).endswith(".json") and Path(source).is_file()
+
+
+def load_source_model(source: str, *, dtype: torch.dtype, device: str | torch.device, seed: int = 0) -> nn.Module:
+    """A float model from a folder / hub id / ``ref:NAME``, or a random one from a config.json file."""
+    if is_random_config(source):
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        d = json.loads(Path(source).read_text())
+        if "model_type" not in d:
+            raise ValueError(f"{source}: a random-model config needs a model_type (e.g. \"llama\")")
+        config = AutoConfig.for_model(**d)
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model.name_or_path = f"random:{Path(source).name}"
+        return model.eval()
+    from quantkit.loading import is_quantized_checkpoint, load_float_model, resolve_model_source
+
+    resolved = resolve_model_source(source)
+    if is_quantized_checkpoint(resolved):
+        raise ValueError(
+            f"{source} is a quantized checkpoint; pass the float model as MODEL and the checkpoint with --variants"
+        )
+    return load_float_model(resolved, dtype=dtype, device=device)
+
+
+def float_variant(model: nn.Module, name: str | None = None) -> Variant:
+    dtype = next(model.parameters()).dtype
+    scheme = RooflineScheme(name=name or str(dtype).removeprefix("torch.").replace("bfloat16", "bf16").replace("float16", "fp16"),
+                            weight_bits=8 * dtype.itemsize, scale_bytes=dtype.itemsize,
+                            dtype_bytes=dtype.itemsize, kv_bytes=dtype.itemsize)
+    return Variant(name=scheme.name, model=model, scheme=scheme, source="float")
+
+
+def _prepare_kernels(model: nn.Module, backend: str) -> str | None:
+    """Repack every QuantLinear for ``backend``; returns the concrete backend (None if none)."""
+    from quantkit.modules.quant_linear import QuantLinear
+
+    chosen = None
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            chosen = m.prepare(backend, release_checkpoint_tensors=True)
+    return chosen
+
+
+def _model_kv_scheme(model: nn.Module):
+    qcfg = getattr(model.config, "quantization_config", None)
+    if isinstance(qcfg, dict) and qcfg.get("kv_cache_scheme"):
+        from quantkit.scheme import QuantScheme
+
+        return QuantScheme.from_dict(qcfg["kv_cache_scheme"])
+    return None
+
+
+def _split_recipes(spec: str):
+    """``"w4a16-rtn+kv-fp8"`` -> (the recipe quantizing weights or None, the KV-cache scheme or None)."""
+    from quantkit.recipe import load_recipe
+
+    recipes = [load_recipe(part) for part in spec.split("+") if part]
+    weights = [r for r in recipes if r.weights is not None]
+    kv = [r for r in recipes if r.kv_cache is not None]
+    if len(weights) > 1 or len(kv) > 1:
+        raise ValueError(f"variant {spec!r} combines several weight or several KV-cache recipes; give at most one of each")
+    return (weights[0] if weights else None), (kv[0].kv_cache if kv else None)
+
+
+def build_variant(
+    spec: str, base: nn.Module, *, dtype: torch.dtype, device: str | torch.device, backend: str = "auto",
+    calibration_data: Any = None,
+) -> Variant:
+    """A variant from ``spec``: a quantized checkpoint folder, or recipes applied to a copy of ``base``
+    (``"w4a16-rtn"``, ``"kv-fp8"``, ``"w4a16-rtn+kv-fp8"``, or YAML paths).
+
+    A KV-cache recipe gives the variant an FP8 KV cache at benchmark time; its scales are left at
+    1.0 (timing does not depend on them: use ``quantkit eval`` for the quality of calibrated scales).
+    """
+    import quantkit
+
+    device = torch.device(device)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        model = quantkit.load(str(path), backend=backend, device=device, dtype=dtype)
+        config = model.config.to_dict() | {"torch_dtype": str(dtype).removeprefix("torch.")}
+        variant = Variant(name=path.name, model=model, scheme=scheme_from_quantization_config(config, name=path.name),
+                          source=f"checkpoint:{path}", kv_cache=_model_kv_scheme(model))
+        variant.backend = _prepare_kernels(model, backend)
+    else:
+        weights_recipe, kv_scheme = _split_recipes(spec)
+        model = copy.deepcopy(base)
+        if weights_recipe is not None:
+            quantkit.quantize(model, dataclasses.replace(weights_recipe, kv_cache=None), calibration_data, progress=False)
+        name = "+".join(Path(p).stem if p.endswith((".yaml", ".yml")) else p for p in spec.split("+") if p)
+        scheme = scheme_from_weight_args(weights_recipe.weights if weights_recipe else None, kv_scheme, name=name,
+                                         dtype_bytes=dtype_bytes_of(dtype))
+        variant = Variant(name=name, model=model.eval(), scheme=scheme, source=f"recipe:{spec}", kv_cache=kv_scheme)
+        variant.backend = _prepare_kernels(model, backend)
+    if variant.kv_cache is not None:
+        variant.info["kv_attention"] = _enable_fp8_attention(variant.model, device)
+    return variant
+
+
+def _enable_fp8_attention(model: nn.Module, device: torch.device) -> str:
+    """How attention reads the FP8 cache: "kernel" (fused dequant, CUDA) or "dequantize"."""
+    try:
+        from quantkit.modules import kv_cache
+    except ImportError:
+        raise RuntimeError(
+            "an FP8 KV-cache variant needs quantkit.modules.kv_cache, which this build lacks; "
+            "benchmark the weight-only variant instead"
+        ) from None
+    mode = "kernel" if device.type == "cuda" else "dequantize"
+    with warnings.catch_warnings():  # scales left at 1.0 on purpose: timing does not depend on them
+        warnings.filterwarnings("ignore", message=".*k_scale/v_scale.*")
+        kv_cache.enable_fp8_kv_cache(model, attention=mode)
+    return mode
+
+
+def model_shape(model: nn.Module) -> ModelShape:
+    return ModelShape.from_config(model.config)

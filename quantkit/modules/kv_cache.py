@@ -1,0 +1,355 @@
+"""An FP8 KV cache for `transformers` generation: K and V stored as float8_e4m3fn with fixed scales.
+
+Each attention layer's keys and values are stored as fp8_e4m3(x / scale) (saturated to +-448,
+never NaN) in the cache layout [B, Hkv, T, D]: half the bytes of bf16. The scales are the
+calibrated ``k_scale`` / ``v_scale`` buffers of the attention modules (see
+quantkit.calibration.kv_scales), per tensor ([1]) or per KV head ([Hkv]).
+
+Two ways for attention to read the cache:
+
+- "dequantize": ``update`` returns the dequantized K/V (model dtype) to the model's own attention
+  (eager / sdpa / ...). Works on every device; the attention sees exactly the values stored.
+- "kernel": decode steps (one new token) hand the fp8 tensors to
+  ``torch.ops.quantkit.decode_attention_fp8`` (Triton, dequantization in registers) through the
+  attention implementation registered here as ``"quantkit_fp8"``; prefill still dequantizes.
+
+    cache = fp8_cache_for(model)                 # from the model's k_scale / v_scale buffers
+    out = model.generate(ids, cache=cache)       # explicit
+    enable_fp8_kv_cache(model)                   # or: every generate() call uses a fresh FP8 cache
+"""
+
+from __future__ import annotations
+
+import types
+import warnings
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+from transformers.cache_utils import (
+    Cache, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs,
+)
+
+from ..calibration.kv_scales import KVScales, num_cache_layers, read_kv_scales
+from ..errors import QuantizationError
+from ..primitives import dequantize_fp8, quantize_fp8
+
+FP8_DTYPE = torch.float8_e4m3fn
+ATTENTION_MODES = ("auto", "dequantize", "kernel")
+#: Name of the attention implementation that sends decode steps to the Triton kernel.
+KERNEL_ATTENTION_NAME = "quantkit_fp8"
+#: Attribute carrying the fp32 scale on the fp8 tensors handed to the "quantkit_fp8" attention.
+SCALE_ATTRIBUTE = "quantkit_fp8_scale"
+
+
+def _dequantize_table(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[S] scales -> [S * 256] table: entry s * 256 + c = dtype(fp32(fp8 code c) * scale[s])."""
+    codes = torch.arange(256, dtype=torch.uint8, device=scale.device).view(FP8_DTYPE).float()  # [256]
+    return (codes[None, :] * scale.float().reshape(-1, 1)).to(dtype).reshape(-1)  # [S * 256]
+
+
+def dequantize_fp8_by_table(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """fp8 codes [B, H, T, D] -> table values, table from _dequantize_table ([256] or [H * 256]).
+
+    Gives exactly dequantize_fp8(q, scale, dtype) (one product rounded to dtype), about 5x faster on
+    CPU, where torch converts float8 element by element.
+    """
+    index = q.view(torch.uint8).to(torch.int32)  # [B, H, T, D]
+    if table.numel() > 256:  # per-head scales: head h reads entries [h * 256, (h + 1) * 256)
+        offsets = torch.arange(q.shape[1], dtype=torch.int32, device=q.device) * 256
+        index = index + offsets.view(1, -1, 1, 1)
+    return table.index_select(0, index.reshape(-1)).view(q.shape)
+
+
+def _as_scale(scale: torch.Tensor | float, what: str) -> torch.Tensor:
+    scale = torch.as_tensor(scale, dtype=torch.float32).detach().reshape(-1)
+    if scale.numel() == 0 or not torch.isfinite(scale).all() or (scale <= 0).any():
+        raise ValueError(f"{what} must be finite and > 0, got {scale.tolist()}")
+    return scale
+
+
+class _FP8KVStorage:
+    """Storage shared by the FP8 cache layers: fp8 codes in ``keys`` / ``values``, fixed scales.
+
+    keys / values: float8_e4m3fn [B, Hkv, T, D]. k_scale / v_scale: fp32 [1] or [Hkv];
+    stored = fp8_e4m3(clamp(x / scale, -448, 448)), read = stored * scale.
+    return_fp8_on_decode: on a one-token update hand the fp8 tensors themselves to attention
+    (with the scale attached as ``tensor.quantkit_fp8_scale``) for the "quantkit_fp8" attention;
+    otherwise the dequantized tensors in the model dtype.
+    """
+
+    keys: torch.Tensor | None
+    values: torch.Tensor | None
+
+    def _init_fp8(self, k_scale, v_scale, return_fp8_on_decode: bool) -> None:
+        self.k_scale = _as_scale(k_scale, "k_scale")
+        self.v_scale = _as_scale(v_scale, "v_scale")
+        self.return_fp8_on_decode = return_fp8_on_decode
+        self.dtype: torch.dtype | None = None
+
+    def _scale_view(self, scale: torch.Tensor, num_heads: int) -> torch.Tensor:
+        if scale.numel() not in (1, num_heads):
+            raise ValueError(
+                f"a per-head KV scale has {scale.numel()} entries but the layer caches {num_heads} KV heads"
+            )
+        return scale.to(self.device).reshape(1, -1, 1, 1)  # [1, 1|Hkv, 1, 1]
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)  # device, is_initialized (and window tensor)
+        self.dtype = key_states.dtype
+        num_heads = key_states.shape[1]
+        self._k_scale_b = self._scale_view(self.k_scale, num_heads)
+        self._v_scale_b = self._scale_view(self.v_scale, num_heads)
+        if self.device.type == "cpu":
+            self._k_table = _dequantize_table(self.k_scale, self.dtype)
+            self._v_table = _dequantize_table(self.v_scale, self.dtype)
+        self.keys = torch.tensor([], dtype=FP8_DTYPE, device=self.device)
+        self.values = torch.tensor([], dtype=FP8_DTYPE, device=self.device)
+
+    def _quantize(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, Hkv, T, D] model dtype -> fp8 codes, saturated (never NaN for finite inputs)."""
+        return quantize_fp8(key_states, self._k_scale_b), quantize_fp8(value_states, self._v_scale_b)
+
+    def _dequantize(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp8 codes [B, Hkv, T, D] -> model dtype (a lookup table on CPU, same values)."""
+        if self.device.type == "cpu":
+            return dequantize_fp8_by_table(keys, self._k_table), dequantize_fp8_by_table(values, self._v_table)
+        return dequantize_fp8(keys, self._k_scale_b, self.dtype), dequantize_fp8(values, self._v_scale_b, self.dtype)
+
+    def _for_attention(self, keys: torch.Tensor, values: torch.Tensor, new_tokens: int):
+        """fp8 [B, Hkv, T, D] codes -> what attention reads (see the class docstring)."""
+        if self.return_fp8_on_decode and new_tokens == 1:
+            setattr(keys, SCALE_ATTRIBUTE, self.k_scale.to(self.device))
+            setattr(values, SCALE_ATTRIBUTE, self.v_scale.to(self.device))
+            return keys, values
+        return self._dequantize(keys, values)
+
+    def dequantized(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cached keys and values, dequantized to the model dtype: [B, Hkv, T, D] each."""
+        return self._dequantize(self.keys, self.values)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the stored keys and values."""
+        if not self.is_initialized:
+            return 0
+        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+
+
+class FP8KVLayer(_FP8KVStorage, DynamicLayer):
+    """A full-attention layer's cache in float8_e4m3fn (see _FP8KVStorage for the contract)."""
+
+    def __init__(self, k_scale: torch.Tensor | float, v_scale: torch.Tensor | float, *,
+                 return_fp8_on_decode: bool = False):
+        DynamicLayer.__init__(self)
+        self._init_fp8(k_scale, v_scale, return_fp8_on_decode)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append key/value states [B, Hkv, T_new, D]; return what attention reads over all T."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        new_keys, new_values = self._quantize(key_states, value_states)
+        self.keys = torch.cat([self.keys, new_keys], dim=-2)
+        self.values = torch.cat([self.values, new_values], dim=-2)
+        return self._for_attention(self.keys, self.values, key_states.shape[-2])
+
+
+class FP8SlidingWindowKVLayer(_FP8KVStorage, DynamicSlidingWindowLayer):
+    """A sliding-window layer's cache in float8_e4m3fn: keeps the last `sliding_window - 1` tokens.
+
+    Mirrors DynamicSlidingWindowLayer.update, with fp8 storage (see _FP8KVStorage).
+    """
+
+    def __init__(self, sliding_window: int, k_scale: torch.Tensor | float, v_scale: torch.Tensor | float, *,
+                 return_fp8_on_decode: bool = False):
+        DynamicSlidingWindowLayer.__init__(self, sliding_window)
+        self._init_fp8(k_scale, v_scale, return_fp8_on_decode)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.cumulative_length += key_states.shape[-2]
+        new_keys, new_values = self._quantize(key_states, value_states)
+        full_keys = torch.cat([self.keys, new_keys], dim=-2)  # [B, Hkv, cached + T_new, D]
+        full_values = torch.cat([self.values, new_values], dim=-2)
+        if not self.record_past:
+            self.keys = full_keys[:, :, -self.sliding_window + 1 :, :]
+            self.values = full_values[:, :, -self.sliding_window + 1 :, :]
+        else:
+            self.keys, self.values = full_keys, full_values
+            num_visible = self.sliding_window - 1 + key_states.shape[-2]
+            full_keys, full_values = full_keys[:, :, -num_visible:, :], full_values[:, :, -num_visible:, :]
+        return self._for_attention(full_keys, full_values, key_states.shape[-2])
+
+
+class FP8KVCache(Cache):
+    """A `transformers` Cache of FP8 layers, one per decoder layer (full or sliding-window attention).
+
+    config: the model config (its decoder layer types decide full vs sliding-window layers).
+    scales: {layer index: (k_scale, v_scale)} covering every layer, each a float or a tensor
+    [1] / [Hkv]. attention: "dequantize" or "kernel" (see the module docstring).
+    """
+
+    def __init__(self, config, scales: Mapping[int, tuple], *, attention: str = "dequantize"):
+        if attention not in ("dequantize", "kernel"):
+            raise ValueError(f"attention must be 'dequantize' or 'kernel', got {attention!r}")
+        layer_types, layer_kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+        missing = [i for i in range(len(layer_types)) if i not in scales]
+        if missing:
+            raise ValueError(
+                f"no KV scales for layers {missing}: give (k_scale, v_scale) for all {len(layer_types)} layers"
+            )
+        fp8 = attention == "kernel"
+        layers = []
+        for i, (layer_type, kwargs) in enumerate(zip(layer_types, layer_kwargs)):
+            if layer_type == "full_attention":
+                layers.append(FP8KVLayer(*scales[i], return_fp8_on_decode=fp8))
+            elif layer_type in ("sliding_attention", "chunked_attention"):
+                layers.append(FP8SlidingWindowKVLayer(kwargs["sliding_window"], *scales[i], return_fp8_on_decode=fp8))
+            else:
+                raise QuantizationError(
+                    f"layer {i} is a {layer_type!r} layer: the FP8 KV cache supports full and sliding-window attention"
+                )
+        super().__init__(layers=layers)
+        self.attention = attention
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by all layers' stored keys and values."""
+        return sum(layer.nbytes for layer in self.layers)
+
+
+def fp8_cache_for(model: nn.Module, *, attention: str = "dequantize") -> FP8KVCache:
+    """A fresh FP8KVCache with the scales of the model's ``k_scale`` / ``v_scale`` buffers.
+
+    Attention modules without the buffers get scale 1.0, with a warning (values beyond +-448
+    then saturate): calibrate them with quantkit.calibration.kv_scales.
+    attention: "dequantize" (default) or "kernel" (needs enable_fp8_kv_cache(model, attention="kernel")
+    so that the model's attention reads fp8 tensors).
+    """
+    scales, missing = read_kv_scales(model)
+    if missing:
+        warnings.warn(
+            f"{len(missing)} attention module(s) have no k_scale/v_scale buffers ({', '.join(missing[:3])}"
+            f"{', ...' if len(missing) > 3 else ''}): using scale 1.0 for them; calibrate the scales with "
+            "quantkit.calibration.kv_scales.quantize_kv_cache(model, batches)",
+            stacklevel=2,
+        )
+    all_scales: KVScales = dict(scales)
+    for i in range(num_cache_layers(model)):
+        all_scales.setdefault(i, (torch.ones(1), torch.ones(1)))
+    return FP8KVCache(model.config, all_scales, attention=attention)
+
+
+def _fp8_decode_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """The "quantkit_fp8" attention: fp8 decode steps through the Triton op, the rest through sdpa.
+
+    query: [B, Hq, Tq, D]; key/value: [B, Hkv, T, D] (fp8 with a scale attribute on decode steps
+    of an FP8KVCache in "kernel" mode); attention_mask: sdpa's bool mask [B, 1, Tq, T] or None.
+    Returns ([B, Tq, Hq, D], None) as every transformers attention function does.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if key.dtype != FP8_DTYPE:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    k_scale = getattr(key, SCALE_ATTRIBUTE, None)
+    v_scale = getattr(value, SCALE_ATTRIBUTE, None)
+    if k_scale is None or v_scale is None:
+        raise QuantizationError("fp8 keys/values reached attention without their scales: use an FP8KVCache")
+    batch, _, q_len, head_dim = query.shape
+    if q_len != 1 or kwargs.get("softcap") is not None:
+        raise QuantizationError("the quantkit_fp8 attention reads fp8 caches for one-token decode steps only")
+    # A sliding window needs nothing more: the cache returns only the window and the mask covers it.
+    kv_mask = None
+    if attention_mask is not None:
+        if attention_mask.dtype != torch.bool:
+            attention_mask = attention_mask > torch.finfo(attention_mask.dtype).min / 2
+        if attention_mask.shape[1] != 1 or attention_mask.shape[2] != 1:
+            raise QuantizationError(f"unexpected decode attention mask of shape {tuple(attention_mask.shape)}")
+        kv_mask = attention_mask[:, 0, 0, :].expand(batch, key.shape[2]).contiguous()  # [B, T]
+    from ..kernels.decode_attention import decode_attention_fp8
+
+    out = decode_attention_fp8(
+        query[:, :, 0, :], key, value, k_scale, v_scale, kv_mask,
+        sm_scale=scaling if scaling is not None else head_dim**-0.5,
+    )  # [B, Hq, D]
+    return out.unsqueeze(1), None  # [B, 1, Hq, D]
+
+
+def register_kernel_attention() -> str:
+    """Register the "quantkit_fp8" attention (and its mask: sdpa's) with transformers; returns the name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(KERNEL_ATTENTION_NAME, _fp8_decode_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(KERNEL_ATTENTION_NAME, sdpa_mask)
+    return KERNEL_ATTENTION_NAME
+
+
+def _resolve_attention(model: nn.Module, attention: str) -> str:
+    if attention not in ATTENTION_MODES:
+        raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
+    if attention == "auto":
+        device = next(model.parameters()).device
+        return "kernel" if device.type == "cuda" else "dequantize"
+    return attention
+
+
+def enable_fp8_kv_cache(model: nn.Module, *, attention: str = "auto") -> nn.Module:
+    """Make every `model.generate()` call store its KV cache in FP8 (scales from the model's buffers).
+
+    Overrides `_prepare_cache_for_generation` on this instance only: where transformers would
+    create its default DynamicCache, a fresh FP8KVCache (fp8_cache_for) takes its place. A cache
+    passed explicitly to generate(), or another `cache_implementation`, is left alone.
+    attention: "dequantize", "kernel" (decode steps through torch.ops.quantkit.decode_attention_fp8;
+    sets the model's attention implementation to "quantkit_fp8") or "auto" (kernel on CUDA).
+    Returns the model. Undo with disable_fp8_kv_cache(model).
+    """
+    attention = _resolve_attention(model, attention)
+    fp8_cache_for(model)  # fail now, not at generation time, on unsupported models
+    disable_fp8_kv_cache(model)
+    if attention == "kernel":
+        model._quantkit_previous_attn_implementation = model.config._attn_implementation
+        model.set_attn_implementation(register_kernel_attention())
+    original = model._prepare_cache_for_generation  # the class's bound method
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
+        result = original(generation_config, model_kwargs, *args, **kwargs)
+        created = model_kwargs.get("cache")
+        if type(created) is DynamicCache and not getattr(created, "_is_user_defined", False):
+            model_kwargs["cache"] = fp8_cache_for(self, attention=attention)
+        return result
+
+    model._prepare_cache_for_generation = types.MethodType(_prepare_cache_for_generation, model)
+    model._quantkit_fp8_kv_attention = attention
+    return model
+
+
+def disable_fp8_kv_cache(model: nn.Module) -> nn.Module:
+    """Undo enable_fp8_kv_cache: generate() creates transformers' default cache again."""
+    if "_prepare_cache_for_generation" in vars(model):
+        del model._prepare_cache_for_generation
+    previous = vars(model).pop("_quantkit_previous_attn_implementation", None)
+    if previous is not None:
+        model.set_attn_implementation(previous)
+    vars(model).pop("_quantkit_fp8_kv_attention", None)
+    return model
+
+
+def fp8_kv_cache_enabled(model: nn.Module) -> str | None:
+    """The attention mode if enable_fp8_kv_cache is active on this model, else None."""
+    return vars(model).get("_quantkit_fp8_kv_attention")

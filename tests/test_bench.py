@@ -1,0 +1,187 @@
+"""`quantkit bench` on a tiny model: valid JSON with both sections, and a decode step that is a true
+decode step (same logits as generation with a dynamic cache)."""
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from quantkit.eval.roofline import ModelShape, kv_cache_bytes, weight_memory_bytes
+from quantkit.eval.timing import SCHEMA, cache_tensor_bytes, make_decode_cache, rewind, time_call
+from quantkit.eval.variants import build_variant, float_variant, load_source_model, model_tensor_bytes
+
+# every linear's input a multiple of 128 and output of 64 (what the kernels and vLLM accept)
+TINY_LLAMA = dict(model_type="llama", hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=4096, max_position_embeddings=256)
+
+
+def tiny_model_source(tmp_path) -> str:
+    """The tiny reference model when it is available, else a random one of a similar shape."""
+    try:
+        from quantkit.refmodels import reference_model_path
+
+        return str(reference_model_path("tiny"))
+    except Exception:
+        path = tmp_path / "tiny-llama.json"
+        path.write_text(json.dumps(TINY_LLAMA))
+        return str(path)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_time_call_counts_and_times():
+    calls = {"fn": 0, "before": 0}
+
+    def fn():
+        calls["fn"] += 1
+
+    def before():
+        calls["before"] += 1
+
+    times = time_call(fn, torch.device("cpu"), warmup=2, repeats=3, before=before)
+    assert len(times) == 3 and all(t >= 0 for t in times)
+    assert calls == {"fn": 5, "before": 5}
+
+
+def test_measure_interleaves_variants(tmp_path):
+    from quantkit.eval.timing import BenchSettings, TimedRun, measure
+
+    calls = []
+
+    def timed(name):
+        variant = float_variant(torch.nn.Linear(4, 4))
+        return TimedRun(variant, torch.device("cpu"), lambda: calls.append(name),
+                        before=lambda: calls.append(name.lower()), cache=lambda: None, cache_allocated_before=False)
+
+    settings = BenchSettings(prompt_lens=[1], context_lens=[1], batch_sizes=[1], warmup=1, repeats=2)
+    out = measure([timed("A"), timed("B")], settings)
+    # warm-up, then repeats alternate between the variants, then one untimed call each for memory
+    assert calls == ["a", "A", "b", "B"] + ["a", "A", "b", "B"] * 2 + ["a", "A", "b", "B"]
+    assert [len(o["times_s"]) for o in out] == [2, 2]
+    assert out[0]["memory"]["method"] == "tensor_bytes"
+
+
+@torch.inference_mode()
+def test_decode_step_matches_generation_with_a_dynamic_cache(tmp_path):
+    from transformers import DynamicCache
+
+    model = load_source_model(tiny_model_source(tmp_path), dtype=torch.float32, device="cpu", seed=1)
+    variant = float_variant(model)
+    shape = ModelShape.from_config(model.config)
+    g = torch.Generator().manual_seed(2)
+    batch, context = 2, 37
+    prompt = torch.randint(0, shape.vocab, (batch, context), generator=g)
+    token = torch.randint(0, shape.vocab, (batch, 1), generator=g)
+
+    reference_cache = DynamicCache(config=model.config)
+    model(input_ids=prompt, cache=reference_cache, use_cache=True)
+    reference = model(input_ids=token, cache=reference_cache, use_cache=True).logits  # [B, 1, V]
+
+    cache = make_decode_cache(variant, context + 1)  # what time_decode uses: exactly one free slot
+    model(input_ids=prompt, cache=cache, use_cache=True)
+    for _ in range(3):  # repeated steps must each decode at the same context
+        logits = model(input_ids=token, cache=cache, use_cache=True).logits
+        rewind(cache, 1)
+        assert int(cache.get_seq_length()) == context
+        torch.testing.assert_close(logits, reference, rtol=1e-4, atol=1e-4)
+    # the cache holds exactly what the roofline counts
+    assert cache_tensor_bytes(cache) - kv_cache_bytes(shape, variant.scheme, context + 1, batch) < 64 * shape.layers
+
+
+def test_variant_bytes_match_the_roofline(tmp_path):
+    source = tiny_model_source(tmp_path)
+    model = load_source_model(source, dtype=torch.bfloat16, device="cpu", seed=0)
+    shape = ModelShape.from_config(model.config)
+    base = float_variant(model)
+    rotary = sum(b.numel() * b.element_size() for b in model.model.rotary_emb.buffers())  # not weights
+    assert model_tensor_bytes(model) - rotary == weight_memory_bytes(shape, base.scheme)
+    w4 = build_variant("w4a16-rtn", model, dtype=torch.bfloat16, device="cpu", backend="reference")
+    assert w4.scheme.weight_bits == 4 and w4.scheme.group_size == 128 and w4.source == "recipe:w4a16-rtn"
+    predicted = weight_memory_bytes(shape, w4.scheme)
+    assert predicted < 0.8 * weight_memory_bytes(shape, base.scheme)
+    # packed weights + scales; QuantLinear also keeps a 16-byte weight_shape per layer
+    assert abs(model_tensor_bytes(w4.model) - predicted) < 0.01 * predicted
+    # the float model is untouched
+    assert model_tensor_bytes(model) - rotary == weight_memory_bytes(shape, base.scheme)
+
+
+def _bench_parser():
+    from quantkit.commands import bench
+
+    parser = argparse.ArgumentParser()
+    bench.register(parser.add_subparsers())
+    return parser
+
+
+def test_bench_command_writes_both_sections(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    source = tiny_model_source(tmp_path)
+    args = _bench_parser().parse_args([
+        "bench", source, "--variants", "w4a16-rtn,w4a16-rtn-asym", "--prompt-lens", "16,64,100000",
+        "--context-lens", "16,64", "--batch-sizes", "1,3", "--warmup", "1", "--repeats", "2",
+        "--backend", "reference", "--json", str(out), "--quiet", "--device", "cpu",
+    ])
+    assert args.func(args) == 0
+    data = json.loads(out.read_text())
+    assert data["schema"] == SCHEMA
+    assert [v["name"] for v in data["variants"]] == [data["baseline"], "w4a16-rtn", "w4a16-rtn-asym"]
+    assert data["device"]["type"] == "cpu" and data["device"]["spec"]["source"] == "probe"
+    assert data["settings"]["memory_method"] == "tensor_bytes"
+    # 2 prompt lengths (100000 exceeds the context and is skipped) x 3 variants; 2 contexts x 2 batches x 3
+    assert len(data["prefill"]) == 6 and len(data["decode"]) == 12
+    assert any(s["phase"] == "prefill" and s["prompt_len"] == 100000 for s in data["skipped"])
+    for r in data["prefill"] + data["decode"]:
+        assert len(r["times_s"]) == 2 and r["median_s"] > 0
+        assert r["roofline"]["predicted_s"] > 0 and r["roofline"]["bound"] in {"memory", "compute"}
+        assert r["roofline"]["measured_over_predicted"] == pytest.approx(r["median_s"] / r["roofline"]["predicted_s"])
+        assert r["memory"]["peak_bytes"] >= r["memory"]["weights_bytes"] > 0
+    decode = {(r["variant"], r["batch"], r["context_len"]): r for r in data["decode"]}
+    base_row = decode[(data["baseline"], 3, 64)]
+    w4_row = decode[("w4a16-rtn", 3, 64)]
+    assert base_row["mode"] == "eager"
+    # decode of 4-bit weights reads fewer bytes; the KV cache is the same size
+    assert w4_row["roofline"]["bytes_breakdown"]["weights"] < 0.3 * base_row["roofline"]["bytes_breakdown"]["weights"]
+    assert w4_row["memory"]["kv_cache_bytes"] == base_row["memory"]["kv_cache_bytes"]
+    assert w4_row["memory"]["weights_bytes"] < base_row["memory"]["weights_bytes"]
+    assert "quantkit bench " in data["command"] and "--variants w4a16-rtn,w4a16-rtn-asym" in data["command"]
+    printed = capsys.readouterr().out
+    assert "TTFT" in printed and "TPOT" in printed and "speedup w4a16-rtn" in printed
+
+
+def test_bench_rejects_bad_input(tmp_path, capsys):
+    parser = _bench_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "x", "--prompt-lens", "16,zero"])
+    assert "comma-separated integers" in capsys.readouterr().err
+    source = tiny_model_source(tmp_path)
+    args = parser.parse_args(["bench", source, "--baseline", source, "--quiet"])
+    assert args.func(args) == 2
+    assert "--baseline is for a quantized MODEL" in capsys.readouterr().err
+
+
+def test_fp8_kv_variant_decodes_with_half_the_cache_bytes(tmp_path):
+    from quantkit.eval.timing import BenchSettings, time_decode
+
+    model = load_source_model(tiny_model_source(tmp_path), dtype=torch.bfloat16, device="cpu", seed=0)
+    shape = ModelShape.from_config(model.config)
+    base = float_variant(model)
+    both = build_variant("w4a16-rtn+kv-fp8", model, dtype=torch.bfloat16, device="cpu", backend="reference")
+    assert both.name == "w4a16-rtn+kv-fp8" and both.kv_cache is not None
+    assert (both.scheme.weight_bits, both.scheme.kv_bytes) == (4, 1)
+    settings = BenchSettings(prompt_lens=[8], context_lens=[40], batch_sizes=[2], warmup=1, repeats=2)
+    cpu = torch.device("cpu")
+    fp8 = time_decode(both, shape, 2, 40, settings, cpu)
+    bf16 = time_decode(base, shape, 2, 40, settings, cpu)
+    assert fp8["cache"] == "FP8KVCache" and bf16["cache"] == "StaticCache"
+    # fp8 stores 1 byte per value: 40 positions vs the static cache's 41 bf16 positions
+    # (+ per-layer scales and dequantization tables)
+    expected = kv_cache_bytes(shape, both.scheme, 40, 2)
+    assert expected <= fp8["memory"]["kv_cache_bytes"] < expected + 2048 * shape.layers
+    assert fp8["memory"]["kv_cache_bytes"] < 0.55 * bf16["memory"]["kv_cache_bytes"]

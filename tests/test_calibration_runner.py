@@ -1,0 +1,180 @@
+"""The block-by-block runner: replayed block inputs, sub-layer order, families, save/load, offloading."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import quantkit
+from quantkit.algorithms.gptq import hessian_update
+from quantkit.calibration import gptq_processor, run_blockwise
+from quantkit.errors import QuantizationError
+from quantkit.modules.quant_linear import QuantLinear
+
+from .calibration_fixtures import CALIBRATION_FAMILIES, tiny_model, token_batches
+
+
+class _RecordInputs:
+    """A processor that quantizes nothing and keeps each block's replayed inputs and arguments."""
+
+    def __init__(self):
+        self.inputs, self.kwargs, self.finished = [], [], None
+
+    def process_block(self, ctx):
+        self.inputs.append([x.clone() for x in ctx.inputs])
+        self.kwargs.append(ctx.kwargs)
+
+    def finish(self, model):
+        self.finished = model
+
+
+@pytest.mark.parametrize("family", CALIBRATION_FAMILIES)
+def test_replayed_block_inputs_match_the_model_forward(family):
+    model = tiny_model(family, layers=3, sliding_window=16)
+    batches = token_batches(model.config.vocab_size, seq_len=40)
+    rec = _RecordInputs()
+    run_blockwise(model, batches, [], [rec], progress=False)
+    assert rec.finished is model
+    with torch.no_grad():
+        for b, ids in enumerate(batches):
+            hidden = model(ids, output_hidden_states=True).hidden_states
+            for i in range(3):
+                torch.testing.assert_close(rec.inputs[i][b], hidden[i], rtol=0, atol=0)
+    if family == "qwen2":  # sliding-window layers get their own mask: the runner replays per-block arguments
+        masks = [rec.kwargs[i][0]["attention_mask"] for i in range(3)]
+        assert masks[0] is not masks[1] and masks[1] is masks[2]
+
+
+def _spy_on_gptq(monkeypatch):
+    """Record (layer name, Hessian, QuantizedWeight) of every gptq_quantize call the runner makes."""
+    calls = []
+    real = gptq_processor.gptq_quantize
+
+    def spy(weight, hessian, scheme, options, **kw):
+        q = real(weight, hessian, scheme, options, **kw)
+        calls.append((kw["name"], hessian.clone(), q))
+        return q
+
+    monkeypatch.setattr(gptq_processor, "gptq_quantize", spy)
+    return calls
+
+
+def _hessian_of_input(model, batches, name):
+    """H of the input of module `name` over the calibration batches, from a plain model forward."""
+    acc = {"h": None, "n": 0}
+
+    def hook(module, args, output):
+        acc["h"], acc["n"] = hessian_update(acc["h"], acc["n"], args[0])
+
+    handle = model.get_submodule(name).register_forward_hook(hook)
+    with torch.no_grad():
+        for ids in batches:
+            model(ids)
+    handle.remove()
+    return acc["h"]
+
+
+def test_sublayers_are_quantized_in_order_and_see_quantized_outputs(monkeypatch):
+    model = tiny_model("llama", layers=2)
+    float_model = copy.deepcopy(model)
+    batches = token_batches(model.config.vocab_size)
+    calls = _spy_on_gptq(monkeypatch)
+    quantkit.quantize(model, "w4a16-gptq", calibration_data=batches, progress=False)
+
+    order = [name.split(".", 2)[-1] for name, _, _ in calls]
+    per_block = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+    assert order == [f"{b}.{n}" for b in (0, 1) for n in per_block]
+
+    # Replay: put every earlier linear's quantized weight into a float copy, step by step, and check that
+    # the Hessian each GPTQ call got is the one of that step's input in the partly quantized model.
+    replay = copy.deepcopy(float_model)
+    by_name = {name: (h, q) for name, h, q in calls}
+    checked_differs = 0
+    for name, h_runner, q in calls:
+        first = name.replace("k_proj", "q_proj").replace("v_proj", "q_proj").replace("up_proj", "gate_proj")
+        h_expected = _hessian_of_input(replay, batches, first)
+        torch.testing.assert_close(h_runner, h_expected, rtol=1e-4, atol=1e-5)
+        h_float = _hessian_of_input(float_model, batches, first)
+        checked_differs += not torch.allclose(h_runner, h_float, rtol=1e-4, atol=1e-5)
+        replay.get_submodule(name).weight.data = by_name[name][1].dequantize()
+    assert checked_differs == len(calls) - 3  # all but block 0's q/k/v see quantized upstream outputs
+
+
+@pytest.mark.parametrize("family, recipe", zip(CALIBRATION_FAMILIES, ["w4a16-gptq", "w4a16-awq", "w4a16-awq-asym",
+                                                                       "w4a16-gptq-asym"]))
+def test_families_quantize_save_and_load(family, recipe, tmp_path):
+    model = tiny_model(family, layers=2, sliding_window=16)
+    reference = copy.deepcopy(model)
+    batches = token_batches(model.config.vocab_size)
+    rtn = quantkit.quantize(copy.deepcopy(model), recipe.replace("gptq", "rtn").replace("awq", "rtn"), progress=False)
+    quantkit.quantize(model, recipe, calibration_data=batches, progress=False)
+    assert sum(isinstance(m, QuantLinear) for m in model.modules()) == 14
+    assert isinstance(model.lm_head, nn.Linear)
+    path = quantkit.save(model, tmp_path / "q")
+    loaded = quantkit.load(path, backend="reference")
+    ids = batches[0]
+    with torch.no_grad():
+        ref, ours, back, base = (m(ids).logits for m in (reference, model, loaded, rtn))
+    torch.testing.assert_close(back, ours, rtol=1e-4, atol=1e-4)
+
+    def kl(logits):
+        return torch.nn.functional.kl_div(logits.log_softmax(-1), ref.log_softmax(-1), log_target=True,
+                                          reduction="batchmean").item()
+
+    assert kl(ours) < kl(base)  # calibrated beats RTN on its (random) calibration tokens
+
+
+def test_unknown_family_is_a_clear_error():
+    import transformers
+
+    config = transformers.GPTNeoXConfig(hidden_size=128, intermediate_size=384, num_hidden_layers=1,
+                                        num_attention_heads=4, vocab_size=320)
+    model = transformers.GPTNeoXForCausalLM(config)
+    with pytest.raises(QuantizationError, match=r"model type 'gpt_neox'.*supported: llama, mistral, qwen2, qwen3"):
+        quantkit.quantize(model, "w4a16-gptq", calibration_data=token_batches(320), progress=False)
+
+
+def test_nan_activations_are_a_clear_error():
+    model = tiny_model("llama", layers=2)
+    with torch.no_grad():
+        model.model.layers[1].post_attention_layernorm.weight[3] = float("inf")
+    with pytest.raises(QuantizationError, match=r"NaN/Inf value\(s\) in the calibration activations at the input of "
+                                                r"model\.layers\.1\.mlp\.gate_proj"):
+        quantkit.quantize(model, "w4a16-gptq", calibration_data=token_batches(320), progress=False)
+    model = tiny_model("llama", layers=1)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:] = float("nan")
+    with pytest.raises(QuantizationError, match="input of decoder block 0"):
+        quantkit.quantize(model, "w4a16-awq", calibration_data=token_batches(320), progress=False)
+
+
+FAST_AWQ = {"weights": {"num_bits": 4, "strategy": "group", "group_size": 128},
+            "algorithm": {"name": "awq", "grid": 5, "clip_grid": 10}}
+
+
+@pytest.mark.parametrize("recipe", ["w4a16-gptq", FAST_AWQ], ids=["gptq", "awq"])
+def test_offloaded_model_quantizes_like_the_in_memory_one(recipe, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_model("llama", layers=3)
+    model.save_pretrained(tmp_path / "float")
+    batches = token_batches(model.config.vocab_size, batches=1, seq_len=64)
+    device_map = {"model.embed_tokens": "disk", "model.rotary_emb": "cpu", "model.layers.0": "cpu",
+                  "model.layers.1": "disk", "model.layers.2": "cpu", "model.norm": "disk", "lm_head": "disk"}
+    off = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "float", device_map=device_map, offload_folder=tmp_path / "offload", dtype=torch.float32)
+    assert off.model.layers[1].mlp.down_proj.weight.is_meta and off.model.embed_tokens.weight.is_meta
+    in_memory = quantkit.quantize(model, recipe, calibration_data=batches, progress=False)
+    quantkit.quantize(off, recipe, calibration_data=batches, progress=False)
+    state_a, state_b = in_memory.state_dict(), off.state_dict()
+    assert state_a.keys() == state_b.keys()
+    for key in state_a:  # AWQ also folds scales into the (offloaded) norms: those must come back too
+        assert not state_b[key].is_meta, key
+        torch.testing.assert_close(state_b[key], state_a[key], rtol=0, atol=0, msg=key)
+    assert not hasattr(off, "hf_device_map")
+    path = quantkit.save(off, tmp_path / "q")
+    ids = batches[0]
+    with torch.no_grad():
+        torch.testing.assert_close(quantkit.load(path, backend="reference")(ids).logits, in_memory(ids).logits)

@@ -1,0 +1,172 @@
+"""GPTQ math: against the unblocked textbook recursion, against RTN, and on degenerate Hessians."""
+
+import warnings
+
+import pytest
+import torch
+
+from quantkit.algorithms.gptq import CholeskyWarning, GPTQOptions, gptq_quantize, hessian_update
+from quantkit.algorithms.rtn import rtn_quantize
+from quantkit.primitives import compute_qparams
+from quantkit.scheme import QuantScheme
+
+W4_G32 = QuantScheme(num_bits=4, symmetric=True, strategy="group", group_size=32)
+W4_G32_ASYM = QuantScheme(num_bits=4, symmetric=False, strategy="group", group_size=32)
+W4_CHANNEL = QuantScheme(num_bits=4, symmetric=True, strategy="channel")
+W8_CHANNEL = QuantScheme(num_bits=8, symmetric=True, strategy="channel")
+W4_G128 = QuantScheme(num_bits=4, symmetric=True, strategy="group", group_size=128)
+W4_G128_ASYM = QuantScheme(num_bits=4, symmetric=False, strategy="group", group_size=128)
+
+
+def correlated_inputs(m: int, k: int, seed: int, dtype=torch.float32) -> torch.Tensor:
+    """[m, k] inputs with correlated channels of very different magnitudes (as in LLM activations)."""
+    g = torch.Generator().manual_seed(seed)
+    mix = torch.randn(k, k, generator=g, dtype=torch.float64) / k**0.5
+    x = torch.randn(m, k, generator=g, dtype=torch.float64) @ (torch.eye(k, dtype=torch.float64) + 0.7 * mix)
+    x = x * torch.exp(torch.randn(k, generator=g, dtype=torch.float64))  # per-channel magnitudes
+    return x.to(dtype)
+
+
+def textbook_gptq(w, h, scheme: QuantScheme, damp_percent: float, act_order: bool):
+    """Unblocked OBQ/GPTQ recursion with an explicit inverse Hessian, downdated after every column (fp64).
+
+    Quantize column i; spread its error over the remaining columns with the row of H^-1; remove i from
+    H^-1 (H^-1 <- H^-1 - H^-1[:, i] H^-1[i, :] / H^-1[i, i]). Returns int q [N, K] in the original order.
+    """
+    w, h = w.double().clone(), h.double().clone()
+    n, k = w.shape
+    gs = k // scheme.groups_for(k)
+    dead = torch.diag(h) == 0
+    h[dead, dead] = 1
+    w[:, dead] = 0
+    one = QuantScheme(num_bits=scheme.num_bits, symmetric=scheme.symmetric, strategy="channel")
+
+    def params(cols):
+        s, z = compute_qparams(cols, one)
+        return s[:, 0].double(), (None if z is None else z[:, 0].double())
+
+    static = {}
+    if act_order or scheme.strategy == "channel":
+        for g in range(k // gs):
+            static[g] = params(w[:, g * gs:(g + 1) * gs])
+    perm = torch.argsort(torch.diag(h), descending=True) if act_order else torch.arange(k)
+    w, h = w[:, perm], h[perm][:, perm]
+    hinv = torch.linalg.inv(h + damp_percent * torch.mean(torch.diag(h)) * torch.eye(k, dtype=torch.float64))
+    q = torch.zeros(n, k, dtype=torch.float64)
+    current = None
+    for i in range(k):
+        g = int(perm[i]) // gs
+        if static:
+            s, z = static[g]
+        else:
+            if i % gs == 0:
+                current = params(w[:, i:i + gs])
+            s, z = current
+        qi = torch.round(w[:, i] / s) + (0 if z is None else z)
+        qi = qi.clamp(scheme.qmin, scheme.qmax)
+        deq = (qi - (0 if z is None else z)) * s
+        q[:, i] = qi
+        err = (w[:, i] - deq) / hinv[i, i]
+        w[:, i:] -= err.unsqueeze(1) * hinv[i, i:].unsqueeze(0)
+        hinv = hinv - hinv[:, i:i + 1] @ hinv[i:i + 1, :] / hinv[i, i]
+    return q[:, torch.argsort(perm)].to(torch.int8)
+
+
+@pytest.mark.parametrize("scheme, shape, block_size", [
+    (W4_CHANNEL, (16, 32), 8),
+    (W8_CHANNEL, (16, 32), 8),
+    (W4_G32, (16, 64), 32),
+    (W4_G32_ASYM, (16, 64), 32),
+])
+@pytest.mark.parametrize("act_order", [False, True])
+def test_matches_unblocked_textbook_recursion(scheme, shape, block_size, act_order):
+    n, k = shape
+    seed = 1000 * k + 10 * block_size + act_order
+    x = correlated_inputs(4 * k, k, seed, torch.float64)
+    h, _ = hessian_update(None, 0, x)
+    h = h.double()  # hessian_update accumulates in fp32; compare both algorithms on the same H
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    options = GPTQOptions(damp_percent=0.01, block_size=block_size, act_order=act_order)
+    ours = gptq_quantize(w, h, scheme, options)
+    expected = textbook_gptq(w, h, scheme, 0.01, act_order)
+    assert torch.equal(ours.q, expected)
+    if act_order or scheme.strategy == "channel":
+        # static groups: scales come from the original column groups, so no g_idx is needed
+        scale, zero = compute_qparams(w, scheme)
+        torch.testing.assert_close(ours.scale, scale)
+
+
+def test_hessian_is_a_running_mean_independent_of_batching():
+    x = torch.randn(300, 64, dtype=torch.float64)
+    h, n = None, 0
+    for part in x.split([7, 100, 1, 192]):
+        h, n = hessian_update(h, n, part.float())
+    assert n == 300 and h.dtype == torch.float32
+    torch.testing.assert_close(h.double(), 2 * x.T @ x / 300, rtol=1e-5, atol=1e-5)
+
+
+def output_error(x, w, wq):
+    return ((x @ w.T - x @ wq.T) ** 2).mean().item()
+
+
+@pytest.mark.parametrize("scheme", [W4_G128, W4_G128_ASYM, W4_CHANNEL, W8_CHANNEL])
+@pytest.mark.parametrize("act_order", [False, True])
+def test_lower_output_error_than_rtn(scheme, act_order):
+    k, n = 256, 192
+    seed = 7 + scheme.num_bits + 2 * act_order + 4 * scheme.symmetric
+    x = correlated_inputs(1024, k, seed)
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05
+    h, _ = hessian_update(None, 0, x)
+    gptq = gptq_quantize(w, h, scheme, GPTQOptions(act_order=act_order)).dequantize()
+    rtn = rtn_quantize(w, scheme).dequantize()
+    err_gptq, err_rtn = output_error(x, w, gptq), output_error(x, w, rtn)
+    assert err_gptq < 0.8 * err_rtn, (err_gptq, err_rtn)
+
+
+def test_dead_inputs_are_zeroed_and_harmless():
+    k, n = 128, 64
+    x = correlated_inputs(512, k, 3)
+    x[:, [5, 77]] = 0.0  # two inputs never active during calibration
+    h, _ = hessian_update(None, 0, x)
+    w = torch.randn(n, k)
+    q = gptq_quantize(w, h, W4_G128, GPTQOptions(act_order=True))
+    deq = q.dequantize()
+    assert torch.isfinite(deq).all()
+    assert (deq[:, [5, 77]] == 0).all()
+    assert output_error(x, w, deq) < output_error(x, w, rtn_quantize(w, W4_G128).dequantize())
+
+
+def test_damping_is_raised_until_cholesky_succeeds():
+    k, n = 64, 32
+    x = correlated_inputs(16, k, 5)  # 16 tokens for 64 inputs: H has rank 16
+    h, _ = hessian_update(None, 0, x)
+    h_bad = h - 0.05 * torch.diag(h).mean() * torch.eye(k)  # slightly indefinite (as rounding errors make it)
+    w = torch.randn(n, k)
+    with pytest.warns(CholeskyWarning, match="damp_percent=0.01; retrying with 0.1"):
+        q = gptq_quantize(w, h_bad, W4_G32, GPTQOptions(damp_percent=0.01, act_order=False))
+    assert torch.isfinite(q.dequantize()).all()
+    # merely singular (rank-deficient PSD) needs no retry: the default damping makes it definite
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CholeskyWarning)
+        q2 = gptq_quantize(w, h, W4_G32, GPTQOptions(damp_percent=0.01))
+    assert output_error(x, w, q2.dequantize()) < output_error(x, w, rtn_quantize(w, W4_G32).dequantize())
+
+
+def test_bad_hessians_give_clear_errors():
+    w = torch.randn(8, 32)
+    h = torch.eye(32)
+    h[3, 3] = float("nan")
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        gptq_quantize(w, h, W4_G32, name="layers.0.q_proj")
+    with pytest.raises(ValueError, match="does not match in_features 32"):
+        gptq_quantize(w, torch.eye(16), W4_G32)
+    with pytest.raises(RuntimeError, match="stays singular"), pytest.warns(CholeskyWarning):
+        gptq_quantize(w, -torch.eye(32) * 1e9 + torch.ones(32, 32), W4_G32)
+
+
+def test_scales_are_rounded_to_the_storage_dtype():
+    x = correlated_inputs(256, 128, 11)
+    h, _ = hessian_update(None, 0, x)
+    w = torch.randn(64, 128)
+    q = gptq_quantize(w, h, W4_G128, scale_dtype=torch.bfloat16)
+    assert torch.equal(q.scale, q.scale.to(torch.bfloat16).float())
