@@ -1,19 +1,23 @@
 """Backend dispatch for the weight-only (WNA16) linear: the contract quantkit.modules.QuantLinear calls.
 
-Backends (``resolve_backend`` turns "auto" into one of them, from the device the weight lives on):
+Backends (``resolve_backend`` turns "auto" into one of them, from the weight's device and the model
+dtype; "auto" never changes the numerics of a model: it picks the bf16 CPU kernels only for bf16 models):
 
 - "triton": the Triton kernels (``torch.ops.quantkit.wna16_gemm``). "auto" picks it for CUDA tensors.
   Runs int2/int4/int8, per channel or in groups of a multiple of 32/bits, symmetric or not,
   activations fp16/bf16/fp32 (fp32 accumulation, output in x's dtype).
-- "torch": PyTorch's weight-only CPU kernels. "auto" picks it for CPU tensors. Per layer, at prepare time:
+- "torch": PyTorch's weight-only CPU kernels. "auto" picks it for CPU tensors of a bf16 model (or an
+  unknown dtype). Per layer, at prepare time:
   int8 per channel -> ``torch.ops.quantkit.wna16_int8_cpu`` (aten._weight_int8pack_mm);
   int4, or int8 in groups, with N % 16 == 0 and a group size that is a multiple of 32 (or per
   channel with K % 32 == 0) -> ``torch.ops.quantkit.wna16_int4_cpu`` (aten._weight_int4pack_mm_for_cpu;
   int8 groups run as two exact int4 halves); any other layer (int2, odd shapes) -> the reference.
   Numerics: these kernels compute in bf16 whatever x's dtype (their fp16/fp32 paths are 40-60x
-  slower), so fp32 and fp16 models get bf16-level precision (relative error ~2^-9) on this backend.
+  slower), so fp32 and fp16 models get bf16-level precision (relative error ~2^-9) on this backend:
+  choose it explicitly for such a model to trade that precision for speed.
 - "reference": dequantize in fp32 and matmul in fp32 on any device (``wna16_linear_reference``): exact,
-  slow. "auto" picks it for devices that are neither CUDA nor CPU.
+  slow. "auto" picks it for fp32/fp16 models on CPU (whose quality evaluations must not pick up bf16
+  rounding) and for devices that are neither CUDA nor CPU.
 """
 
 from __future__ import annotations
@@ -40,8 +44,8 @@ BACKENDS = ("auto", "triton", "torch", "reference")
 def resolve_backend(backend: str, device: torch.device | str, dtype: torch.dtype | None = None) -> str:
     """Map "auto" to a concrete backend for weights living on ``device``; check explicit choices.
 
-    "auto": CUDA -> "triton"; CPU -> "torch"; any other device -> "reference". ``dtype`` (the model
-    dtype) does not change the choice; see the module docstring for what "torch" does with fp32.
+    "auto": CUDA -> "triton"; CPU -> "torch" for a bf16 model (``dtype`` bf16 or None), "reference"
+    for fp32/fp16 ones (the CPU kernels compute in bf16); any other device -> "reference".
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
@@ -49,7 +53,9 @@ def resolve_backend(backend: str, device: torch.device | str, dtype: torch.dtype
     if backend == "auto":
         if device.type == "cuda":
             return "triton"
-        return "torch" if device.type == "cpu" else "reference"
+        if device.type == "cpu" and dtype in (torch.bfloat16, None):
+            return "torch"
+        return "reference"
     if backend == "triton" and not triton_can_run_on(device):
         raise ValueError(
             f"backend 'triton' needs the weights on a CUDA device (got {device}); on CPU use 'torch' or "
