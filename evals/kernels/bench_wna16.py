@@ -198,9 +198,9 @@ def copy_bandwidth(device: str, reps: int, realtime: bool = False) -> float:
 # ----------------------------------------------------------------------------------------------
 # Benchmark
 # ----------------------------------------------------------------------------------------------
-def sweep_configs(m: int, n: int, k: int, bits: int) -> list[qk.WNA16Config]:
+def sweep_configs(m: int, n: int, k: int, bits: int, num_sms: int) -> list[qk.WNA16Config]:
     """Alternatives to the heuristic's pick, for --sweep (the table in wna16_heuristics is refitted from these)."""
-    base = qk.choose_config(m, n, k, bits)
+    base = qk.choose_config(m, n, k, bits, num_sms)
     out = []
     if m <= 4:
         for bn in (64, 128, 256):
@@ -260,7 +260,8 @@ def run(args) -> dict:
                            "layout": qk.prepared_layout(prepared[dtypes[0]][0]),
                            "bytes": moved_bytes(scheme, m, k, n)}
                     if backend == "triton":
-                        row["config"] = qk.choose_config(m, n, k, scheme.bits).as_dict()
+                        sms = qk.wna16_triton.num_sms(torch.device(device))
+                        row["config"] = qk.choose_config(m, n, k, scheme.bits, sms).as_dict()
                     for dt in dtypes:
                         tag = str(dt).removeprefix("torch.")
                         x = torch.randn(m, k, generator=gen, device=device, dtype=dt)
@@ -299,7 +300,7 @@ def run(args) -> dict:
 
 def sweep(prepared_list, x, scheme, m, n, k, device, args) -> list[dict]:
     out = []
-    for cfg in sweep_configs(m, n, k, scheme.bits):
+    for cfg in sweep_configs(m, n, k, scheme.bits, qk.wna16_triton.num_sms(torch.device(device))):
         def call(p, cfg=cfg):
             return qk.wna16_gemm_triton(x, p["triton_qweight"], p["triton_scales"], p.get("triton_zeros"), None,
                                         scheme.bits, config=cfg)

@@ -29,7 +29,7 @@ def _load_bench():
 def test_bench_runs_every_cpu_backend_and_reports_consistently(tmp_path):
     bench = _load_bench()
     out = tmp_path / "bench"
-    result = bench.main(["--out", str(out), "--device", DEVICE, "--backends", ",".join(BACKENDS),
+    result = bench.main(["--out", str(out), "--quick", "--device", DEVICE, "--backends", ",".join(BACKENDS),
                          "--shapes", "256x64", "--ms", "1,3", "--schemes", "w4g128,w8ch", "--reps", "1",
                          "--max-copies", "1", "--dtypes", "float16,bfloat16"])
     saved = json.loads((out / "bench_wna16.json").read_text())
