@@ -27,7 +27,9 @@ _LIB.define(
     "wna16_int4_cpu(Tensor x, Tensor weight, Tensor scales_zeros, Tensor? weight_lo=None, "
     "Tensor? scales_zeros_lo=None, Tensor? bias=None) -> Tensor"
 )
-_LIB.define("wna16_int8_cpu(Tensor x, Tensor weight, Tensor scale, Tensor? zero_scale=None, Tensor? bias=None) -> Tensor")
+_LIB.define(
+    "wna16_int8_cpu(Tensor x, Tensor weight, Tensor scale, Tensor? zero_scale=None, Tensor? bias=None) -> Tensor"
+)
 
 
 def _as_compute(x: torch.Tensor) -> torch.Tensor:

@@ -217,7 +217,8 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="folder for decode_cpu.json / decode_cpu.md")
     p.add_argument("--variants", default="bf16,w8,w4",
-                   help=f"comma-separated, from {sorted(VARIANTS)}; append {FUSED} to a quantized one to fuse its projections")
+                   help=f"comma-separated, from {sorted(VARIANTS)}; append {FUSED} to a quantized one to fuse "
+                        "its projections")
     p.add_argument("--backend", default="torch", help="quantkit kernel backend for the quantized variants")
     p.add_argument("--fuse", action="store_true", help="fuse q/k/v and gate/up in every quantized variant")
     p.add_argument("--threads", type=int, default=2)
@@ -324,9 +325,10 @@ def to_markdown(result: dict, names: list[str]) -> str:
         lines += ["", "Variants ending in `-all` also quantize lm_head (every linear, as torchao's quantize_ does by "
                   "default); the others keep it in bf16 as the recipes do."]
     if any(result["variants"][n].get("fused_projections") for n in names):
-        lines += ["", f"Variants ending in `{FUSED}` run q/k/v and gate/up as one linear each over weights concatenated "
-                  "along N (quantkit.kernels.concat_wna16_weights)."]
-    lines += ["", "Absolute times depend on the machine and its load; the ratios were measured side by side in one run."]
+        lines += ["", f"Variants ending in `{FUSED}` run q/k/v and gate/up as one linear each over weights "
+                  "concatenated along N (quantkit.kernels.concat_wna16_weights)."]
+    lines += ["", "Absolute times depend on the machine and its load; the ratios were measured side by side in "
+              "one run."]
     return "\n".join(lines) + "\n"
 
 

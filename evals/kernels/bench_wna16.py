@@ -284,7 +284,8 @@ def run(args) -> dict:
                         err = ((y - ref).abs().mean() / ref.abs().mean()).item()
                         row.update({
                             f"us_{tag}": t * 1e6, f"matmul_us_{tag}": t_mm * 1e6, f"speedup_{tag}": t_mm / t,
-                            f"GBps_{tag}": row["bytes"] / t / 1e9, f"pct_copy_bw_{tag}": 100 * row["bytes"] / t / 1e9 / copy_bw,
+                            f"GBps_{tag}": row["bytes"] / t / 1e9,
+                            f"pct_copy_bw_{tag}": 100 * row["bytes"] / t / 1e9 / copy_bw,
                             f"matmul_GBps_{tag}": (dense_bytes + 2 * m * (k + n)) / t_mm / 1e9,
                             f"rel_err_{tag}": err,
                         })
@@ -305,7 +306,8 @@ def sweep(prepared_list, x, scheme, m, n, k, device, args) -> list[dict]:
             return qk.wna16_gemm_triton(x, p["triton_qweight"], p["triton_scales"], p.get("triton_zeros"), None,
                                         scheme.bits, config=cfg)
         try:
-            t = time_rotating([lambda p=p: call(p) for p in prepared_list], device, args.reps, args.timer, args.realtime)
+            t = time_rotating([lambda p=p: call(p) for p in prepared_list], device, args.reps, args.timer,
+                              args.realtime)
             out.append({"config": cfg.as_dict(), "us": t * 1e6})
         except Exception as exc:  # noqa: BLE001  (a config that does not launch is a finding, not a crash)
             out.append({"config": cfg.as_dict(), "error": f"{type(exc).__name__}: {exc}"[:300]})
@@ -320,7 +322,8 @@ def format_row(row: dict, dtypes) -> str:
     for dt in dtypes:
         tag = str(dt).removeprefix("torch.")
         parts.append(f"{tag}: {row[f'us_{tag}']:9.1f} us vs matmul {row[f'matmul_us_{tag}']:9.1f} us "
-                     f"= {row[f'speedup_{tag}']:5.2f}x, {row[f'pct_copy_bw_{tag}']:5.1f}% BW, err {row[f'rel_err_{tag}']:.1e}")
+                     f"= {row[f'speedup_{tag}']:5.2f}x, {row[f'pct_copy_bw_{tag}']:5.1f}% BW, "
+                     f"err {row[f'rel_err_{tag}']:.1e}")
     return " | ".join(parts)
 
 
@@ -373,7 +376,8 @@ def parse_args(argv=None):
     p.add_argument("--shapes", default=None, help="comma-separated KxN list, e.g. 4096x4096,8192x28672")
     p.add_argument("--ms", default=None, help="comma-separated M values")
     p.add_argument("--schemes", default=None, help=f"comma-separated, from {sorted(SCHEMES)}")
-    p.add_argument("--dtypes", default=None, help="activation dtypes; default float16,bfloat16 on CUDA, bfloat16 on CPU")
+    p.add_argument("--dtypes", default=None,
+                   help="activation dtypes; default float16,bfloat16 on CUDA, bfloat16 on CPU")
     p.add_argument("--reps", type=int, default=None, help="timed repetitions (default 40 on CUDA, 9 on CPU)")
     p.add_argument("--timer", choices=("graph", "do_bench"), default="graph", help="GPU timing method")
     p.add_argument("--sweep", action="store_true", help="GPU: also time alternative launch configurations")
