@@ -19,18 +19,18 @@ meaningful across machines.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import gc
 import json
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_timing import cpu_name, realtime_priority  # noqa: E402
 
 # name -> (recipe, also quantize lm_head); "-all" variants quantize every linear, as torchao's
 # quantize_() does by default, instead of keeping lm_head in bf16 as the recipes (and vLLM checkpoints) do.
@@ -43,42 +43,6 @@ VARIANTS = {
     "w4-all": ("w4a16-rtn", True),
 }
 FUSED = "+fused"  # suffix of a quantized variant: q/k/v and gate/up run as one linear each
-
-
-def cpu_name() -> str:
-    """The CPU model from /proc/cpuinfo (Linux), else platform.processor()."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-@contextlib.contextmanager
-def realtime_priority(enabled: bool):
-    """Run the block with every thread of this process under SCHED_FIFO (Linux, root), then restore.
-
-    On a shared machine other processes preempt the worker threads of a 2-thread OpenMP kernel at every
-    barrier, which turns each call into a scheduler time slice and every ratio into ~1.0x; a real-time
-    class for the timed part (only) keeps the measurement about the kernels. The kernel leaves 5% of
-    each CPU to other processes (sched_rt_runtime_us)."""
-    if not enabled:
-        yield
-        return
-    tids = [int(t) for t in os.listdir("/proc/self/task")]
-    for tid in tids:
-        os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(10))
-    try:
-        yield
-    finally:
-        for tid in tids:
-            try:
-                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-            except ProcessLookupError:
-                pass
 
 
 def build_model(args):

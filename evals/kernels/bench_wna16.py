@@ -25,11 +25,9 @@ DIR/bench_wna16.md (tables).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -39,6 +37,9 @@ from pathlib import Path
 import torch
 
 import quantkit.kernels as qk
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_timing import cpu_name, realtime_priority  # noqa: E402
 
 FULL_SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192), (8192, 28672), (28672, 8192)]
 FULL_MS = [1, 2, 4, 8, 16, 64, 256]
@@ -72,42 +73,6 @@ SCHEMES = {
 }
 DEFAULT_SCHEMES = ["w4g128", "w4g128-asym", "w8ch"]
 QUICK_SCHEMES = ["w4g128", "w8ch"]
-
-
-def cpu_name() -> str:
-    """The CPU model from /proc/cpuinfo (Linux), else platform.processor()."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-@contextlib.contextmanager
-def realtime_priority(enabled: bool):
-    """Run the block with every thread of this process under SCHED_FIFO (Linux, root), then restore.
-
-    On a shared machine other processes preempt the worker threads of a 2-thread OpenMP kernel at every
-    barrier, which turns each call into a scheduler time slice and every ratio into ~1.0x; a real-time
-    class for the timed part (only) keeps the measurement about the kernels. The kernel leaves 5% of
-    each CPU to other processes (sched_rt_runtime_us)."""
-    if not enabled:
-        yield
-        return
-    tids = [int(t) for t in os.listdir("/proc/self/task")]
-    for tid in tids:
-        os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(10))
-    try:
-        yield
-    finally:
-        for tid in tids:
-            try:
-                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-            except ProcessLookupError:
-                pass
 
 
 # ----------------------------------------------------------------------------------------------
