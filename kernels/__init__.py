@@ -12,7 +12,8 @@ Contract used by quantkit.modules.QuantLinear:
 
 Ops (``torch.ops.quantkit.*``, usable without the rest of quantkit, with fake implementations for
 torch.compile): ``wna16_gemm`` (Triton), ``wna16_int4_cpu`` and ``wna16_int8_cpu`` (PyTorch's CPU
-weight-only kernels), ``decode_attention_fp8`` (FP8/bf16 KV-cache decode attention). Backends, layouts and numerics: ``wna16``, ``wna16_layout``, ``wna16_triton``.
+weight-only kernels), ``decode_attention_fp8`` (FP8/bf16 KV-cache decode attention). Backends,
+layouts and numerics: README.md here, ``wna16``, ``wna16_layout``, ``wna16_triton``.
 Set TRITON_INTERPRET=1 before importing this package to run the Triton kernels on CPU tensors.
 """
 

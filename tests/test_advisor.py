@@ -87,11 +87,19 @@ def test_quality_budget_excludes_lossy_schemes(shape):
     assert c.recommended.scheme.weight_bits == 8
 
 
-def test_quality_key_from_recipe_and_name():
-    assert quality_key(QualityResult("w4a16-rtn", 1.0)) == (4, 2)
-    assert quality_key(QualityResult("w8a16-rtn", 1.0)) == (8, 2)
-    assert quality_key(QualityResult("my-w4-kv8", 1.0)) == (4, 1)
+def test_quality_key_from_recipe_name_and_checkpoint(tmp_path):
+    assert quality_key(QualityResult("w4a16-rtn", 1.0)) == (4, 16, True)
+    assert quality_key(QualityResult("w4a16-rtn-asym", 1.0)) == (4, 16, False)
+    assert quality_key(QualityResult("w8a16-rtn", 1.0)) == (8, 16, True)
+    assert quality_key(QualityResult("kv-fp8", 1.0)) == (16, 8, True)
+    assert quality_key(QualityResult("small-w4-kv8", 1.0)) == (4, 8, True)
+    assert quality_key(QualityResult("small-w4a16-rtn-asym", 1.0)) == (4, 16, False)
     assert quality_key(QualityResult("something", 1.0)) is None
+    # a float32 checkpoint folder describes its own scheme (matched whatever its dtype)
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float32", "quantization_config": {
+        "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", "symmetric": True,
+                                                                   "strategy": "channel"}}}, "ignore": ["lm_head"]}}))
+    assert quality_key(QualityResult("renamed", 1.0, model=str(tmp_path))) == (8, 16, True)
 
 
 def test_advise_command(tmp_path, capsys):

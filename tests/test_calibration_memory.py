@@ -22,9 +22,10 @@ def test_peak_memory_does_not_grow_with_depth():
                                          one_process=True)
     block = shallow["block_mib"]
     # Each extra block may keep only its quantized weights (int4: ~1/8 of a float32 block); a pipeline that
-    # kept float blocks (or their Hessians) alive would add at least a whole block per extra layer.
+    # kept float blocks (or their Hessians) alive would add at least a whole block per extra layer. The
+    # bound sits halfway between, since RSS readings move by a few hundred KiB from run to run.
     extra_layers = deep["layers"] - shallow["layers"]
-    allowed = extra_layers * block / 6 + block
+    allowed = extra_layers * block / 2 + block
     growth = deep["overhead_mib"] - shallow["overhead_mib"]
     assert growth < allowed, (shallow, deep)
     assert deep["peak_mib"] - deep["before_mib"] < deep["model_mib"]  # quantizing never holds the whole model

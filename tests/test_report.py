@@ -72,6 +72,7 @@ def test_report_renders_with_plots(bench_file, quality_files, tmp_path):
                     "## Measured against the roofline", "## Memory", "## Quality"):
         assert heading in md
     assert "A test note." in md and "w8a16-rtn" in md and "+5.00%" in md
+    assert "Measured: decode speeds up more than prefill for" in md
     payload = json.loads((out / "report.json").read_text())
     assert payload["bench"]["schema"] == "quantkit.bench/1"
     assert [q["name"] for q in payload["quality"]] == ["w8a16-rtn", "w4a16-rtn"]

@@ -22,13 +22,15 @@ import argparse
 import copy
 import gc
 import json
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_timing import cpu_name, realtime_priority  # noqa: E402
 
 # name -> (recipe, also quantize lm_head); "-all" variants quantize every linear, as torchao's
 # quantize_() does by default, instead of keeping lm_head in bf16 as the recipes (and vLLM checkpoints) do.
@@ -40,6 +42,7 @@ VARIANTS = {
     "w8-all": ("w8a16-rtn", True),
     "w4-all": ("w4a16-rtn", True),
 }
+FUSED = "+fused"  # suffix of a quantized variant: q/k/v and gate/up run as one linear each
 
 
 def build_model(args):
@@ -177,9 +180,10 @@ def profile_step(model, prompt: torch.Tensor, rows: int = 15) -> str:
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="folder for decode_cpu.json / decode_cpu.md")
-    p.add_argument("--variants", default="bf16,w8,w4", help=f"comma-separated, from {sorted(VARIANTS)}")
+    p.add_argument("--variants", default="bf16,w8,w4",
+                   help=f"comma-separated, from {sorted(VARIANTS)}; append {FUSED} to a quantized one to fuse its projections")
     p.add_argument("--backend", default="torch", help="quantkit kernel backend for the quantized variants")
-    p.add_argument("--fuse", action="store_true", help="fuse q/k/v and gate/up into one linear each")
+    p.add_argument("--fuse", action="store_true", help="fuse q/k/v and gate/up in every quantized variant")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--intermediate", type=int, default=5632)
@@ -191,19 +195,22 @@ def main(argv=None) -> dict:
     p.add_argument("--new-tokens", type=int, default=16, help="decode steps per round")
     p.add_argument("--rounds", type=int, default=4, help="rounds per variant (the first is a warm-up)")
     p.add_argument("--profile", action="store_true", help="print a torch.profiler table per variant")
+    p.add_argument("--realtime", action="store_true",
+                   help="time under SCHED_FIFO (Linux, root): shields the ratios from other load on a shared machine")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     names = args.variants.split(",")
-    unknown = [n for n in names if n not in VARIANTS]
+    unknown = [n for n in names if n.removesuffix(FUSED) not in VARIANTS or n == "bf16" + FUSED]
     if unknown:
         p.error(f"unknown variants {unknown}; choose from {sorted(VARIANTS)}")
 
     base = build_model(args)
     models = {}
     for name in names:
-        recipe, lm_head = VARIANTS[name]
-        models[name] = base if recipe is None else quantized_copy(base, recipe, lm_head, args.backend, args.fuse)
+        recipe, lm_head = VARIANTS[name.removesuffix(FUSED)]
+        fuse = args.fuse or name.endswith(FUSED)
+        models[name] = base if recipe is None else quantized_copy(base, recipe, lm_head, args.backend, fuse)
     if "bf16" not in names:
         del base
     gc.collect()
@@ -211,30 +218,33 @@ def main(argv=None) -> dict:
 
     steps: dict[str, list[float]] = {n: [] for n in names}
     tokens = {}
-    for r in range(args.rounds):
-        for name in names:
-            times, toks = decode_steps(models[name], prompt, args.new_tokens)
-            if r > 0:
-                steps[name].extend(times)
-            tokens[name] = toks
-        print(f"round {r}: " + ", ".join(f"{n} {statistics.median(steps[n] or [float('nan')]) * 1e3:.1f} ms/token"
-                                         for n in names), flush=True)
+    decode_steps(models[names[0]], prompt, 1)  # the thread pool exists before priorities are set
+    with realtime_priority(args.realtime):
+        for r in range(args.rounds):
+            for name in names:
+                times, toks = decode_steps(models[name], prompt, args.new_tokens)
+                if r > 0:
+                    steps[name].extend(times)
+                tokens[name] = toks
+            print(f"round {r}: " + ", ".join(f"{n} {statistics.median(steps[n] or [float('nan')]) * 1e3:.1f} ms/token"
+                                             for n in names), flush=True)
     result = {
         "command": "python evals/kernels/bench_decode_cpu.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "machine": cpu_name(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "model": {k: getattr(args, k) for k in ("hidden", "intermediate", "layers", "heads", "kv_heads", "vocab")},
         "prompt_tokens": args.prompt, "new_tokens": args.new_tokens, "rounds": args.rounds,
-        "backend": args.backend, "fused_projections": args.fuse,
+        "backend": args.backend, "fused_projections": args.fuse, "realtime_priority": args.realtime,
         "variants": {},
     }
     ref = statistics.median(steps[names[0]])
     for name in names:
         med = statistics.median(steps[name])
         result["variants"][name] = {
-            "recipe": VARIANTS[name][0],
-            "lm_head_quantized": VARIANTS[name][1],
+            "recipe": VARIANTS[name.removesuffix(FUSED)][0],
+            "lm_head_quantized": VARIANTS[name.removesuffix(FUSED)][1],
+            "fused_projections": name != "bf16" and (args.fuse or name.endswith(FUSED)),
             "weight_GB": weight_bytes(models[name]) / 1e9,
             "median_ms_per_token": med * 1e3,
             "tokens_per_s": 1 / med,
@@ -261,8 +271,9 @@ def to_markdown(result: dict, names: list[str]) -> str:
         f"{m['heads']} heads / {m['kv_heads']} KV heads, vocab {m['vocab']}. "
         f"Prompt {result['prompt_tokens']} tokens, {result['new_tokens']} decode steps per round, "
         f"{result['rounds']} interleaved rounds (first discarded), median step time. "
-        f"{result['threads']} threads, torch {result['torch']}, backend `{result['backend']}`"
-        f"{', q/k/v and gate/up fused' if result['fused_projections'] else ''}.",
+        f"{result['machine']}, {result['threads']} threads, torch {result['torch']}, backend `{result['backend']}`"
+        f"{', q/k/v and gate/up fused in every quantized variant' if result['fused_projections'] else ''}"
+        f"{', timed under SCHED_FIFO (shared machine)' if result.get('realtime_priority') else ''}.",
         "",
         f"Command: `{result['command']}`",
         "",
@@ -276,6 +287,9 @@ def to_markdown(result: dict, names: list[str]) -> str:
     if any(result["variants"][n]["lm_head_quantized"] for n in names):
         lines += ["", "Variants ending in `-all` also quantize lm_head (every linear, as torchao's quantize_ does by "
                   "default); the others keep it in bf16 as the recipes do."]
+    if any(result["variants"][n].get("fused_projections") for n in names):
+        lines += ["", f"Variants ending in `{FUSED}` run q/k/v and gate/up as one linear each over weights concatenated "
+                  "along N (quantkit.kernels.concat_wna16_weights)."]
     lines += ["", "Absolute times depend on the machine and its load; the ratios were measured side by side in one run."]
     return "\n".join(lines) + "\n"
 

@@ -28,7 +28,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -38,6 +37,9 @@ from pathlib import Path
 import torch
 
 import quantkit.kernels as qk
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_timing import cpu_name, realtime_priority  # noqa: E402
 
 FULL_SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192), (8192, 28672), (28672, 8192)]
 FULL_MS = [1, 2, 4, 8, 16, 64, 256]
@@ -106,7 +108,7 @@ def copies_for(bytes_per_copy: int, device: str, max_copies: int = 64) -> int:
 # ----------------------------------------------------------------------------------------------
 # Timers
 # ----------------------------------------------------------------------------------------------
-def time_rotating(fns, device: str, reps: int, timer: str = "graph") -> float:
+def time_rotating(fns, device: str, reps: int, timer: str = "graph", realtime: bool = False) -> float:
     """Seconds per call of fns (each reading its own weight copy), run in rotation."""
     for fn in fns:  # warm-up: JIT compilation, allocator, first-touch
         fn()
@@ -140,20 +142,21 @@ def time_rotating(fns, device: str, reps: int, timer: str = "graph") -> float:
             samples.append(start.elapsed_time(end) / 1e3 / (4 * len(fns)))
         return statistics.median(samples)
     samples = []
-    for r in range(reps):
-        fn = fns[r % len(fns)]
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
+    with realtime_priority(realtime):
+        for r in range(reps):
+            fn = fns[r % len(fns)]
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
     return statistics.median(samples)
 
 
-def copy_bandwidth(device: str, reps: int) -> float:
+def copy_bandwidth(device: str, reps: int, realtime: bool = False) -> float:
     """Measured copy bandwidth in GB/s: (read + write bytes) / time of dst.copy_(src)."""
     nbytes = (1 << 30) if device == "cuda" else (256 << 20)
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
-    seconds = time_rotating([lambda: dst.copy_(src)], device, max(reps, 5))
+    seconds = time_rotating([lambda: dst.copy_(src)], device, max(reps, 5), realtime=realtime)
     return 2 * nbytes / seconds / 1e9
 
 
@@ -185,15 +188,15 @@ def run(args) -> dict:
     gen = torch.Generator(device=device).manual_seed(args.seed)
     dtypes = [getattr(torch, d) for d in args.dtypes]
     result = {
-        "device": torch.cuda.get_device_name() if device == "cuda" else f"cpu ({platform.processor() or 'unknown'})",
+        "device": torch.cuda.get_device_name() if device == "cuda" else f"CPU: {cpu_name()}",
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "timer": args.timer if device == "cuda" else "wall-clock median",
+        "timer": args.timer if device == "cuda" else "wall-clock median" + (" under SCHED_FIFO" * args.realtime),
         "shape_convention": "K x N = (in_features, out_features); x [M, K], W [N, K]",
         "bytes_convention": "packed weights + scales (2 B) + uint8 zeros (asymmetric) + x in + y out (2 B each)",
         "argv": sys.argv[1:],
     }
-    result["copy_bandwidth_GBps"] = copy_bw = copy_bandwidth(device, args.reps)
+    result["copy_bandwidth_GBps"] = copy_bw = copy_bandwidth(device, args.reps, args.realtime)
     print(f"copy bandwidth: {copy_bw:.1f} GB/s", flush=True)
     rows = []
     matmul_cache: dict[tuple, float] = {}
@@ -229,14 +232,16 @@ def run(args) -> dict:
                         key = (k, n, m, dt)
                         if key not in matmul_cache:
                             matmul_cache[key] = time_rotating(
-                                [lambda w=w: torch.matmul(x, w.t()) for w in dense[dt]], device, args.reps, args.timer)
+                                [lambda w=w: torch.matmul(x, w.t()) for w in dense[dt]], device, args.reps, args.timer,
+                                args.realtime)
                         t_mm = matmul_cache[key]
 
                         def call(p, backend=backend, x=x, m=m):
                             return qk.wna16_linear(x, p, bits=scheme.bits, in_features=k, out_features=n,
                                                    backend=backend)
 
-                        t = time_rotating([lambda p=p: call(p) for p in prepared[dt]], device, reps, args.timer)
+                        t = time_rotating([lambda p=p: call(p) for p in prepared[dt]], device, reps, args.timer,
+                                          args.realtime)
                         packed, scale, zero = ckpts[dt][0]
                         ref = qk.wna16_linear_reference(x.float(), packed, scale.float(), zero, scheme.bits, k)
                         y = call(prepared[dt][0]).float()
@@ -264,7 +269,7 @@ def sweep(prepared_list, x, scheme, m, n, k, device, args) -> list[dict]:
             return qk.wna16_gemm_triton(x, p["triton_qweight"], p["triton_scales"], p.get("triton_zeros"), None,
                                         scheme.bits, config=cfg)
         try:
-            t = time_rotating([lambda p=p: call(p) for p in prepared_list], device, args.reps, args.timer)
+            t = time_rotating([lambda p=p: call(p) for p in prepared_list], device, args.reps, args.timer, args.realtime)
             out.append({"config": cfg.as_dict(), "us": t * 1e6})
         except Exception as exc:  # noqa: BLE001  (a config that does not launch is a finding, not a crash)
             out.append({"config": cfg.as_dict(), "error": f"{type(exc).__name__}: {exc}"[:300]})
@@ -338,6 +343,8 @@ def parse_args(argv=None):
     p.add_argument("--sweep", action="store_true", help="GPU: also time alternative launch configurations")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads)")
     p.add_argument("--max-copies", type=int, default=64, help="cap on the weight copies rotated through")
+    p.add_argument("--realtime", action="store_true",
+                   help="CPU: time under SCHED_FIFO (Linux, root) to shield the ratios from other load")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     cuda = args.device == "cuda"

@@ -27,13 +27,21 @@ if "$PY" -c "import quantkit; quantkit.load_recipe('kv-fp8'); import quantkit.mo
   VARIANTS=$VARIANTS,kv-fp8,w4a16-rtn+kv-fp8
 fi
 
-"$PY" -m quantkit.cli bench evals/configs/llama-8b-random.json --device cuda --dtype bf16 \
+# Overridable for a dry run elsewhere (e.g. DEVICE=cpu CONFIG=<small config> PROMPTS=16 CONTEXTS=16 BATCHES=1).
+CONFIG=${CONFIG:-evals/configs/llama-8b-random.json}
+DEVICE=${DEVICE:-cuda}
+PROMPTS=${PROMPTS:-128,512,1024,2048,4096}
+CONTEXTS=${CONTEXTS:-128,1024,4096}
+BATCHES=${BATCHES:-1,8,32,64}
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+
+"$PY" -m quantkit.cli bench "$CONFIG" --device "$DEVICE" --dtype bf16 \
   --variants "$VARIANTS" --backend auto \
-  --prompt-lens 128,512,1024,2048,4096 --context-lens 128,1024,4096 --batch-sizes 1,8,32,64 \
+  --prompt-lens "$PROMPTS" --context-lens "$CONTEXTS" --batch-sizes "$BATCHES" \
   --warmup 3 --repeats 10 --max-cache-gb 40 --gpu probe --json "$OUT/bench.json"
 
 "$PY" -m quantkit.cli report --bench "$OUT/bench.json" --out "$OUT" \
-  --title "quantkit on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1): prefill versus decode" \
-  --note "Speed of a random-initialised Llama-3-8B-shaped model (evals/configs/llama-8b-random.json): weights are random, so this measures speed only; quality is in the CPU report (evals/reports/cpu)." \
+  --title "quantkit on ${GPU_NAME:-$DEVICE}: prefill versus decode" \
+  --note "Speed of a random-initialised Llama-architecture model ($CONFIG): weights are random, so this measures speed only; quality is in the CPU report (evals/reports/cpu)." \
   --note "Reproduce: \`bash evals/reports/gpu_script.sh\`."
 echo "report: $OUT/report.md"

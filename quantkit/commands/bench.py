@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 GPU_DEFAULTS = {"prompt_lens": "128,512,1024,2048,4096", "context_lens": "128,512,1024,2048,4096",
                 "batch_sizes": "1,4,16,64"}
+# Environment variables that change timings; recorded with the command line.
+TIMING_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET")
 CPU_DEFAULTS = {"prompt_lens": "32,128,512", "context_lens": "128,512,2048", "batch_sizes": "1,4,16"}
 
 
@@ -87,7 +90,8 @@ def _command_line(args: argparse.Namespace, variants: list[str], device, setting
         parts += ["--threads", str(args.threads)]
     if args.json_out:
         parts += ["--json", args.json_out]
-    return shlex.join(parts)
+    env = [f"{k}={os.environ[k]}" for k in TIMING_ENV if os.environ.get(k)]
+    return shlex.join(env + parts)
 
 
 def run(args: argparse.Namespace) -> int:

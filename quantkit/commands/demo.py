@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
                       notes=table.splitlines()[2:])
         report = table
     print("\n" + report)
-    print(f"written to {out}/ (report.md with plots, report.json, quality.json, bench.json, checkpoints/)")
+    print(f"written to {out}/ (report.md with plots, report.json, quality.json{'' if args.no_bench else ', bench.json'}, checkpoints/)")
     return 0
 
 

@@ -121,13 +121,14 @@ def evaluate(shape: ModelShape, scheme: RooflineScheme, device: DeviceSpec, work
     )
 
 
-def scheme_key(scheme: RooflineScheme) -> tuple[int, int]:
-    """What quality results are matched on: (weight bits, KV bytes)."""
-    return scheme.weight_bits, scheme.kv_bytes
+def scheme_key(scheme: RooflineScheme) -> tuple[int, int, bool]:
+    """What quality results are matched on: (weight bits, KV bits, symmetric), 16 standing for any float."""
+    quantized = scheme.quantized
+    return (scheme.weight_bits if quantized else 16), (8 if scheme.kv_bytes == 1 else 16), (scheme.symmetric or not quantized)
 
 
-def quality_key(result: QualityResult, dtype_bytes: int = 2) -> tuple[int, int] | None:
-    """(weight bits, KV bytes) of the scheme a quality result measured: from the evaluated
+def quality_key(result: QualityResult, dtype_bytes: int = 2) -> tuple[int, int, bool] | None:
+    """(weight bits, KV bits, symmetric) of the scheme a quality result measured: from the evaluated
     checkpoint's config when it is at hand, from its recipe when the name is one, else from the
     name itself ("w4...", "w8...", "...kv8"/"...fp8")."""
     if result.model and (Path(result.model) / "config.json").is_file():
@@ -143,11 +144,10 @@ def quality_key(result: QualityResult, dtype_bytes: int = 2) -> tuple[int, int] 
         pass
     name = result.name.lower()
     m = re.search(r"(?:^|[^a-z])w(\d+)", name)
-    bits = int(m.group(1)) if m else 8 * dtype_bytes
-    kv = 1 if re.search(r"kv[-_]?(?:fp)?8|fp8[-_]?kv", name) else dtype_bytes
-    if not m and kv == dtype_bytes:
+    kv8 = re.search(r"kv[-_]?(?:fp)?8|fp8[-_]?kv", name)
+    if not m and not kv8:
         return None
-    return bits, kv
+    return (int(m.group(1)) if m else 16), (8 if kv8 else 16), not (m and "asym" in name)
 
 
 def _quality_rank(c: Candidate) -> tuple:
@@ -180,7 +180,7 @@ def advise(
         raise ValueError(f"memory budget must be positive, got {budget}")
     if min_gain < 0:
         raise ValueError(f"min_gain must be >= 0, got {min_gain}")
-    by_key: dict[tuple[int, int], QualityResult] = {}
+    by_key: dict[tuple[int, int, bool], QualityResult] = {}
     items = quality.items() if isinstance(quality, Mapping) else [(None, q) for q in quality]
     for name, q in items:
         key = None
@@ -262,6 +262,8 @@ def _reason(choice: Candidate, fastest: Candidate, candidates: list[Candidate], 
 
 
 def _s(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} us"
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 

@@ -41,11 +41,19 @@ def _save(fig, out_dir: Path, name: str) -> str:
     return name
 
 
-def _roofline_legend(ax) -> None:
-    handles, labels = ax.get_legend_handles_labels()
-    handles.append(Line2D([], [], color="gray", linestyle="--"))
+def _figure_legend(fig, axes) -> None:
+    """One legend for all panels, below them: the variants' colours and the dashed roofline."""
+    handles, labels = {}, []
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label not in handles:
+                handles[label] = h
+                labels.append(label)
+    handles["roofline prediction"] = Line2D([], [], color="gray", linestyle="--")
     labels.append("roofline prediction")
-    ax.legend(handles, labels)
+    fig.legend([handles[x] for x in labels], labels, loc="lower center", ncol=min(len(labels), 5),
+               bbox_to_anchor=(0.5, -0.02), frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
 
 
 def plot_ttft(bench: dict, out_dir: Path) -> str | None:
@@ -55,7 +63,7 @@ def plot_ttft(bench: dict, out_dir: Path) -> str | None:
     colors = _colors(names)
     batches = sorted({r["batch"] for r in bench["prefill"]})
     with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(1, len(batches), figsize=(6.4 * len(batches), 4.2), squeeze=False)
+        fig, axes = plt.subplots(1, len(batches), figsize=(6.4 * len(batches), 4.6), squeeze=False)
         for ax, b in zip(axes[0], batches):
             for name in names:
                 rs = records(bench, "prefill", name, batch=b)
@@ -69,7 +77,7 @@ def plot_ttft(bench: dict, out_dir: Path) -> str | None:
             ax.set_xlabel("prompt length (tokens)")
             ax.set_ylabel("TTFT (ms, log scale)")
             ax.set_title(f"Time to first token, batch {b}")
-            _roofline_legend(ax)
+        _figure_legend(fig, axes.flat)
         return _save(fig, out_dir, "ttft_vs_prompt.png")
 
 
@@ -82,7 +90,7 @@ def plot_tpot(bench: dict, out_dir: Path) -> str | None:
     cols = min(len(batches), 2)
     rows = -(-len(batches) // cols)
     with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 4.2 * rows), squeeze=False)
+        fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 4.2 * rows + 0.5), squeeze=False)
         for ax, b in zip(axes.flat, batches):
             for name in names:
                 rs = records(bench, "decode", name, batch=b)
@@ -96,10 +104,9 @@ def plot_tpot(bench: dict, out_dir: Path) -> str | None:
             ax.set_xlabel("context length (tokens in the KV cache)")
             ax.set_ylabel("TPOT (ms)")
             ax.set_title(f"Time per output token, batch {b}")
-            _roofline_legend(ax)
         for ax in list(axes.flat)[len(batches):]:
             ax.set_visible(False)
-        fig.tight_layout()
+        _figure_legend(fig, list(axes.flat)[:len(batches)])
         return _save(fig, out_dir, "tpot_vs_context.png")
 
 
@@ -127,10 +134,8 @@ def plot_speedups(bench: dict, out_dir: Path) -> str | None:
                 med = statistics.median(vals)
                 ax.bar(x, med, width * 0.92, color=color, label=label if vi == 0 else None,
                        yerr=[[med - min(vals)], [max(vals) - med]], capsize=4, ecolor="#333333")
-                inside = med > 0.3 * ax.get_ylim()[1] if ax.get_ylim()[1] > 0 else False
-                ax.text(x, med / 2 if inside else med, f"{med:.2f}x", ha="center",
-                        va="center" if inside else "bottom", fontsize=9, fontweight="bold",
-                        color="white" if inside else "black")
+                ax.text(x, 0.02 * top, f"{med:.2f}x", ha="center", va="bottom", fontsize=9, fontweight="bold",
+                        bbox=dict(boxstyle="round,pad=0.2", facecolor="white", edgecolor="none", alpha=0.85))
                 ax.plot([x], [statistics.median(preds)], "D", color="black", markersize=6,
                         label="roofline prediction" if (vi == 0 and gi == 0) else None)
         ax.axhline(1.0, color="gray", linewidth=1)
@@ -203,39 +208,53 @@ def bench_plots(bench: dict, out_dir: Path) -> dict[str, str]:
 
 
 def quality_plots(quality: Sequence[QualityResult], out_dir: Path) -> dict[str, str]:
-    """Bars of perplexity (baseline as a line) and KL divergence per variant."""
+    """Bars per variant: perplexity increase over the unquantized model (or perplexity when no
+    baseline is known) and KL divergence (log scale when the values span decades)."""
     if not quality:
         return {}
     names = [q.name for q in quality]
     colors = _colors(names)
     has_kl = any(q.kl_divergence is not None for q in quality)
+    relative = all(q.perplexity_increase is not None for q in quality)
     with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(1, 2 if has_kl else 1, figsize=(11 if has_kl else 6, 4.2), squeeze=False)
+        fig, axes = plt.subplots(1, 2 if has_kl else 1, figsize=(11 if has_kl else 6, 4.4), squeeze=False)
         ax = axes[0][0]
-        ppl = [q.perplexity for q in quality]
-        ax.bar(names, ppl, color=[colors[n] for n in names])
-        base = next((q.baseline_perplexity for q in quality if q.baseline_perplexity), None)
-        if base:
-            ax.axhline(base, color="black", linestyle="--", linewidth=1, label=f"unquantized {base:.3f}")
-            ax.legend(loc="lower right")
-        lo = min(ppl + ([base] if base else []))
-        hi = max(ppl + ([base] if base else []))
-        ax.set_ylim(lo - 0.6 * (hi - lo) - 0.02 * lo, hi + 0.4 * (hi - lo) + 0.02 * hi)  # zoomed: small deltas show
-        for i, q in enumerate(quality):
-            inc = q.perplexity_increase
-            ax.annotate(f"{q.perplexity:.3f}" + ("" if inc is None else f"\n({100 * inc:+.2f}%)"),
-                        (i, q.perplexity), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
-        ax.set_ylabel("perplexity (zoomed axis)")
-        ax.set_title("Perplexity (lower is better)")
+        x = range(len(quality))
+        if relative:
+            vals = [100 * q.perplexity_increase for q in quality]
+            ax.bar(x, vals, color=[colors[n] for n in names])
+            ax.axhline(0, color="black", linewidth=0.8)
+            for i, q in enumerate(quality):
+                ax.annotate(f"{vals[i]:+.2f}%\n(ppl {q.perplexity:.3f})", (i, max(vals[i], 0)),
+                            textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
+            top = max(max(vals), 0)
+            ax.set_ylim(min(min(vals), 0) * 1.3, top * 1.35 + 1e-3)
+            base = statistics.median(q.baseline_perplexity for q in quality)
+            ax.set_ylabel("perplexity increase (%)")
+            ax.set_title(f"Perplexity vs unquantized ({base:.3f}); lower is better")
+        else:
+            vals = [q.perplexity for q in quality]
+            ax.bar(x, vals, color=[colors[n] for n in names])
+            for i, v in enumerate(vals):
+                ax.annotate(f"{v:.3f}", (i, v), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
+            ax.set_ylabel("perplexity")
+            ax.set_title("Perplexity (lower is better)")
         if has_kl:
             ax2 = axes[0][1]
             kl = [q.kl_divergence or 0.0 for q in quality]
-            ax2.bar(names, kl, color=[colors[n] for n in names])
+            ax2.bar(x, kl, color=[colors[n] for n in names])
+            positive = [v for v in kl if v > 0]
+            if positive and max(positive) / min(positive) > 100:
+                ax2.set_yscale("log")
+                ax2.set_ylim(min(positive) / 3, max(positive) * 4)
+            else:
+                ax2.set_ylim(0, max(kl) * 1.2 + 1e-12)
             for i, v in enumerate(kl):
                 ax2.annotate(f"{v:.3g}", (i, v), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8)
-            ax2.set_ylabel("KL(unquantized || quantized), nats/token")
-            ax2.set_title("KL divergence from the unquantized model")
+            ax2.set_ylabel("nats / token")
+            ax2.set_title("KL(unquantized || quantized); lower is better")
         for a in axes.flat:
-            a.tick_params(axis="x", rotation=15)
+            a.set_xticks(list(x))
+            a.set_xticklabels(names, rotation=15)
         fig.tight_layout()
         return {"quality": _save(fig, out_dir, "quality.png")}

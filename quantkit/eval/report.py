@@ -221,7 +221,8 @@ def render_report(bench: dict | None, quality: Sequence[QualityResult], out_dir:
         images.update(plots.quality_plots(quality, out))
 
     md = [f"# {title}", ""]
-    md += list(notes) + ([""] if notes else [])
+    for note in notes:
+        md += [note, ""]
     if bench is not None:
         md += _bench_sections(bench, images)
     md += _quality_section(quality, images, bench)
@@ -247,7 +248,7 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
            f"- Device: {dev['name']} ({dev['type']}" + (f", {dev['threads']} threads" if "threads" in dev else "")
            + f"), torch {dev['torch']}",
            f"- Timing: {settings['timer']}, {settings['warmup']} warm-up run{'s' if settings['warmup'] != 1 else ''}, "
-           f"median of {settings['repeats']}; "
+           f"median of {settings['repeats']}" + (f" ({settings['order']})" if settings.get("order") else "") + "; "
            "decode = one step at a fixed context with a pre-filled static KV cache "
            f"(mode: {', '.join(sorted({r.get('mode', 'eager') for r in bench['decode']})) or '–'})",
            f"- Memory: {settings['memory_method']}"
@@ -271,7 +272,7 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
         md += _table(["variant", "prefill measured", "prefill roofline", "decode measured", "decode roofline"],
                      [[s["variant"], _fmt_x(s["prefill_measured"]), _fmt_x(s["prefill_predicted"]),
                        _fmt_x(s["decode_measured"]), _fmt_x(s["decode_predicted"])] for s in summary])
-        md += [""]
+        md += ["", _headline(summary), ""]
         if "speedups" in images:
             md += [f"![prefill and decode speedups]({images['speedups']})", ""]
         md += _why_paragraph(bench) + [""]
@@ -334,6 +335,20 @@ def _phase_table(bench: dict, phase: str, length_key: str, unit: str, batch: int
     return _table(header, rows) + ["", "(in parentheses: speedup over the baseline, measured side by side)"] if base else _table(header, rows)
 
 
+def _headline(summary: list[dict]) -> str:
+    """One sentence: does decode gain more than prefill, variant by variant?"""
+    both = [s for s in summary if s["prefill_measured"] is not None and s["decode_measured"] is not None]
+    if not both:
+        return ""
+    more = [s["variant"] for s in both if s["decode_measured"] > s["prefill_measured"]]
+    less = [s["variant"] for s in both if s["decode_measured"] <= s["prefill_measured"]]
+    parts = ", ".join(f"{s['variant']} {s['decode_measured']:.2f}x vs {s['prefill_measured']:.2f}x" for s in both)
+    if not less:
+        return f"Measured: decode speeds up more than prefill for every variant ({parts}, decode vs prefill)."
+    return (f"Measured: decode speeds up more than prefill for {', '.join(more) or 'no variant'} but not for "
+            f"{', '.join(less)} ({parts}, decode vs prefill).")
+
+
 def _why_paragraph(bench: dict) -> list[str]:
     spec = bench["device"]["spec"]
     pf = records(bench, "prefill", bench.get("baseline"))
@@ -354,18 +369,21 @@ def _why_paragraph(bench: dict) -> list[str]:
 
 def _roofline_section(bench: dict, images: dict[str, str]) -> list[str]:
     md = ["## Measured against the roofline", "",
-          "measured / predicted: 1.0 would be a kernel at the device's achievable bandwidth or matmul rate; "
-          "larger is slower than the roofline.", ""]
+          "measured / roofline: 1.0 would be a kernel at the device's achievable bandwidth or matmul rate; "
+          "larger is slower than the roofline. Achieved GB/s: the roofline's bytes over the measured time, "
+          "and its share of the device's bandwidth.", ""]
     rows = []
+    bandwidth = bench["device"]["spec"]["memory_bandwidth"]
     for phase, key in (("prefill", "prompt_len"), ("decode", "context_len")):
         for name in variant_names(bench):
             for r in records(bench, phase, name):
                 rows.append([phase, name, r["batch"], r[key], f"{r['roofline']['intensity']:.1f}",
                              r["roofline"]["bound"], _fmt_ms(r["roofline"]["predicted_s"]), _fmt_ms(r["median_s"]),
                              f"{r['roofline']['measured_over_predicted']:.2f}",
-                             f"{r['achieved_bandwidth'] / 1e9:.1f}"])
+                             f"{r['achieved_bandwidth'] / 1e9:.1f}",
+                             f"{100 * r['achieved_bandwidth'] / bandwidth:.0f}%"])
     md += _table(["phase", "variant", "batch", "length", "flop/byte", "bound", "roofline ms", "measured ms",
-                  "measured / roofline", "achieved GB/s"], rows)
+                  "measured / roofline", "achieved GB/s", "% of bandwidth"], rows)
     if "roofline" in images:
         md += ["", f"![measured against the roofline]({images['roofline']})"]
     return md + [""]

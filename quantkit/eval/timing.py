@@ -10,7 +10,8 @@
   launches would dominate a small model's step); a growing cache runs eagerly.
 
 Timers: CUDA events on GPU, ``time.perf_counter`` on CPU; warm-up runs, then the median of
-repeats. Peak memory: on GPU the variant's weights plus the growth of ``torch.cuda.max_memory_allocated``
+repeats. On CPU the repeats of all variants at one shape are interleaved (A B C A B C ...) so that
+the load of a shared machine drifts over all of them alike; on GPU variants run one after another. Peak memory: on GPU the variant's weights plus the growth of ``torch.cuda.max_memory_allocated``
 during the measurement (cache, activations; other variants stay resident and are not counted); on
 CPU the bytes of the model's tensors plus the cache's tensors ("tensor_bytes"), with the peak-RSS
 growth during the measurement beside it where /proc allows.
@@ -65,6 +66,20 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def time_once(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds of one call of ``fn``: CUDA events on GPU, perf_counter on CPU."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def time_call(fn: Callable[[], object], device: torch.device, *, warmup: int, repeats: int,
               before: Callable[[], object] | None = None) -> list[float]:
     """Seconds of each of ``repeats`` calls of ``fn`` after ``warmup`` untimed calls.
@@ -79,17 +94,7 @@ def time_call(fn: Callable[[], object], device: torch.device, *, warmup: int, re
     for _ in range(repeats):
         if before:
             before()
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
+        times.append(time_once(fn, device))
     return times
 
 
@@ -121,12 +126,14 @@ class MemoryMeter:
         except OSError:
             self._rss0 = None
 
-    def stop(self, model_bytes: int, cache_bytes: int) -> dict:
+    def stop(self, model_bytes: int, cache_bytes: int, *, cache_allocated_before: bool = False) -> dict:
+        """``cache_allocated_before``: the cache existed when ``start`` ran (so the growth excludes it)."""
         if self.device.type == "cuda":
-            # Other variants stay resident on the device: count this variant's weights plus what
-            # the measurement itself allocated at its peak (cache, activations, workspaces).
+            # Other variants stay resident on the device: count this variant's weights (and its
+            # cache) plus what the measurement itself allocated at its peak (activations, workspaces).
             growth = int(torch.cuda.max_memory_allocated(self.device)) - self._allocated0
-            return {"method": self.method, "peak_bytes": model_bytes + growth, "measurement_peak_bytes": growth,
+            base = model_bytes + (cache_bytes if cache_allocated_before else 0)
+            return {"method": self.method, "peak_bytes": base + growth, "measurement_peak_bytes": growth,
                     "weights_bytes": model_bytes, "kv_cache_bytes": cache_bytes}
         out = {"method": self.method, "peak_bytes": model_bytes + cache_bytes,
                "weights_bytes": model_bytes, "kv_cache_bytes": cache_bytes}
@@ -191,6 +198,18 @@ def fill_cache(cache, shape: ModelShape, batch: int, context_len: int, *, dtype:
         cache.update(k, v, layer_idx)
 
 
+def rewind(cache, tokens: int) -> None:
+    """Forget the last ``tokens`` positions of ``cache``. Static layers only move their write
+    position back (an in-place op on a device tensor, so a CUDA graph can replay it; transformers
+    before 5.24 has no crop for them); growing layers are cropped."""
+    for layer in cache.layers:
+        position = getattr(layer, "cumulative_length", None)
+        if isinstance(position, torch.Tensor) and not hasattr(layer, "cumulative_length_int"):
+            position.sub_(tokens)
+        else:
+            layer.crop(-tokens)
+
+
 def _is_static(cache) -> bool:
     """Whether the cache writes in place (CUDA graphs can replay it); a growing cache cannot."""
     from transformers import StaticCache
@@ -218,28 +237,68 @@ def _random_ids(vocab: int, batch: int, length: int, device: torch.device, seed:
     return torch.randint(0, vocab, (batch, length), generator=g).to(device)  # [B, T]
 
 
-@torch.inference_mode()
-def time_prefill(variant: Variant, shape: ModelShape, batch: int, prompt_len: int, settings: BenchSettings,
-                 device: torch.device) -> dict:
+class TimedRun:
+    """One variant at one shape, ready to time: ``run`` is the timed call, ``before`` (untimed)
+    resets state ahead of each call. Calls can be interleaved with other variants' runs."""
+
+    def __init__(self, variant: Variant, device: torch.device, run: Callable[[], object], *,
+                 before: Callable[[], object] | None = None, cache: Callable[[], object],
+                 cache_allocated_before: bool, info: dict | None = None, context_len: int | None = None):
+        self.variant, self.device, self.run, self.before = variant, device, run, before
+        self.cache, self.cache_allocated_before = cache, cache_allocated_before
+        self.info = info or {}
+        self.context_len = context_len  # decode: the cache length every call must leave behind
+        self.times: list[float] = []
+
+    @torch.inference_mode()
+    def warm(self, n: int) -> None:
+        for _ in range(n):
+            if self.before:
+                self.before()
+            self.run()
+        _sync(self.device)
+
+    @torch.inference_mode()
+    def time(self) -> None:
+        if self.before:
+            self.before()
+        self.times.append(time_once(self.run, self.device))
+
+    @torch.inference_mode()
+    def finish(self) -> dict:
+        """The times so far, and the peak memory of one more (untimed) call."""
+        meter = MemoryMeter(self.device)
+        meter.start()
+        if self.before:
+            self.before()
+        self.run()
+        _sync(self.device)
+        memory = meter.stop(model_tensor_bytes(self.variant.model), cache_tensor_bytes(self.cache()),
+                            cache_allocated_before=self.cache_allocated_before)
+        if self.context_len is not None and _seq_length(self.cache()) != self.context_len:
+            raise RuntimeError(f"decode steps changed the cache length to {_seq_length(self.cache())} "
+                               f"(expected {self.context_len})")
+        return {"times_s": list(self.times), "memory": memory, **self.info}
+
+
+def prefill_run(variant: Variant, shape: ModelShape, batch: int, prompt_len: int, settings: BenchSettings,
+                device: torch.device) -> TimedRun:
+    """Prefill of ``batch`` random prompts of ``prompt_len`` tokens into a fresh (preallocated) cache."""
     model = variant.model
     dtype = next(model.parameters()).dtype
-    ids = _random_ids(shape.vocab, batch, prompt_len, device, settings.seed)
-    meter = MemoryMeter(device)
-    meter.start()
+    ids = _random_ids(shape.vocab, batch, prompt_len, device, settings.seed)  # [B, P]
+    kw = cache_kwarg(model)
     holder = {}
 
     def reset():
         holder.clear()  # free the previous cache before allocating the next
         holder["cache"] = make_prefill_cache(variant, shape, batch, prompt_len, dtype=dtype, device=device)
 
-    kw = cache_kwarg(model)
-
     def run():
         model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: holder["cache"]})
 
-    times = time_call(run, device, warmup=settings.warmup, repeats=settings.repeats, before=reset)
-    memory = meter.stop(model_tensor_bytes(model), cache_tensor_bytes(holder["cache"]))
-    return {"times_s": times, "memory": memory}
+    reset()
+    return TimedRun(variant, device, run, before=reset, cache=lambda: holder["cache"], cache_allocated_before=False)
 
 
 def _capture_graph(step: Callable[[], object]) -> Callable[[], object]:
@@ -257,39 +316,55 @@ def _capture_graph(step: Callable[[], object]) -> Callable[[], object]:
 
 
 @torch.inference_mode()
-def time_decode(variant: Variant, shape: ModelShape, batch: int, context_len: int, settings: BenchSettings,
-                device: torch.device) -> dict:
+def decode_run(variant: Variant, shape: ModelShape, batch: int, context_len: int, settings: BenchSettings,
+               device: torch.device) -> TimedRun:
+    """One decode step of ``batch`` sequences at ``context_len`` cached positions (random K/V)."""
     model = variant.model
     dtype = next(model.parameters()).dtype
-    meter = MemoryMeter(device)
-    meter.start()
     cache = make_decode_cache(variant, context_len + 1)
     fill_cache(cache, shape, batch, context_len, dtype=dtype, device=device, seed=settings.seed)
     if _seq_length(cache) != context_len:
         raise RuntimeError(f"cache holds {_seq_length(cache)} positions after filling {context_len}")
     ids = _random_ids(shape.vocab, batch, 1, device, settings.seed + 1)  # [B, 1]
-
     kw = cache_kwarg(model)
 
     def step():
         model(input_ids=ids, use_cache=True, **{kw: cache})
-        cache.crop(-1)  # back to context_len: every repeat decodes at the same context
+        rewind(cache, 1)  # back to context_len: every repeat decodes at the same context
 
-    mode = "eager"
-    run = step
+    mode, run = "eager", step
     if device.type == "cuda" and settings.cuda_graphs and _is_static(cache):
         try:
-            run = _capture_graph(step)
-            mode = "cuda_graph"
+            run, mode = _capture_graph(step), "cuda_graph"
         except Exception as e:  # capture fails on ops that synchronise; fall back to eager
             torch.cuda.synchronize(device)
             mode = f"eager (CUDA graph capture failed: {type(e).__name__})"
-            run = step
-    times = time_call(run, device, warmup=settings.warmup, repeats=settings.repeats)
-    if _seq_length(cache) != context_len:
-        raise RuntimeError(f"decode step changed the cache length to {_seq_length(cache)} (expected {context_len})")
-    memory = meter.stop(model_tensor_bytes(model), cache_tensor_bytes(cache))
-    return {"times_s": times, "memory": memory, "mode": mode, "cache": type(cache).__name__}
+            if _seq_length(cache) != context_len:
+                raise RuntimeError("a failed CUDA graph capture left the cache at another length") from e
+
+    return TimedRun(variant, device, run, cache=lambda: cache, cache_allocated_before=True,
+                    info={"mode": mode, "cache": type(cache).__name__}, context_len=context_len)
+
+
+def measure(runs: Sequence[TimedRun], settings: BenchSettings) -> list[dict]:
+    """Warm up and time ``runs`` (one per variant, same shape). Repeats are interleaved across the
+    variants (A B C A B C ...), so load or clock drift during the measurement hits all alike."""
+    for r in runs:
+        r.warm(settings.warmup)
+    for _ in range(settings.repeats):
+        for r in runs:
+            r.time()
+    return [r.finish() for r in runs]
+
+
+def time_prefill(variant: Variant, shape: ModelShape, batch: int, prompt_len: int, settings: BenchSettings,
+                 device: torch.device) -> dict:
+    return measure([prefill_run(variant, shape, batch, prompt_len, settings, device)], settings)[0]
+
+
+def time_decode(variant: Variant, shape: ModelShape, batch: int, context_len: int, settings: BenchSettings,
+                device: torch.device) -> dict:
+    return measure([decode_run(variant, shape, batch, context_len, settings, device)], settings)[0]
 
 
 # -- the whole benchmark -------------------------------------------------------------------------
@@ -306,6 +381,19 @@ def _record(variant: Variant, shape: ModelShape, spec: DeviceSpec, cost, measure
     rec["achieved_bandwidth"] = cost.total_bytes / median
     rec["achieved_flops"] = cost.total_flops / median
     return rec
+
+
+def _measure_variants(variants: Sequence[Variant], make_run: Callable[[Variant], TimedRun], settings: BenchSettings,
+                      device: torch.device) -> list[dict]:
+    """One shape, every variant. On CPU the variants' repeats are interleaved (a shared CPU's load
+    drifts); on GPU they run one variant after the other, so only one variant's cache is allocated."""
+    if device.type == "cpu":
+        return measure([make_run(v) for v in variants], settings)
+    out = []
+    for v in variants:
+        out.append(measure([make_run(v)], settings)[0])
+        torch.cuda.empty_cache()
+    return out
 
 
 def _progress(total: int, desc: str):
@@ -343,14 +431,14 @@ def run_bench(variants: Sequence[Variant], spec: DeviceSpec, settings: BenchSett
     prefill, decode = [], []
     bar = _progress(len(prefill_shapes) + len(decode_shapes), "bench") if progress else None
     for p, b in prefill_shapes:
-        for v in variants:
-            m = time_prefill(v, shape, b, p, settings, device)
+        measured = _measure_variants(variants, lambda v: prefill_run(v, shape, b, p, settings, device), settings, device)
+        for v, m in zip(variants, measured):
             prefill.append(_record(v, shape, spec, prefill_cost(shape, v.scheme, p, b), m, batch=b, prompt_len=p))
         if bar:
             bar.update()
     for c, b in decode_shapes:
-        for v in variants:
-            m = time_decode(v, shape, b, c, settings, device)
+        measured = _measure_variants(variants, lambda v: decode_run(v, shape, b, c, settings, device), settings, device)
+        for v, m in zip(variants, measured):
             rec = _record(v, shape, spec, decode_cost(shape, v.scheme, c, b), m, batch=b, context_len=c)
             rec["tokens_per_s"] = b / rec["median_s"]
             decode.append(rec)
@@ -365,6 +453,7 @@ def run_bench(variants: Sequence[Variant], spec: DeviceSpec, settings: BenchSett
         "device": device_info(device, spec),
         "settings": {**asdict(settings), "timer": "cuda_events" if device.type == "cuda" else "perf_counter",
                      "statistic": "median",
+                     "order": "variant by variant" if device.type == "cuda" else "repeats interleaved across variants",
                      "memory_method": MemoryMeter(device).method},
         "variants": [v.describe() for v in variants],
         "baseline": variants[0].name,
