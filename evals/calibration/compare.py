@@ -5,8 +5,8 @@
 
 Calibration: the model's training text (quantkit's default for the reference models), N windows of L
 tokens with a fixed seed. Evaluation: the held-out text, non-overlapping windows of the model's context,
-through `quantkit.eval.quality.evaluate_quality` (KL of the quantized model's next-token distribution
-from the unquantized one, top-1 agreement, perplexity). All variants are quantized and evaluated in
+through `quantkit.eval.quality.evaluate_variants` (KL of each quantized model's next-token distribution
+from the unquantized one, top-1 agreement, perplexity; one baseline pass for all variants). All variants are quantized and evaluated in
 one run, side by side, so their times compare (absolute CPU seconds depend on the machine and its load).
 With --llmcompressor-python, llm-compressor's GPTQ (same scheme, damping, block size, static act-order)
 runs in that interpreter on the *same* calibration windows, and its checkpoint is evaluated here.
@@ -47,14 +47,6 @@ def compressed_tensors_symmetric_scales():
         yield
     finally:
         gptq.compute_qparams = compute_qparams
-
-
-def quality_row(name: str, model, baseline, windows, seconds: float | None, batch_size: int) -> dict:
-    from quantkit.eval.quality import evaluate_quality
-
-    q = evaluate_quality(model, baseline, windows, batch_size=batch_size, progress=False)
-    return dict(variant=name, perplexity=q.perplexity, baseline_perplexity=q.baseline_perplexity,
-                kl=q.kl_divergence, top1=q.top1_agreement, seconds=seconds, eval_tokens=q.tokens, window=q.window)
 
 
 def run_llmcompressor(python: str, model_dir: Path, calib, tmp: Path) -> tuple[Path | None, dict]:
@@ -138,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     import quantkit
     from quantkit.calibration import CalibrationConfig, calibration_batches
     from quantkit.eval.data import eval_token_windows
+    from quantkit.eval.quality import evaluate_variants
     from quantkit.loading import load_float_model, resolve_model_source
 
     torch.set_num_threads(args.threads)
@@ -149,32 +142,39 @@ def main(argv: list[str] | None = None) -> int:
     calibration = CalibrationConfig(source="ref", num_samples=args.calib_samples, seq_len=args.calib_seq_len,
                                     seed=args.seed)
     calib = torch.cat(calibration_batches(calibration, baseline))  # [N, L]: what every variant calibrates on
-    rows = []
     variants = [(f"quantkit {r}", r, contextlib.nullcontext) for r in args.recipes.split(",")]
     if args.ct_scales:
         variants.append(("quantkit w4a16-gptq, scales absmax/7.5", "w4a16-gptq", compressed_tensors_symmetric_scales))
+    warm_up = list(calib[:2].split(1))  # first calls pay for lazy imports: keep them out of the timings
+    for _name, recipe, context in variants:
+        with context():
+            quantkit.quantize(copy.deepcopy(baseline), recipe, calibration_data=warm_up, progress=False)
+    models, seconds = {}, {}
     for name, recipe, context in variants:
         model = copy.deepcopy(baseline)
         start = time.perf_counter()
         with context():
             quantkit.quantize(model, recipe, calibration_data=list(calib.split(max(1, 8192 // calib.shape[1]))),
                               progress=False)
-        seconds = time.perf_counter() - start
-        rows.append(quality_row(name, model, baseline, windows, seconds, args.batch_size))
-        print(rows[-1], flush=True)
-        del model
+        seconds[name] = time.perf_counter() - start
+        models[name] = model
+        print(f"{name}: quantized in {seconds[name]:.1f} s", flush=True)
     meta = dict(model=args.model, calib_samples=args.calib_samples, calib_seq_len=calib.shape[1], seed=args.seed,
-                dtype=args.dtype, threads=args.threads, eval_tokens=rows[0]["eval_tokens"], window=rows[0]["window"],
-                baseline_perplexity=rows[0]["baseline_perplexity"], command_args=_command_args(p, args))
-    if args.llmcompressor_python:
-        with tempfile.TemporaryDirectory() as tmp:
+                dtype=args.dtype, threads=args.threads, command_args=_command_args(p, args))
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.llmcompressor_python:
             folder, info = run_llmcompressor(args.llmcompressor_python, Path(source), calib, Path(tmp))
             meta["llmcompressor"] = info
             if folder is not None:
-                model = quantkit.load(folder, backend="reference", dtype=dtype)
-                rows.append(quality_row(f"llm-compressor {info['llmcompressor']} GPTQ", model, baseline, windows,
-                                        info["seconds"], args.batch_size))
-                print(rows[-1], flush=True)
+                name = f"llm-compressor {info['llmcompressor']} GPTQ"
+                models[name] = quantkit.load(folder, backend="reference", dtype=dtype)
+                seconds[name] = info["seconds"]
+                print(f"{name}: quantized in {seconds[name]:.1f} s", flush=True)
+        results = evaluate_variants(models, baseline, windows, batch_size=args.batch_size)
+    rows = [dict(variant=name, perplexity=q.perplexity, baseline_perplexity=q.baseline_perplexity,
+                 kl=q.kl_divergence, top1=q.top1_agreement, seconds=seconds[name]) for name, q in results.items()]
+    first = next(iter(results.values()))
+    meta.update(eval_tokens=first.tokens, window=first.window, baseline_perplexity=first.baseline_perplexity)
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(meta, rows))

@@ -93,7 +93,7 @@ class AWQProcessor:
         linears = [ctx.module(n) for n in group.linears]
         if not can_fold(prev, linears):
             return
-        quantized = {n for n in targets}
+        quantized = set(targets)
         x_mean, x = self._capture(ctx, group.linears[0], self.options.max_search_tokens, with_mean=True)
         reference = self._group_output(ctx, group, linears, x)
         originals = {n: ctx.module(n).weight.data for n in quantized}
