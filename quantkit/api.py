@@ -13,7 +13,6 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .algorithms import CALIBRATED_ALGORITHMS, rtn_quantize
-from .calibration.kv_scales import attach_kv_scales, pop_kv_scales
 from .errors import CheckpointError, QuantizationError
 from .formats.compressed_tensors import build_quantization_config, parse_quantization_config
 from .formats.safetensors_io import read_state_dict, write_state_dict
@@ -22,6 +21,7 @@ from .loading import (
     resolve_model_source,
 )
 from .modules.kv_cache import enable_fp8_kv_cache
+from .modules.kv_scales import attach_kv_scales, pop_kv_scales
 from .modules.quant_linear import QuantLinear
 from .recipe import Recipe, load_recipe
 from .targets import select_linears, set_submodule

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from ..modules.kv_scales import cache_keyword
 from .hardware import DeviceSpec, cpu_name
 from .roofline import ModelShape, decode_cost, kv_cache_bytes, predict, prefill_cost
 from .variants import Variant, model_tensor_bytes
@@ -223,15 +224,6 @@ def _seq_length(cache) -> int:
 
 # -- one measurement --------------------------------------------------------------------------------
 
-def cache_kwarg(model: nn.Module) -> str:
-    """The name of the forward argument that takes a Cache: ``cache`` from transformers 5.24,
-    ``past_key_values`` before."""
-    import inspect
-
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
 def _random_ids(vocab: int, batch: int, length: int, device: torch.device, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (batch, length), generator=g).to(device)  # [B, T]
@@ -287,7 +279,7 @@ def prefill_run(variant: Variant, shape: ModelShape, batch: int, prompt_len: int
     model = variant.model
     dtype = next(model.parameters()).dtype
     ids = _random_ids(shape.vocab, batch, prompt_len, device, settings.seed)  # [B, P]
-    kw = cache_kwarg(model)
+    kw = cache_keyword(model)
     holder = {}
 
     def reset():
@@ -326,7 +318,7 @@ def decode_run(variant: Variant, shape: ModelShape, batch: int, context_len: int
     if _seq_length(cache) != context_len:
         raise RuntimeError(f"cache holds {_seq_length(cache)} positions after filling {context_len}")
     ids = _random_ids(shape.vocab, batch, 1, device, settings.seed + 1)  # [B, 1]
-    kw = cache_kwarg(model)
+    kw = cache_keyword(model)
 
     def step():
         model(input_ids=ids, use_cache=True, **{kw: cache})
