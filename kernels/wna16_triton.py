@@ -41,7 +41,7 @@ import triton.language as tl
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
-from .packing import SUPPORTED_BITS
+from .packing import check_bits, packed_words
 from .wna16_heuristics import DEFAULT_NUM_SMS, WNA16Config, choose_config
 
 KERNELS_INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
@@ -229,15 +229,13 @@ def check_triton_operands(
 ) -> tuple[int, int, int, int]:
     """Validate the operands of quantkit::wna16_gemm; returns (M, N, K, group_size)."""
     op = "quantkit::wna16_gemm"
-    if bits not in SUPPORTED_BITS:
-        raise ValueError(f"{op}: bits must be one of {SUPPORTED_BITS}, got {bits}")
-    per_word = 32 // bits
+    per_word = check_bits(bits, op)
     if x.dim() != 2 or x.dtype not in TRITON_X_DTYPES:
         raise ValueError(f"{op}: x must be 2-D [M, K] in one of {TRITON_X_DTYPES}, got {x.dtype} {tuple(x.shape)}")
     m, k = x.shape
-    if qweight.dtype != torch.int32 or qweight.dim() != 2 or qweight.shape[0] != -(-k // per_word):
+    if qweight.dtype != torch.int32 or qweight.dim() != 2 or qweight.shape[0] != packed_words(k, bits):
         raise ValueError(
-            f"{op}: qweight must be int32 [ceil(K/{per_word})={-(-k // per_word)}, N] for K={k} at {bits} bits, "
+            f"{op}: qweight must be int32 [ceil(K/{per_word})={packed_words(k, bits)}, N] for K={k} at {bits} bits, "
             f"got {qweight.dtype} {tuple(qweight.shape)}"
         )
     n = qweight.shape[1]
@@ -309,7 +307,7 @@ def wna16_gemm_triton(
             raise ValueError(f"workspace must be a contiguous {need_dtype} tensor of at least {need} elements")
     if cfg.algo == "dequant":
         w_t = x.new_empty((k, n)) if workspace is None else workspace[: k * n].view(k, n)  # [K, N]
-        grid = (triton.cdiv(-(-k // per_word), DEQUANT_BLOCK[0]), triton.cdiv(n, DEQUANT_BLOCK[1]))
+        grid = (triton.cdiv(packed_words(k, bits), DEQUANT_BLOCK[0]), triton.cdiv(n, DEQUANT_BLOCK[1]))
         wrap_triton(_wna16_dequant_kernel)[grid](
             qweight, scales, zeros_arg, w_t, n, k, group_size,
             BITS=bits, HAS_ZEROS=has_zeros, BLOCK_KW=DEQUANT_BLOCK[0], BLOCK_N=DEQUANT_BLOCK[1],

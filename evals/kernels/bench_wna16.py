@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 import quantkit.kernels as qk
+from quantkit.kernels.packing import packed_words
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_timing import cpu_name, realtime_priority  # noqa: E402
@@ -80,14 +81,14 @@ QUICK_SCHEMES = ["w4g128", "w8ch"]
 # ----------------------------------------------------------------------------------------------
 def random_checkpoint(scheme: Scheme, k: int, n: int, dtype: torch.dtype, device: str, gen: torch.Generator):
     """On-disk tensors with uniformly random packed words (every bit pattern is a valid weight)."""
-    words = -(-k * scheme.bits // 32)
+    words = packed_words(k, scheme.bits)
     groups = 1 if scheme.group_size is None else k // scheme.group_size
     kw = dict(generator=gen, device=device)
     packed = torch.randint(-(2**31), 2**31 - 1, (n, words), dtype=torch.int32, **kw)
     scale = (torch.rand(n, groups, **kw) * 0.01 + 0.001).to(dtype)
     zero = None
     if not scheme.symmetric:
-        zero = torch.randint(-(2**31), 2**31 - 1, (-(-n * scheme.bits // 32), groups), dtype=torch.int32, **kw)
+        zero = torch.randint(-(2**31), 2**31 - 1, (packed_words(n, scheme.bits), groups), dtype=torch.int32, **kw)
     return packed, scale, zero
 
 
