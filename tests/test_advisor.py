@@ -7,7 +7,7 @@ import pytest
 
 from quantkit.eval.advisor import Workload, advise, quality_key
 from quantkit.eval.hardware import known_gpu
-from quantkit.eval.report import QualityResult
+from quantkit.eval.results import QualityResult
 from quantkit.eval.roofline import ModelShape
 
 # An 8B Llama-3-like shape: 16 GB of fp16 weights.

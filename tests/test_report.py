@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from quantkit.eval.hardware import probe_device
-from quantkit.eval.report import load_bench, load_quality, speedup_summary, speedups
+from quantkit.eval.results import load_bench, load_quality, speedup_summary, speedups
 from quantkit.eval.timing import BenchSettings, run_bench
 from quantkit.eval.variants import build_variant, float_variant, load_source_model
 

@@ -48,7 +48,7 @@ def load_shape(model: str):
 def run(args: argparse.Namespace) -> int:
     from quantkit.eval.advisor import Workload, advise, format_advice
     from quantkit.eval.hardware import resolve_device_spec
-    from quantkit.eval.report import load_quality
+    from quantkit.eval.results import load_quality
 
     try:
         shape = load_shape(args.model)

@@ -31,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.eval.data import eval_token_windows
     from quantkit.eval.quality import evaluate_variants
     from quantkit.loading import atomic_output_dir, folder_size_bytes, load_float_model, resolve_model_source
-    from quantkit.eval.report import load_quality, render_report
+    from quantkit.eval.report import render_report
+    from quantkit.eval.results import load_quality
     from quantkit.report_text import dtype_name, quantized_bits_per_weight, state_bytes
 
     recipes = [quantkit.load_recipe(r.strip()) for r in args.recipes.split(",") if r.strip()]

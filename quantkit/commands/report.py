@@ -22,7 +22,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from quantkit.eval.report import load_bench, load_quality, render_report
+    from quantkit.eval.report import render_report
+    from quantkit.eval.results import load_bench, load_quality
 
     if not args.bench and not args.quality:
         print("error: nothing to report: give --bench FILE and/or --quality FILE...", file=sys.stderr)

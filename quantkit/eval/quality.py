@@ -8,25 +8,12 @@ KL(P_baseline || P_model) of the next-token distributions, averaged over the sam
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-
-@dataclass
-class QualityResult:
-    perplexity: float
-    baseline_perplexity: float
-    kl_divergence: float
-    top1_agreement: float
-    window: int
-    windows: int
-    tokens: int
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from .results import QualityResult
 
 
 def token_windows(ids: torch.Tensor, window: int, max_tokens: int | None = None) -> torch.Tensor:
@@ -74,6 +61,7 @@ def evaluate_variants(
         count += target.numel()
     return {
         name: QualityResult(
+            name=name,
             perplexity=math.exp(acc["nll"] / count),
             baseline_perplexity=math.exp(base_nll / count),
             kl_divergence=acc["kl"] / count,
