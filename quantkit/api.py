@@ -12,7 +12,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .algorithms import CALIBRATED_ALGORITHMS, rtn_quantize
+from .algorithms import rtn_quantize
 from .errors import CheckpointError, QuantizationError
 from .formats.compressed_tensors import build_quantization_config, parse_quantization_config
 from .formats.safetensors_io import read_state_dict, write_state_dict
@@ -65,7 +65,7 @@ def quantize(
     if recipe.weights is not None:
         names, _ = select_linears(model, recipe.targets, recipe.ignore)
         _check_shapes(model, names, recipe)
-        if recipe.algorithm.name in CALIBRATED_ALGORITHMS:
+        if recipe.algorithm.needs_calibration:
             from .calibration import quantize_blockwise
 
             names = quantize_blockwise(
@@ -75,8 +75,6 @@ def quantize(
                 warnings.warn(
                     f"{', '.join(names)}: outside the decoder blocks, quantized with RTN (no calibration)", stacklevel=2
                 )
-        elif recipe.algorithm.name != "rtn":
-            raise QuantizationError(f"algorithm {recipe.algorithm.name!r} is not available in this build")
         for name in tqdm(names, desc=f"quantize {recipe.name}", unit="layer", disable=not progress or not names):
             linear = model.get_submodule(name)
             _check_finite(name, linear.weight)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..algorithms.registry import ALGORITHMS
 from ..errors import QuantizationError
 from ..recipe import Recipe
 from .adapters import adapter_for
@@ -18,18 +20,12 @@ from .runner import BlockProcessor, run_blockwise
 def make_processor(recipe: Recipe) -> BlockProcessor:
     """The block processor running `recipe`'s calibrated algorithm on its weight scheme."""
     assert recipe.weights is not None
-    name, options = recipe.algorithm.name, recipe.algorithm.options
-    if name == "gptq":
-        from ..algorithms.gptq import GPTQOptions
-        from .gptq_processor import GPTQProcessor
-
-        return GPTQProcessor(recipe.weights, options or GPTQOptions())
-    if name == "awq":
-        from ..algorithms.awq import AWQOptions
-        from .awq_processor import AWQProcessor
-
-        return AWQProcessor(recipe.weights, options or AWQOptions())
-    raise QuantizationError(f"algorithm {name!r} does not use calibration")
+    algorithm = ALGORITHMS[recipe.algorithm.name]
+    if algorithm.processor is None:
+        raise QuantizationError(f"algorithm {algorithm.name!r} does not use calibration")
+    module_name, class_name = algorithm.processor.split(":")
+    processor_cls = getattr(importlib.import_module(module_name), class_name)
+    return processor_cls(recipe.weights, recipe.algorithm.options or algorithm.options())
 
 
 def quantize_blockwise(

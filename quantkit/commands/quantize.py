@@ -58,12 +58,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not args.force:
         raise FileExistsError(f"output folder {out} already exists; choose another --out or pass --force to replace it")
-    from quantkit.algorithms import CALIBRATED_ALGORITHMS
-
     recipe = quantkit.load_recipe(args.recipe)  # validate before loading anything big
-    calibrated = recipe.kv_cache is not None or (
-        recipe.weights is not None and recipe.algorithm.name in CALIBRATED_ALGORITHMS
-    )
+    calibrated = recipe.needs_calibration
     calibration = calibration_config(args) if calibrated else None
     source = resolve_model_source(args.model)
     start = time.perf_counter()
