@@ -86,3 +86,12 @@ def test_half_range_symmetric_scale_divides_absmax_by_half_the_signed_range(bits
     assert int(q.max()) <= scheme.qmax and int(q.min()) >= scheme.qmin
     with pytest.raises(ValueError, match="symmetric_scale must be one of"):
         compute_qparams(w, scheme, symmetric_scale="absmax")
+
+
+def test_scale_dtype_rounds_scales_to_their_storage_and_keeps_zero_points():
+    scheme = QuantScheme(num_bits=4, strategy="group", group_size=32, symmetric=False)
+    w = torch.randn(8, 64) * 3
+    scale, zp = compute_qparams(w, scheme)
+    stored, stored_zp = compute_qparams(w, scheme, scale_dtype=torch.bfloat16)
+    assert stored.dtype == torch.float32 and torch.equal(stored, scale.to(torch.bfloat16).float())
+    assert torch.equal(stored_zp, zp) and not torch.equal(stored, scale)

@@ -141,9 +141,7 @@ def _qparams(w: torch.Tensor, scheme: QuantScheme, scale_dtype: torch.dtype | No
     symmetric_scale: GPTQOptions.symmetric_scale.
     """
     one_group = QuantScheme(num_bits=scheme.num_bits, symmetric=scheme.symmetric, strategy="channel", group_size=None)
-    scale, zero = compute_qparams(w, one_group, symmetric_scale=symmetric_scale)  # [N, 1]
-    if scale_dtype is not None:
-        scale = scale.to(scale_dtype).float().clamp(min=torch.finfo(scale_dtype).tiny)
+    scale, zero = compute_qparams(w, one_group, symmetric_scale=symmetric_scale, scale_dtype=scale_dtype)  # [N, 1]
     return scale[:, 0], (zero[:, 0].float() if zero is not None else None)
 
 
