@@ -389,15 +389,3 @@ def predict(cost: Cost, device: DeviceSpec) -> Prediction:
         compute_s=cost.total_flops / device.peak_flops,
         intensity=cost.intensity,
     )
-
-
-def predicted_speedups(
-    shape: ModelShape, base: RooflineScheme, variant: RooflineScheme, device: DeviceSpec,
-    *, prompt_len: int, context_len: int, batch: int = 1,
-) -> dict[str, float]:
-    """Roofline speedup of ``variant`` over ``base`` for a prefill and a decode step."""
-    pf = predict(prefill_cost(shape, base, prompt_len, batch), device).seconds / predict(
-        prefill_cost(shape, variant, prompt_len, batch), device).seconds
-    dc = predict(decode_cost(shape, base, context_len, batch), device).seconds / predict(
-        decode_cost(shape, variant, context_len, batch), device).seconds
-    return {"prefill": pf, "decode": dc}

@@ -81,24 +81,6 @@ def time_once(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-def time_call(fn: Callable[[], object], device: torch.device, *, warmup: int, repeats: int,
-              before: Callable[[], object] | None = None) -> list[float]:
-    """Seconds of each of ``repeats`` calls of ``fn`` after ``warmup`` untimed calls.
-
-    ``before`` runs untimed ahead of every call (e.g. to reset a cache)."""
-    for _ in range(warmup):
-        if before:
-            before()
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        if before:
-            before()
-        times.append(time_once(fn, device))
-    return times
-
-
 class MemoryMeter:
     """Peak memory of a measurement: CUDA max allocated, or tensor bytes (+ peak-RSS growth) on CPU."""
 
@@ -347,16 +329,6 @@ def measure(runs: Sequence[TimedRun], settings: BenchSettings) -> list[dict]:
         for r in runs:
             r.time()
     return [r.finish() for r in runs]
-
-
-def time_prefill(variant: Variant, shape: ModelShape, batch: int, prompt_len: int, settings: BenchSettings,
-                 device: torch.device) -> dict:
-    return measure([prefill_run(variant, shape, batch, prompt_len, settings, device)], settings)[0]
-
-
-def time_decode(variant: Variant, shape: ModelShape, batch: int, context_len: int, settings: BenchSettings,
-                device: torch.device) -> dict:
-    return measure([decode_run(variant, shape, batch, context_len, settings, device)], settings)[0]
 
 
 # -- the whole benchmark -------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .roofline import (
-    ModelShape, RooflineScheme, dtype_bytes_of, scheme_from_quantization_config, scheme_from_weight_args,
+    RooflineScheme, dtype_bytes_of, scheme_from_quantization_config, scheme_from_weight_args,
 )
 
 
@@ -173,19 +173,10 @@ def build_variant(
 
 def _enable_fp8_attention(model: nn.Module, device: torch.device) -> str:
     """How attention reads the FP8 cache: "kernel" (fused dequant, CUDA) or "dequantize"."""
-    try:
-        from quantkit.modules import kv_cache
-    except ImportError:
-        raise RuntimeError(
-            "an FP8 KV-cache variant needs quantkit.modules.kv_cache, which this build lacks; "
-            "benchmark the weight-only variant instead"
-        ) from None
+    from quantkit.modules import kv_cache
+
     mode = "kernel" if device.type == "cuda" else "dequantize"
     with warnings.catch_warnings():  # scales left at 1.0 on purpose: timing does not depend on them
         warnings.filterwarnings("ignore", message=".*k_scale/v_scale.*")
         kv_cache.enable_fp8_kv_cache(model, attention=mode)
     return mode
-
-
-def model_shape(model: nn.Module) -> ModelShape:
-    return ModelShape.from_config(model.config)
