@@ -37,10 +37,11 @@ from pathlib import Path
 import torch
 
 import quantkit.kernels as qk
+from quantkit.eval.hardware import capture_cuda_graph, cpu_name
 from quantkit.kernels.packing import packed_words
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_timing import cpu_name, realtime_priority  # noqa: E402
+from cpu_timing import realtime_priority  # noqa: E402
 
 FULL_SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192), (8192, 28672), (28672, 8192)]
 FULL_MS = [1, 2, 4, 8, 16, 64, 256]
@@ -120,24 +121,19 @@ def time_rotating(fns, device: str, reps: int, timer: str = "graph", realtime: b
 
             per_fn = [triton.testing.do_bench(fn, warmup=5, rep=max(20, reps), return_mode="median") for fn in fns[:4]]
             return statistics.median(per_fn) / 1e3
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm up on the capture stream too
+        def rotation():
             for fn in fns:
                 fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for fn in fns:
-                fn()
-        graph.replay()
+
+        replay = capture_cuda_graph(rotation, warmup=1)  # warms up on the capture stream too
+        replay()
         torch.cuda.synchronize()
         samples = []
         for _ in range(max(3, reps // 4)):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(4):
-                graph.replay()
+                replay()
             end.record()
             end.synchronize()
             samples.append(start.elapsed_time(end) / 1e3 / (4 * len(fns)))

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
+from quantkit.eval.hardware import synchronize
 from quantkit.modules.kv_cache import FP8KVCache
 
 
@@ -31,11 +32,6 @@ def filled_cache(model: nn.Module, kind: str, context: int, scales: dict, batch:
     return cache
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @torch.no_grad()
 def decode_step_times(model: nn.Module, contexts: list[int], scales: dict, *, steps: int = 15, warmup: int = 3,
                       kinds: tuple[str, ...] = ("bf16", "fp8"), attention: str = "dequantize") -> list[dict]:
@@ -48,10 +44,10 @@ def decode_step_times(model: nn.Module, contexts: list[int], scales: dict, *, st
         token = torch.randint(0, model.config.vocab_size, (1, 1), device=device)
         for step in range(warmup + steps):
             for kind in kinds:
-                _sync(device)
+                synchronize(device)
                 start = time.perf_counter()
                 model(input_ids=token, cache=caches[kind], use_cache=True)
-                _sync(device)
+                synchronize(device)
                 if step >= warmup:
                     times[kind].append(time.perf_counter() - start)
         row = {"context": context}

@@ -14,6 +14,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -130,19 +131,38 @@ def match_known_gpu(device_name: str) -> DeviceSpec | None:
     return None
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA); nothing to wait for on CPU."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
+def capture_cuda_graph(step: Callable[[], object], *, warmup: int = 2) -> Callable[[], object]:
+    """Capture ``step`` in a CUDA graph after ``warmup`` calls on the capture stream; returns its replay.
+
+    ``step`` must leave its state (e.g. a KV cache) as it found it, since the replay repeats it, and
+    every shape it uses must be warmed up first (an autotune during capture breaks it).
+    """
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
 def _median_seconds(fn, device: torch.device, repeats: int) -> float:
     fn()  # warm-up
-    _sync(device)
+    synchronize(device)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..modules.kv_scales import cache_keyword
-from .hardware import DeviceSpec, cpu_name
+from .hardware import DeviceSpec, capture_cuda_graph, cpu_name, synchronize
 from .roofline import ModelShape, decode_cost, kv_cache_bytes, predict, prefill_cost
 from .variants import Variant, model_tensor_bytes
 
@@ -61,11 +61,6 @@ class BenchSettings:
 
 
 # -- timers -------------------------------------------------------------------------------------
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
 
 def time_once(fn: Callable[[], object], device: torch.device) -> float:
     """Seconds of one call of ``fn``: CUDA events on GPU, perf_counter on CPU."""
@@ -230,7 +225,7 @@ class TimedRun:
             if self.before:
                 self.before()
             self.run()
-        _sync(self.device)
+        synchronize(self.device)
 
     @torch.inference_mode()
     def time(self) -> None:
@@ -246,7 +241,7 @@ class TimedRun:
         if self.before:
             self.before()
         self.run()
-        _sync(self.device)
+        synchronize(self.device)
         memory = meter.stop(model_tensor_bytes(self.variant.model), cache_tensor_bytes(self.cache()),
                             cache_allocated_before=self.cache_allocated_before)
         if self.context_len is not None and _seq_length(self.cache()) != self.context_len:
@@ -275,20 +270,6 @@ def prefill_run(variant: Variant, shape: ModelShape, batch: int, prompt_len: int
     return TimedRun(variant, device, run, before=reset, cache=lambda: holder["cache"], cache_allocated_before=False)
 
 
-def _capture_graph(step: Callable[[], object]) -> Callable[[], object]:
-    """Capture ``step`` (which must leave the cache as it found it) in a CUDA graph; returns replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph.replay
-
-
 @torch.inference_mode()
 def decode_run(variant: Variant, shape: ModelShape, batch: int, context_len: int, settings: BenchSettings,
                device: torch.device) -> TimedRun:
@@ -309,7 +290,7 @@ def decode_run(variant: Variant, shape: ModelShape, batch: int, context_len: int
     mode, run = "eager", step
     if device.type == "cuda" and settings.cuda_graphs and _is_static(cache):
         try:
-            run, mode = _capture_graph(step), "cuda_graph"
+            run, mode = capture_cuda_graph(step), "cuda_graph"
         except Exception as e:  # capture fails on ops that synchronise; fall back to eager
             torch.cuda.synchronize(device)
             mode = f"eager (CUDA graph capture failed: {type(e).__name__})"
