@@ -2,9 +2,9 @@
 
 import argparse
 
-import torch
+from ..dtypes import CLI_DTYPE_NAMES, FLOAT_DTYPES
 
-DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"auto": None, **{name: FLOAT_DTYPES[name] for name in CLI_DTYPE_NAMES}}
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:

@@ -100,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.eval.hardware import resolve_device_spec
     from quantkit.eval.report import summary_lines
     from quantkit.eval.timing import BenchSettings, run_bench
-    from quantkit.eval.variants import build_variant, float_variant, load_source_model, parse_dtype
+    from quantkit.dtypes import parse_dtype
+    from quantkit.eval.variants import build_variant, float_variant, load_source_model
     from quantkit.loading import is_quantized_checkpoint, resolve_model_source
 
     if args.threads:

@@ -87,6 +87,7 @@ def _bench(source: str, recipes: list[str], out: Path) -> dict:
 
 
 def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int, dtype: str) -> str:
+    from quantkit.dtypes import dtype_bytes
     from quantkit.report_text import human_bytes
 
     r0 = rows[0]
@@ -99,7 +100,7 @@ def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int, dty
         "",
         "| variant | scheme | perplexity | Δ ppl | KL | top-1 agreement | bits/weight (linears) | size | quantize time |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-        f"| baseline | {dtype} | {r0['baseline_perplexity']:.3f} | - | 0 | 1 | {_BITS.get(dtype, '?')} | "
+        f"| baseline | {dtype} | {r0['baseline_perplexity']:.3f} | - | 0 | 1 | {8 * dtype_bytes(dtype)} | "
         f"{human_bytes(baseline_bytes)} | - |",
     ]
     for r in rows:
@@ -113,5 +114,3 @@ def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int, dty
               "such as embeddings, norms and lm_head stay in the model dtype)."]
     return "\n".join(lines) + "\n"
 
-
-_BITS = {"float32": 32, "bfloat16": 16, "float16": 16}

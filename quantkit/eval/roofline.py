@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from .. import dtypes
 from .hardware import DeviceSpec
 
-_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float": 4, "half": 2, "fp16": 2, "bf16": 2}
 
 
 @dataclass(frozen=True)
@@ -157,16 +157,6 @@ class RooflineScheme:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
-def dtype_bytes_of(dtype: Any) -> int:
-    """Bytes of a torch dtype or a config's dtype string ("bfloat16", "float16", ...)."""
-    if hasattr(dtype, "itemsize"):
-        return int(dtype.itemsize)
-    key = str(dtype).removeprefix("torch.")
-    if key not in _DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}")
-    return _DTYPE_BYTES[key]
-
-
 def scheme_from_weight_args(
     weights: Any | None, kv_cache: Any | None = None, *, name: str | None = None, dtype_bytes: int = 2
 ) -> RooflineScheme:
@@ -210,7 +200,7 @@ def scheme_from_quantization_config(config: Any, *, name: str | None = None) -> 
         path = Path(config)
         config = json.loads((path / "config.json" if path.is_dir() else path).read_text())
     d = config if isinstance(config, Mapping) else config.to_dict()
-    dtype_bytes = dtype_bytes_of(d.get("torch_dtype") or d.get("dtype") or "bfloat16")
+    dtype_bytes = dtypes.dtype_bytes(d.get("torch_dtype") or d.get("dtype") or "bfloat16")
     qc = d.get("quantization_config")
     if qc is None:
         return scheme_from_weight_args(None, None, name=name, dtype_bytes=dtype_bytes)

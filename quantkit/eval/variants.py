@@ -19,9 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .roofline import (
-    RooflineScheme, dtype_bytes_of, scheme_from_quantization_config, scheme_from_weight_args,
-)
+from .. import dtypes
+from .roofline import RooflineScheme, scheme_from_quantization_config, scheme_from_weight_args
 
 
 @dataclass
@@ -44,14 +43,6 @@ class Variant:
     def describe(self) -> dict:
         return {"name": self.name, "source": self.source, "scheme": self.scheme.to_dict(),
                 "backend": self.backend, "weight_bytes": model_tensor_bytes(self.model), **self.info}
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-             "fp32": torch.float32, "float32": torch.float32}
-    if name not in table:
-        raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(table)}")
-    return table[name]
 
 
 def model_tensor_bytes(model: nn.Module) -> int:
@@ -163,7 +154,7 @@ def build_variant(
             quantkit.quantize(model, dataclasses.replace(weights_recipe, kv_cache=None), calibration_data, progress=False)
         name = "+".join(Path(p).stem if p.endswith((".yaml", ".yml")) else p for p in spec.split("+") if p)
         scheme = scheme_from_weight_args(weights_recipe.weights if weights_recipe else None, kv_scheme, name=name,
-                                         dtype_bytes=dtype_bytes_of(dtype))
+                                         dtype_bytes=dtypes.dtype_bytes(dtype))
         variant = Variant(name=name, model=model.eval(), scheme=scheme, source=f"recipe:{spec}", kv_cache=kv_scheme)
         variant.backend = _prepare_kernels(model, backend)
     if variant.kv_cache is not None:
