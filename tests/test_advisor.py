@@ -97,7 +97,7 @@ def test_quality_key_from_recipe_name_and_checkpoint(tmp_path):
     assert quality_key(QualityResult("something", 1.0)) is None
     # a float32 checkpoint folder describes its own scheme (matched whatever its dtype)
     (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float32", "quantization_config": {
-        "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", "symmetric": True,
+        "quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", "symmetric": True,
                                                                    "strategy": "channel"}}}, "ignore": ["lm_head"]}}))
     assert quality_key(QualityResult("renamed", 1.0, model=str(tmp_path))) == (8, 16, True)
 

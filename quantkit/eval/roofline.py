@@ -201,20 +201,18 @@ def scheme_from_quantization_config(config: Any, *, name: str | None = None) -> 
         config = json.loads((path / "config.json" if path.is_dir() else path).read_text())
     d = config if isinstance(config, Mapping) else config.to_dict()
     dtype_bytes = dtypes.dtype_bytes(d.get("torch_dtype") or d.get("dtype") or "bfloat16")
-    qc = d.get("quantization_config")
-    if qc is None:
+    if d.get("quantization_config") is None:
         return scheme_from_weight_args(None, None, name=name, dtype_bytes=dtype_bytes)
-    if not isinstance(qc, Mapping):
-        qc = qc.to_dict()
-    groups = list((qc.get("config_groups") or {}).values())
-    weight_args = [g.get("weights") for g in groups if g.get("weights")]
-    if len({json.dumps(w, sort_keys=True) for w in weight_args}) > 1:
+    from ..formats.compressed_tensors import parse_quantization_config
+
+    qc = parse_quantization_config(d["quantization_config"], "quantization_config")
+    weight_schemes = list(dict.fromkeys(scheme for _, scheme in qc.groups))
+    if len(weight_schemes) > 1:
         raise ValueError("the roofline models one weight scheme for all linears; this checkpoint has several")
     scheme = scheme_from_weight_args(
-        weight_args[0] if weight_args else None, qc.get("kv_cache_scheme"), name=name, dtype_bytes=dtype_bytes
+        weight_schemes[0] if weight_schemes else None, qc.kv_cache, name=name, dtype_bytes=dtype_bytes
     )
-    ignore = qc.get("ignore") or []
-    return replace(scheme, quantize_lm_head=bool(weight_args) and "lm_head" not in ignore)
+    return replace(scheme, quantize_lm_head=bool(weight_schemes) and "lm_head" not in qc.ignore)
 
 
 def scheme_from_recipe(recipe: Any, *, name: str | None = None, dtype_bytes: int = 2) -> RooflineScheme:
