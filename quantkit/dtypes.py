@@ -1,4 +1,4 @@
-"""Floating dtypes by name: the one table the CLI, the benchmarks and the roofline read."""
+"""Floating dtypes by name: the one table the benchmarks, the demo and the roofline read."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ FLOAT_DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
 }
-#: the names the CLI offers (one per dtype)
-CLI_DTYPE_NAMES = ("float32", "bfloat16", "float16")
 #: the short names benchmarks accept
 SHORT_DTYPE_NAMES = ("bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
 

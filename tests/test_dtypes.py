@@ -1,14 +1,12 @@
 import pytest
 import torch
 
-from quantkit.commands import DTYPES
 from quantkit.dtypes import dtype_bytes, parse_dtype
 
 
 def test_names_map_to_dtypes_and_sizes():
     assert parse_dtype("bf16") is torch.bfloat16 and parse_dtype("float16") is torch.float16
     assert [dtype_bytes(x) for x in ("bfloat16", "torch.float16", "float32", torch.bfloat16, torch.float32)] == [2, 2, 4, 2, 4]
-    assert DTYPES == {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def test_unknown_names_are_named():

@@ -2,9 +2,9 @@
 
 import argparse
 
-from ..dtypes import CLI_DTYPE_NAMES, FLOAT_DTYPES
+import torch
 
-DTYPES = {"auto": None, **{name: FLOAT_DTYPES[name] for name in CLI_DTYPE_NAMES}}
+DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
