@@ -16,6 +16,7 @@ from transformers.cache_utils import DynamicCache
 
 from quantkit.eval.hardware import synchronize
 from quantkit.modules.kv_cache import FP8KVCache
+from quantkit.modules.kv_scales import cache_keyword
 
 
 def filled_cache(model: nn.Module, kind: str, context: int, scales: dict, batch: int = 1,
@@ -37,6 +38,7 @@ def decode_step_times(model: nn.Module, contexts: list[int], scales: dict, *, st
                       kinds: tuple[str, ...] = ("bf16", "fp8"), attention: str = "dequantize") -> list[dict]:
     """Median seconds of one decode step per (context, cache kind); kinds measured interleaved."""
     device = next(model.parameters()).device
+    cache_kw = cache_keyword(model)
     rows = []
     for context in contexts:
         caches = {kind: filled_cache(model, kind, context, scales, attention=attention) for kind in kinds}
@@ -46,7 +48,7 @@ def decode_step_times(model: nn.Module, contexts: list[int], scales: dict, *, st
             for kind in kinds:
                 synchronize(device)
                 start = time.perf_counter()
-                model(input_ids=token, cache=caches[kind], use_cache=True)
+                model(input_ids=token, use_cache=True, **{cache_kw: caches[kind]})
                 synchronize(device)
                 if step >= warmup:
                     times[kind].append(time.perf_counter() - start)
