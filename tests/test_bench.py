@@ -70,7 +70,7 @@ def test_decode_step_matches_generation_with_a_dynamic_cache(tmp_path):
     model(input_ids=prompt, cache=reference_cache, use_cache=True)
     reference = model(input_ids=token, cache=reference_cache, use_cache=True).logits  # [B, 1, V]
 
-    cache = make_decode_cache(variant, context + 1)  # what time_decode uses: exactly one free slot
+    cache = make_decode_cache(variant, context + 1)  # what decode_run uses: exactly one free slot
     model(input_ids=prompt, cache=cache, use_cache=True)
     for _ in range(3):  # repeated steps must each decode at the same context
         logits = model(input_ids=token, cache=cache, use_cache=True).logits
