@@ -299,7 +299,9 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
         md += ["CPU timings depend on the machine and its load: read the ratios (speedups measured side by side "
                "in one run, variants interleaved shape by shape; measured over roofline), not the milliseconds.", ""]
     md += _cpu_lines(bench)
-    md += [f"- Model: `{model['name']}` ({model['params'] / 1e9:.2f} B parameters, {_dtype_line(bench)}; hidden "
+    params = model["params"]
+    params = f"{params / 1e9:.2f} B" if params >= 1e8 else f"{params / 1e6:.2f} M"
+    md += [f"- Model: `{model['name']}` ({params} parameters, {_dtype_line(bench)}; hidden "
            f"{shape['hidden']}, intermediate {shape['intermediate']}, {shape['layers']} layers, {shape['heads']} heads, "
            f"{shape['kv_heads']} KV heads, vocab {shape['vocab']})",
            f"- Device: {dev['name']} ({dev['type']}" + (f", {dev['threads']} threads" if "threads" in dev else "")
