@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from .report import QualityResult, records, roofline_problem, speedups, variant_names  # noqa: E402
+from .report import QualityResult, fmt_intensity, records, roofline_problem, speedups, variant_names  # noqa: E402
 
 DPI = 130
 STYLE = {"axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
@@ -67,11 +67,27 @@ def _figure_legend(fig, axes, roofline: bool = True) -> None:
                 handles[label] = h
                 labels.append(label)
     if roofline:
-        handles["roofline prediction"] = Line2D([], [], color="gray", **ROOFLINE_MARKER)
-        labels.append("roofline prediction")
+        handles["roofline (dashed; grey: same for all variants)"] = Line2D(
+            [], [], color="gray", **ROOFLINE_MARKER)
+        labels.append("roofline (dashed; grey: same for all variants)")
     fig.legend([handles[x] for x in labels], labels, loc="lower center", ncol=min(len(labels), 5),
                bbox_to_anchor=(0.5, -0.02), frameon=False)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
+
+
+def _plot_roofline_lines(ax, bench: dict, phase: str, length_key: str, batch: int, colors: dict[str, str]) -> None:
+    """Each variant's predicted times as a dashed line in its colour; one grey line when the
+    prediction is the same for every variant (e.g. a compute-bound prefill)."""
+    lines = {}
+    for name in variant_names(bench):
+        rs = records(bench, phase, name, batch=batch)
+        if rs:
+            lines[name] = ([r[length_key] for r in rs], [1e3 * r["roofline"]["predicted_s"] for r in rs])
+    same = len({(tuple(x), tuple(round(v, 9) for v in y)) for x, y in lines.values()}) == 1
+    for name, (x, y) in lines.items():
+        ax.plot(x, y, color="gray" if same else colors[name], alpha=0.6, **ROOFLINE_MARKER)
+        if same:
+            break
 
 
 def plot_ttft(bench: dict, out_dir: Path, colors: dict[str, str]) -> str | None:
@@ -89,9 +105,8 @@ def plot_ttft(bench: dict, out_dir: Path, colors: dict[str, str]) -> str | None:
                     continue
                 x = [r["prompt_len"] for r in rs]
                 ax.plot(x, [1e3 * r["median_s"] for r in rs], "o-", color=colors[name], label=name)
-                if roofline:
-                    ax.plot(x, [1e3 * r["roofline"]["predicted_s"] for r in rs], color=colors[name], alpha=0.6,
-                            **ROOFLINE_MARKER)
+            if roofline:
+                _plot_roofline_lines(ax, bench, "prefill", "prompt_len", b, colors)
             _int_ticks(ax, [r["prompt_len"] for r in bench["prefill"]])
             ax.set_yscale("log")
             ax.set_xlabel("prompt length (tokens)")
@@ -118,9 +133,8 @@ def plot_tpot(bench: dict, out_dir: Path, colors: dict[str, str]) -> str | None:
                     continue
                 x = [r["context_len"] for r in rs]
                 ax.plot(x, [1e3 * r["median_s"] for r in rs], "o-", color=colors[name], label=name)
-                if roofline:
-                    ax.plot(x, [1e3 * r["roofline"]["predicted_s"] for r in rs], color=colors[name], alpha=0.6,
-                            **ROOFLINE_MARKER)
+            if roofline:
+                _plot_roofline_lines(ax, bench, "decode", "context_len", b, colors)
             _int_ticks(ax, [r["context_len"] for r in bench["decode"]])
             ax.set_ylim(bottom=0)
             ax.set_xlabel("context length (tokens in the KV cache)")
@@ -200,7 +214,7 @@ def plot_roofline(bench: dict, out_dir: Path, colors: dict[str, str]) -> str | N
         ax.plot(xs, [min(spec["peak_flops"], spec["memory_bandwidth"] * x) for x in xs], color="black",
                 linewidth=1.5, label=f"roofline ({spec['source']})")
         ax.axvline(spec["ridge_intensity"], color="gray", linestyle=":", linewidth=1)
-        ax.annotate(f"ridge {spec['ridge_intensity']:.0f} flop/B", (spec["ridge_intensity"], spec["peak_flops"]),
+        ax.annotate(f"ridge {fmt_intensity(spec['ridge_intensity'])} flop/B", (spec["ridge_intensity"], spec["peak_flops"]),
                     textcoords="offset points", xytext=(4, -14), fontsize=8, color="gray")
         for phase, marker in (("prefill", "s"), ("decode", "o")):
             for name in names:

@@ -280,8 +280,14 @@ def _cpu_lines(bench: dict) -> list[str]:
     if dev["type"] != "cpu":
         return []
     if not dev.get("cpu_features"):
-        return [f"CPU features were not recorded with this run, so whether this CPU computes bf16 natively is "
-                f"not known here; every phase was timed in {bench['model']['dtype']}.", ""]
+        text = (f"CPU features were not recorded with this run (an older `quantkit bench`); every phase was timed "
+                f"in {bench['model']['dtype']}.")
+        spec = dev["spec"]
+        if "bfloat16 matmul" in spec.get("notes", "") and not roofline_problem(bench):
+            text += (f" Its bf16 matmul probe measured {_fmt_flops(spec['peak_flops'])}, above what a matrix-vector "
+                     "product reaches at its bandwidth, so bf16 matrix products were not emulated on that CPU "
+                     "(emulated, they measure below 1.5 GFLOP/s).")
+        return [text, ""]
     from .cpu_features import CpuFeatures
 
     features = CpuFeatures.from_dict(dev["cpu_features"])
@@ -319,7 +325,7 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
     else:
         md += [f"- Roofline device: {spec['name']} ({spec['source']}{', ' + spec['notes'] if spec.get('notes') else ''}): "
                f"bandwidth {spec['memory_bandwidth'] / 1e9:.1f} GB/s, matmul peak {_fmt_flops(spec['peak_flops'])}, "
-               f"ridge {_fmt_intensity(spec['ridge_intensity'])} flop/byte" + _datasheet_note(spec)]
+               f"ridge {fmt_intensity(spec['ridge_intensity'])} flop/byte" + _datasheet_note(spec)]
     md += [""]
     md += ["| variant | source | backend | weights in memory |", "|---|---|---|---|"]
     md += [f"| {v['name']} | {v['source']} | {v.get('backend') or '–'} | {_fmt_bytes(v['weight_bytes'])} |"
@@ -370,7 +376,7 @@ def _fmt_flops(flops: float) -> str:
     return f"{flops / 1e12:.2f} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:.3g} GFLOP/s"
 
 
-def _fmt_intensity(x: float) -> str:
+def fmt_intensity(x: float) -> str:
     return f"{x:.0f}" if x >= 10 else f"{x:.1f}"
 
 
@@ -445,15 +451,15 @@ def _why_paragraph(bench: dict) -> list[str]:
     if not pf or not dc:
         return []
     p, d = pf[-1], dc[0]
-    text = (f"Why: on this device the ridge point is {_fmt_intensity(spec['ridge_intensity'])} flop/byte. "
-            f"The baseline's prefill of {p['prompt_len']} tokens runs at {_fmt_intensity(p['roofline']['intensity'])} "
+    text = (f"Why: on this device the ridge point is {fmt_intensity(spec['ridge_intensity'])} flop/byte. "
+            f"The baseline's prefill of {p['prompt_len']} tokens runs at {fmt_intensity(p['roofline']['intensity'])} "
             f"flop/byte ({p['roofline']['bound']}-bound): ")
     if p["roofline"]["bound"] == "compute":
         text += "its time is set by flops, which weight-only quantization does not reduce. "
     else:
         text += "its time is set by the bytes it reads, so smaller weights can shorten it too. "
     text += (f"A decode step (batch {d['batch']}, context {d['context_len']}) runs at "
-             f"{_fmt_intensity(d['roofline']['intensity'])} flop/byte ({d['roofline']['bound']}-bound): ")
+             f"{fmt_intensity(d['roofline']['intensity'])} flop/byte ({d['roofline']['bound']}-bound): ")
     if d["roofline"]["bound"] == "memory":
         weights = d["roofline"]["bytes_breakdown"]["weights"]
         cuts = [f"{r['variant']} cuts them {weights / r['roofline']['bytes_breakdown']['weights']:.1f}x"
