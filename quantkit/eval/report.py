@@ -303,7 +303,8 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
     md = ["## Setup", ""]
     if dev["type"] == "cpu":
         md += ["CPU timings depend on the machine and its load: read the ratios (speedups measured side by side "
-               "in one run, variants interleaved shape by shape; measured over roofline), not the milliseconds.", ""]
+               "in one run, variants interleaved shape by shape" + ("" if problem else "; measured over roofline")
+               + "), not the milliseconds.", ""]
     md += _cpu_lines(bench)
     params = model["params"]
     params = f"{params / 1e9:.2f} B" if params >= 1e8 else f"{params / 1e6:.2f} M"
