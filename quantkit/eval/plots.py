@@ -289,7 +289,8 @@ def quality_plots(quality: Sequence[QualityResult], out_dir: Path, colors: dict[
             base = statistics.median(q.baseline_perplexity for q in quality)
             ax.set_ylabel("perplexity increase (%)")
             ax.set_title(f"Perplexity vs unquantized ({base:.3f}); lower is better"
-                         + ("\nwhiskers: ±2 standard errors (noise)" if any(noise) else ""))
+                         + ("\nwhiskers: ±2 standard errors (noise)" if any(noise) else
+                            "\nnoise not measured (no standard error in these results)"))
         else:
             vals = [q.perplexity for q in quality]
             ax.bar(x, vals, color=[colors[n] for n in names])
