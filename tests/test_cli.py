@@ -53,9 +53,10 @@ def test_eval_on_the_tiny_reference_model(tmp_path, capsys):
         assert main(["eval", str(out), "--baseline", "ref:tiny", "--window", "128", "--max-tokens", "4096",
                      "--json", str(report)]) == 0
         results[recipe] = json.loads(report.read_text())
-    capsys.readouterr()
+        assert "; ± is two standard errors over windows)" in capsys.readouterr().out
     for r in results.values():
         assert {"perplexity", "kl_divergence", "top1_agreement", "baseline_perplexity"} <= set(r)
+        assert r["log_ppl_ratio_stderr"] > 0 and r["dtype"] == "float32"
         assert r["windows"] == 32 and r["window"] == 128
         assert 1 < r["baseline_perplexity"] < 1000 and r["kl_divergence"] > 0
     w8, w4 = results["w8a16-rtn"], results["w4a16-rtn"]
