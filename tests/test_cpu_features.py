@@ -57,6 +57,10 @@ def test_native_bf16_runs_both_phases_in_bf16():
                     matmul_flops={"float32": 150e9, "bfloat16": 900e9}, gemv_flops={"float32": 1e9, "bfloat16": 2e9})
     assert f.native_bf16 and (f.prefill_dtype, f.decode_dtype) == ("bfloat16", "bfloat16")
     assert not any("slower than float32" in s for s in f.sentences())
+    # a loaded machine's wobble (float32 1.3x faster in one probe) does not flip the choice
+    noisy = CpuFeatures(arch="x86_64", flags=("avx2", "amx_bf16"), capability="AVX512",
+                        matmul_flops={"float32": 4e9, "bfloat16": 237e9}, gemv_flops={"float32": 0.6e9, "bfloat16": 0.45e9})
+    assert (noisy.prefill_dtype, noisy.decode_dtype) == ("bfloat16", "bfloat16")
 
 
 def test_cpu_probe_measures_the_faster_dtype(monkeypatch):
@@ -110,6 +114,8 @@ def test_bench_times_each_phase_in_the_fastest_dtype(tmp_path, monkeypatch, tiny
     assert {r["dtype"] for r in data["prefill"]} == {"float32"} and {r["dtype"] for r in data["decode"]} == {"bfloat16"}
     assert data["baseline"] == "float" and {r["variant"] for r in data["prefill"]} == {"float", "w4a16-rtn"}
     assert data["device"]["cpu_features"]["native_bf16"] is False
+    # quantized variants run PyTorch's CPU kernels, not the float32 reference path
+    assert data["variants"][1]["backend"] == "torch"
     # the roofline's float prefill reads 4-byte weights, its decode 2-byte ones
     pf = next(r for r in data["prefill"] if r["variant"] == "float")
     dc = next(r for r in data["decode"] if r["variant"] == "float")
@@ -131,5 +137,6 @@ def test_bench_warns_when_bf16_is_forced_without_native_bf16(tmp_path, monkeypat
         "--repeats", "1", "--device", "cpu", "--dtype", "bf16", "--quiet", "--json", str(out)])
     assert args.func(args) == 0
     captured = capsys.readouterr()
+    assert json.loads(out.read_text())["variants"][0]["name"] == "bf16"
     assert "bf16 matmul measured 0.3 GFLOP/s against 147 in float32" in captured.err
     assert "of roofline" not in captured.out and "no roofline: the matmul probe" in captured.out

@@ -152,12 +152,15 @@ def run(args: argparse.Namespace) -> int:
         print("error: recipes need a float model: give it with --baseline", file=sys.stderr)
         return 2
     one_dtype = phase_dtypes["prefill"] == phase_dtypes["decode"]
+    # On CPU, "auto" would give float32 models the slow pure-torch reference path; a speed benchmark
+    # wants PyTorch's weight-only kernels (they take activations in bf16) whatever the model dtype.
+    backend = "torch" if args.backend == "auto" and device.type == "cpu" else args.backend
 
     def build(dtype):
         base = None if base_source is None else load_source_model(base_source, dtype=dtype, device=device, seed=args.seed)
         # one float baseline for both phases, whatever dtype each phase runs in
         variants = [float_variant(base, name=None if one_dtype else "float")] if base is not None else []
-        variants += [build_variant(s, base, dtype=dtype, device=device, backend=args.backend) for s in variant_specs]
+        variants += [build_variant(s, base, dtype=dtype, device=device, backend=backend) for s in variant_specs]
         return variants
 
     label = str(base_source or args.model)

@@ -24,6 +24,9 @@ ARM_FLAGS = ("asimd", "sve", "sve2", "bf16", "asimdbf16", "i8mm")
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16", "asimdbf16")
 
 PROBE_DTYPES = ("float32", "bfloat16")
+# bf16 is chosen unless float32 measures more than this much faster: a shared machine's timings
+# wobble by tens of percent, bf16 moves half the bytes, and emulated bf16 is ~100x slower, not 2x.
+FLOAT32_MARGIN = 2.0
 
 
 def read_cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str] | None:
@@ -47,7 +50,7 @@ def _seconds(fn, budget_s: float) -> float:
     first = time.perf_counter() - t0
     times = []
     spent = first
-    while len(times) < 3 and (spent < budget_s or not times):
+    while len(times) < 5 and (spent < budget_s or not times):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
@@ -96,13 +99,13 @@ class CpuFeatures:
 
     @property
     def prefill_dtype(self) -> str:
-        """The dtype whose matmul measured fastest (prefill is matrix products)."""
-        return max(PROBE_DTYPES, key=lambda d: self.matmul_flops.get(d, 0.0))
+        """The dtype for matrix products (prefill): bf16 unless float32's matmul measured FLOAT32_MARGIN x faster."""
+        return _choose(self.matmul_flops)
 
     @property
     def decode_dtype(self) -> str:
-        """The dtype whose matrix-vector product measured fastest (a decode step is those)."""
-        return max(PROBE_DTYPES, key=lambda d: self.gemv_flops.get(d, 0.0))
+        """The dtype for matrix-vector products (decode): bf16 unless float32's measured FLOAT32_MARGIN x faster."""
+        return _choose(self.gemv_flops)
 
     def sentences(self, timed: dict[str, str] | None = None) -> list[str]:
         """What was found and what follows from it, for a report. ``timed``: the dtype each phase
@@ -120,9 +123,10 @@ class CpuFeatures:
         if mm and mv:
             out.append(
                 f"Measured here: matmul {_g(mm['float32'])} GFLOP/s in float32 and {_g(mm['bfloat16'])} in bfloat16; "
-                f"matrix-vector product {_g(mv['float32'])} and {_g(mv['bfloat16'])} GFLOP/s. The faster dtype is "
-                f"{self.prefill_dtype} for matrix products (prefill) and {self.decode_dtype} for matrix-vector "
-                "products (decode)."
+                f"matrix-vector product {_g(mv['float32'])} and {_g(mv['bfloat16'])} GFLOP/s. So matrix products "
+                f"(prefill) are fastest in {self.prefill_dtype} and matrix-vector products (decode) in "
+                f"{self.decode_dtype} (bf16 unless float32 measures over {FLOAT32_MARGIN:.0f}x faster: bf16 moves "
+                "half the bytes, and timings on a shared machine wobble)."
             )
             slow = mm["float32"] / max(mm["bfloat16"], 1e-30)
             if slow > 4:
@@ -148,6 +152,12 @@ class CpuFeatures:
         return cls(arch=d.get("arch", "?"), flags=None if flags is None else tuple(flags),
                    capability=d.get("capability", "?"), matmul_flops=dict(d.get("matmul_flops") or {}),
                    gemv_flops=dict(d.get("gemv_flops") or {}))
+
+
+def _choose(rates: dict[str, float]) -> str:
+    if rates and rates.get("float32", 0.0) > FLOAT32_MARGIN * rates.get("bfloat16", 0.0):
+        return "float32"
+    return "bfloat16"
 
 
 def _g(flops: float) -> str:
