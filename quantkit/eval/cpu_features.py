@@ -123,10 +123,10 @@ class CpuFeatures:
         if mm and mv:
             out.append(
                 f"Measured here: matmul {_g(mm['float32'])} GFLOP/s in float32 and {_g(mm['bfloat16'])} in bfloat16; "
-                f"matrix-vector product {_g(mv['float32'])} and {_g(mv['bfloat16'])} GFLOP/s. So matrix products "
-                f"(prefill) are fastest in {self.prefill_dtype} and matrix-vector products (decode) in "
-                f"{self.decode_dtype} (bf16 unless float32 measures over {FLOAT32_MARGIN:.0f}x faster: bf16 moves "
-                "half the bytes, and timings on a shared machine wobble)."
+                f"matrix-vector product {_g(mv['float32'])} and {_g(mv['bfloat16'])} GFLOP/s. The dtype to use: "
+                f"{self.prefill_dtype} for matrix products (prefill), {self.decode_dtype} for matrix-vector products "
+                f"(decode): bf16 unless float32 measures over {FLOAT32_MARGIN:.0f}x faster, since bf16 moves half the "
+                "bytes and timings on a shared machine wobble by tens of percent."
             )
             slow = mm["float32"] / max(mm["bfloat16"], 1e-30)
             if slow > 4:
