@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from . import DTYPES, add_model_options
+from . import add_model_options, torch_dtype
 
 
 def register(sub) -> None:
@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     import quantkit
     from quantkit.eval.data import eval_token_windows
 
-    dtype = DTYPES[args.dtype]
+    dtype = torch_dtype(args.dtype)
     baseline = quantkit.load(args.baseline, dtype=dtype, device=args.device, trust_remote_code=args.trust_remote_code)
     model = quantkit.load(args.model, backend=args.backend, dtype=dtype, device=args.device,
                           trust_remote_code=args.trust_remote_code)

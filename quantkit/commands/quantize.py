@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from . import DTYPES, add_model_options
+from . import add_model_options, torch_dtype
 
 
 def register(sub) -> None:
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     calibration = calibration_config(args) if calibrated else None
     source = resolve_model_source(args.model)
     start = time.perf_counter()
-    model = load_float_model(source, dtype=DTYPES[args.dtype], device=args.device, trust_remote_code=args.trust_remote_code)
+    model = load_float_model(source, dtype=torch_dtype(args.dtype), device=args.device, trust_remote_code=args.trust_remote_code)
     size_before = state_bytes(model)  # at the dtype the model runs in
     if calibrated:
         quantkit.quantize(model, recipe, calibration, device=args.calib_device)
