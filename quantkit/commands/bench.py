@@ -119,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     dtype = parse_dtype(args.dtype)
     defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
+    if args.gpu.strip().lower() == "probe":
+        _say(args, f"measuring the memory bandwidth and matmul peak of {device} (the roofline's device)")
     spec = resolve_device_spec(args.gpu, device)
     max_cache = args.max_cache_gb * 2**30 if args.max_cache_gb else spec.memory_bytes / 4
     settings = BenchSettings(
