@@ -1,20 +1,22 @@
 """Results files and the numbers derived from them: one home for the readers report, plots and advise share.
 
 - ``quantkit bench --json`` (schema ``quantkit.bench/1``): ``prefill`` and ``decode`` records per
-  variant, with roofline predictions -> load_bench, records, speedups, speedup_summary;
+  variant, with roofline predictions -> load_bench, records, speedups, speedup_summary, roofline_problem;
 - ``quantkit eval`` JSON (``perplexity``, ``kl_divergence``, ``top1_agreement``,
-  ``baseline_perplexity``, window counts) -> load_quality -> QualityResult.
+  ``baseline_perplexity``, its noise, window counts) -> load_quality -> QualityResult.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .hardware import DeviceSpec
 from .timing import SCHEMA
 
 SHAPE_KEYS = {"prefill": ("batch", "prompt_len"), "decode": ("batch", "context_len")}
@@ -48,14 +50,18 @@ class QualityResult:
     top1_agreement: float | None = None  # share of positions where both models' argmax agree
     source: str = ""  # the JSON file the result was read from
     model: str | None = None  # the evaluated model (a checkpoint folder describes its own scheme)
+    log_ppl_ratio_stderr: float | None = None  # standard error of log(perplexity / baseline); None for 1 window
+    dtype: str | None = None  # the dtype both models were evaluated in
     window: int | None = None  # tokens per evaluation window
     windows: int | None = None  # number of windows
     tokens: int | None = None  # predicted tokens the averages are over
 
     #: The measured fields, in the order `quantkit eval` writes them.
-    MEASURED = ("perplexity", "baseline_perplexity", "kl_divergence", "top1_agreement", "window", "windows", "tokens")
+    MEASURED = ("perplexity", "baseline_perplexity", "kl_divergence", "top1_agreement", "window", "windows", "tokens",
+                "log_ppl_ratio_stderr", "dtype")
     #: The fields a report lists.
-    REPORTED = ("name", "perplexity", "baseline_perplexity", "kl_divergence", "top1_agreement", "source", "model")
+    REPORTED = ("name", "perplexity", "baseline_perplexity", "kl_divergence", "top1_agreement", "source", "model",
+                "log_ppl_ratio_stderr", "dtype")
 
     @property
     def perplexity_increase(self) -> float | None:
@@ -64,13 +70,21 @@ class QualityResult:
             return None
         return self.perplexity / self.baseline_perplexity - 1.0
 
+    @property
+    def within_noise(self) -> bool | None:
+        """Whether the perplexity change is within two standard errors of zero (None: noise unknown)."""
+        if self.log_ppl_ratio_stderr is None or not self.baseline_perplexity:
+            return None
+        return abs(math.log(self.perplexity / self.baseline_perplexity)) <= 2 * self.log_ppl_ratio_stderr
+
     def to_dict(self) -> dict:
         """The measured fields: what `quantkit eval` writes (and load_quality reads back)."""
         return {key: getattr(self, key) for key in self.MEASURED}
 
     def report_dict(self) -> dict:
-        """The fields a report lists, with the perplexity increase."""
-        return {key: getattr(self, key) for key in self.REPORTED} | {"perplexity_increase": self.perplexity_increase}
+        """The fields a report lists, with the perplexity increase and whether it is within the noise."""
+        return {key: getattr(self, key) for key in self.REPORTED} | {
+            "perplexity_increase": self.perplexity_increase, "within_noise": self.within_noise}
 
 
 def _quality_label(d: dict, fallback: str) -> str:
@@ -124,6 +138,8 @@ def load_quality(paths: Sequence[str | Path]) -> list[QualityResult]:
                 kl_divergence=_opt_float(d.get("kl_divergence")),
                 top1_agreement=_opt_float(d.get("top1_agreement")), source=str(path),
                 model=d.get("model") if isinstance(d.get("model"), str) else None,
+                log_ppl_ratio_stderr=_opt_float(d.get("log_ppl_ratio_stderr")),
+                dtype=d.get("dtype") if isinstance(d.get("dtype"), str) else None,
                 window=_opt_int(d.get("window")), windows=_opt_int(d.get("windows")), tokens=_opt_int(d.get("tokens")),
             ))
     return results
@@ -143,6 +159,11 @@ def records(bench: dict, phase: str, variant: str | None = None, **match) -> lis
     out = [r for r in bench[phase] if (variant is None or r["variant"] == variant)
            and all(r.get(k) == v for k, v in match.items())]
     return sorted(out, key=lambda r: tuple(r[k] for k in SHAPE_KEYS[phase]))
+
+
+def roofline_problem(bench: dict) -> str | None:
+    """Why the bench's device spec gives no usable roofline (None when it does)."""
+    return DeviceSpec.from_dict(bench["device"]["spec"]).roofline_problem
 
 
 def variant_names(bench: dict) -> list[str]:

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 from .registry import REFERENCE_MODELS, get_spec
+from .spec import TRAINING_RECORD
 from .store import build_atomically, cache_folder
-from .train import TRAINING_RECORD
 
 
 def add_build_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
