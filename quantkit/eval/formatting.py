@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+from .results import perplexity_change_within_noise
 
 
 def fmt_intensity(x: float) -> str:
@@ -17,6 +17,6 @@ def fmt_perplexity_change(perplexity: float, baseline: float | None, log_ratio_s
     cell = f"{100 * (perplexity / baseline - 1):+.2f}%"
     if log_ratio_stderr is not None:
         cell += f" ± {100 * 2 * log_ratio_stderr:.2f}%"
-        if abs(math.log(perplexity / baseline)) <= 2 * log_ratio_stderr:
+        if perplexity_change_within_noise(perplexity, baseline, log_ratio_stderr):
             cell += " (within noise)"
     return cell

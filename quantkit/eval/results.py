@@ -73,9 +73,7 @@ class QualityResult:
     @property
     def within_noise(self) -> bool | None:
         """Whether the perplexity change is within two standard errors of zero (None: noise unknown)."""
-        if self.log_ppl_ratio_stderr is None or not self.baseline_perplexity:
-            return None
-        return abs(math.log(self.perplexity / self.baseline_perplexity)) <= 2 * self.log_ppl_ratio_stderr
+        return perplexity_change_within_noise(self.perplexity, self.baseline_perplexity, self.log_ppl_ratio_stderr)
 
     def to_dict(self) -> dict:
         """The measured fields: what `quantkit eval` writes (and load_quality reads back)."""
@@ -85,6 +83,14 @@ class QualityResult:
         """The fields a report lists, with the perplexity increase and whether it is within the noise."""
         return {key: getattr(self, key) for key in self.REPORTED} | {
             "perplexity_increase": self.perplexity_increase, "within_noise": self.within_noise}
+
+
+def perplexity_change_within_noise(perplexity: float, baseline: float | None,
+                                   log_ratio_stderr: float | None) -> bool | None:
+    """Whether |log(perplexity / baseline)| is within two of its standard errors (None: no baseline or no noise)."""
+    if log_ratio_stderr is None or not baseline:
+        return None
+    return abs(math.log(perplexity / baseline)) <= 2 * log_ratio_stderr
 
 
 def _quality_label(d: dict, fallback: str) -> str:
