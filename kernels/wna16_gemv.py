@@ -1,27 +1,33 @@
-"""The bandwidth-bound Triton GEMV for y = x @ dequant(W).T at small M (decode: M <= 8).
+"""The bandwidth-bound Triton GEMV for y = x @ dequant(W).T at small M (decode: M <= 4).
 
-Layout read (``wna16_layout.to_triton_layout``, PW = 32 / bits values per word): qweight int32
-[ceil(K / PW), N] with N contiguous; scales [G, N]; zeros uint8 [G, N] (asymmetric only).
+Layout read (``wna16_layout.to_triton_layout``, PW = 32 / bits values per word, B = 8 word rows per
+interleave block): qweight int32 [KW, N], N contiguous, word row b*B + r holding k = b*B*PW + i*B + r
+in bit field i; scales [G, N]; zeros uint8 [G, N] (asymmetric only).
 
-What each program does (grid (cdiv(N, BLOCK_N), split_k)): it owns BLOCK_N = 4 * 32 * num_warps
-columns, so every thread owns 4 adjacent columns and each word row it reads is one 16-byte
-``ld.global.v4.b32`` (four int32 words = 4 x PW weights); every warp lies along N and the BLOCK_KW
-word rows of a tile all sit in the same thread, so the sum over K is a chain of FMAs in registers
-(no shuffles, no shared memory) and each thread keeps BLOCK_KW independent 16-byte loads in
-flight. The program walks ``iters`` tiles of its K slice (split-K: the slices cover the SMs several
-times over even when N is small).
+What each program does (grid (cdiv(N, BLOCK_N), split_k)): BLOCK_N is a multiple of 4 * 32 *
+num_warps, so every thread owns groups of 4 adjacent columns and each word row it reads is one
+16-byte ``ld.global.v4.b32`` (four int32 words = 4 x PW weights); all warps lie along N and the B
+word rows of a block sit in the same thread, so the sum over K is a chain of FMAs in registers (no
+shuffles, no shared memory) and each thread has B x (BLOCK_N / (128 * num_warps)) independent
+16-byte loads in flight per block. Bit field i of the block is B consecutive values of K, so the
+activations it multiplies are one contiguous 16-byte load (bf16/fp16) per row of x, the same for
+every thread of the warp (a broadcast). The program walks ``iters`` blocks of its K slice (split-K:
+the slices cover the SMs several times over even when N is small).
 
-Dequantization without an int -> float conversion: OR-ing an unsigned value u < 2**23 into the
-mantissa of 2**23 (bits 0x4B000000) gives the fp32 number 2**23 + u exactly; subtracting
-(2**23 + z) leaves u - z exactly, with z the per-column unsigned zero (or the constant
-2**(bits-1)). Per weight that is a shift, one AND-OR (one LOP3 in SASS), one FADD and the FMA
-with x: no I2F, no per-element scale. The scale is applied once per tile to the partial sum
-(``SCALE_SINGLE``: the tile lies inside one group) or once per word row (groups smaller than the
-tile: one FMUL per weight).
+Dequantization without an int -> float conversion instruction: OR-ing an unsigned value u < 2**23
+into the mantissa of 2**23 (bits 0x4B000000) gives the fp32 number 2**23 + u exactly; subtracting
+(2**23 + z) leaves u - z exactly, with z the per-column unsigned zero (or the constant 2**(bits-1)).
+Per weight that is a bit-field extract, one OR, one FADD and one FMA with x: no I2F, no per-element
+scale. The scale multiplies the block's partial sum once (``SCALE_SINGLE``: the block lies inside one
+group) or each bit field's partial sum (smaller groups: a group is a multiple of B values, so one bit
+field of a block never straddles two groups).
 
 Reduction: with split_k == 1 the program adds the bias and stores y; else it stores its fp32 partial
 sums [split, M, N] and ``_splitk_reduce_kernel`` (wna16_triton) adds them in a fixed order
 (deterministic, CUDA-graph capturable, no atomics).
+
+Not expressible in portable Triton (and not done): two int4 values per 32-bit op as packed fp16x2
+(needs ``inline_asm_elementwise``, which the interpreter cannot run).
 
 The pure-torch reference of this kernel is ``wna16_triton.wna16_gemm_torch`` (same layout).
 """
@@ -30,10 +36,6 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-
-# 2**23 as fp32 bits: (u | FP32_MAGIC_BITS) read as fp32 is 2**23 + u for any integer 0 <= u < 2**23
-FP32_MAGIC_BITS = 0x4B000000
-FP32_MAGIC = 8388608.0
 
 
 @triton.jit
@@ -81,8 +83,8 @@ def _wna16_gemv_kernel(
     cols = offs_n[None, None, :]  # [1, 1, BN]
     mask_cols = cols < N
     rows = tl.arange(0, BLOCK_KW)[None, :, None]  # [1, BKW, 1]
-    x_rows = x_ptr + offs_m[:, None, None] * stride_xm  # [BM, 1, 1]
-    mask_x_rows = offs_m[:, None, None] < M
+    x_rows2 = x_ptr + offs_m[:, None] * stride_xm  # [BM, 1]
+    mask_x_rows2 = offs_m[:, None] < M
     acc = tl.zeros((BLOCK_M, 1, BLOCK_N), dtype=tl.float32)
     w_begin = pid_k * words_per_split
     for it in range(iters):
@@ -108,8 +110,10 @@ def _wna16_gemv_kernel(
                     bias_f = MAGIC + OFFSET
             u = (words >> (i * BITS)) & VALUE_MASK  # [1, BKW, BN] unsigned values of k = k0 + i*BKW + row
             w = (u | MAGIC_BITS).to(tl.float32, bitcast=True) - bias_f  # u - z, exact
-            offs_k = k0 + i * BLOCK_KW + rows  # [1, BKW, 1]: contiguous, one 16-byte load of x per row of M
-            xi = tl.load(x_rows + offs_k, mask=mask_x_rows & (offs_k < K), other=0.0).to(tl.float32)  # [BM, BKW, 1]
+            offs_k = tl.max_contiguous(tl.multiple_of(k0 + i * BLOCK_KW + tl.arange(0, BLOCK_KW), BLOCK_KW), BLOCK_KW)
+            # [BM, BKW] loaded 2-D (contiguous along K: one 16-byte load per row of M), then broadcast along N
+            xi = tl.load(x_rows2 + offs_k[None, :], mask=mask_x_rows2 & (offs_k < K)[None, :], other=0.0)
+            xi = xi.to(tl.float32)[:, :, None]  # [BM, BKW, 1]
             if SCALE_SINGLE:
                 part += xi * w  # [BM, BKW, BN]
             else:

@@ -15,7 +15,7 @@ Weight layout (built once by ``wna16_layout.to_triton_layout``), with PW = 32 / 
 
 Kernels (the algorithm is chosen per call by ``wna16_heuristics.choose_config``):
 
-1. "gemv" (decode, M <= 4): ``wna16_gemv._wna16_gemv_kernel``, built for bandwidth (16-byte weight
+1. "gemv" (decode: M <= 2 by rule, up to 4): ``wna16_gemv._wna16_gemv_kernel``, built for bandwidth (16-byte weight
    loads, int -> float by the 2**23 magic-number trick, scale once per block; see its docstring).
 2. "dot" (M > 4): ``_wna16_matmul_kernel``, grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), split_k).
    Each K step is one interleave block: the [B, BLOCK_N] words are unpacked into the [PW, B, BLOCK_N]
