@@ -188,7 +188,8 @@ def sweep_configs(m: int, n: int, k: int, bits: int, num_sms: int) -> list[qk.WN
     else:
         for bm, bn, warps, stages in ((64, 128, 4, 3), (128, 128, 8, 3), (128, 256, 8, 3), (128, 128, 4, 4),
                                       (64, 256, 4, 3)):
-            out.append(qk.WNA16Config("dot", bm, bn, 1, num_warps=warps, num_stages=stages))
+            for split in (1, 2, 4) if m <= 512 else (1,):  # fewer (M, N) tiles than SMs at M = 65..512
+                out.append(qk.WNA16Config("dot", bm, bn, split, num_warps=warps, num_stages=stages))
     out.append(qk.WNA16Config("dequant", 1, 64))
     return [c for c in out if c != base]
 
@@ -208,7 +209,9 @@ def make_calls(backend, ckpts, scheme, k, n, dtype):
     return [lambda x, p=p: call(x, p) for p in prepared], qk.prepared_layout(prepared[0])
 
 
-def run(args) -> dict:
+def run(args, save=None) -> dict:
+    """Time every shape x scheme x backend x M; ``save(result)`` is called after every row (so a run cut
+    short by a time limit keeps what it measured)."""
     device = args.device
     gen = torch.Generator(device=device).manual_seed(args.seed)
     dtypes = [getattr(torch, d) for d in args.dtypes]
@@ -224,6 +227,7 @@ def run(args) -> dict:
     result["copy_bandwidth_GBps"] = copy_bw = copy_bandwidth(device, args.reps, args.realtime)
     print(f"copy bandwidth: {copy_bw:.1f} GB/s", flush=True)
     rows, skipped = [], []
+    result["rows"], result["skipped"], result["complete"] = rows, skipped, False
     matmul_cache: dict[tuple, float] = {}
     for k, n in args.shapes:
         dense_bytes = n * k * 2
@@ -283,11 +287,12 @@ def run(args) -> dict:
                                         for c in ckpts[dt]]
                             row["sweep"] = sweep(prepared, x, scheme, m, n, k, device, args)
                     rows.append(row)
+                    if save:
+                        save(result)
                     print(format_row(row, [dt for dt in dtypes if dt in calls]), flush=True)
                 del ckpts, calls
         del dense
-    result["rows"] = rows
-    result["skipped"] = skipped
+    result["complete"] = True
     return result
 
 
@@ -329,6 +334,9 @@ def to_markdown(result: dict, dtypes: list[str]) -> str:
         f"Command: `python evals/kernels/bench_wna16.py {' '.join(result['argv'])}`",
         "",
     ]
+    if not result.get("complete", True):
+        lines += ["**Incomplete run** (stopped before the end, e.g. by a time limit): only the rows below were "
+                  "measured.", ""]
     head = "| K x N | M | scheme | backend |"
     rule = "|---|---:|---|---|"
     for tag in dtypes:
@@ -436,11 +444,15 @@ def main(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    result = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_wna16.json").write_text(json.dumps(result, indent=1))
     tags = [str(getattr(torch, d)).removeprefix("torch.") for d in args.dtypes]
-    (args.out / "bench_wna16.md").write_text(to_markdown(result, tags))
+
+    def save(result):
+        (args.out / "bench_wna16.json").write_text(json.dumps(result, indent=1))
+        (args.out / "bench_wna16.md").write_text(to_markdown(result, tags))
+
+    result = run(args, save)
+    save(result)
     print(f"wrote {args.out / 'bench_wna16.json'} and {args.out / 'bench_wna16.md'}")
     return result
 

@@ -34,6 +34,7 @@ def test_bench_runs_every_cpu_backend_and_reports_consistently(tmp_path):
                          "--max-copies", "1", "--dtypes", "float16,bfloat16"])
     saved = json.loads((out / "bench_wna16.json").read_text())
     assert saved["rows"] == json.loads(json.dumps(result["rows"]))
+    assert saved["complete"] is True  # written after every row, marked complete at the end
     assert len(saved["rows"]) == 2 * len(BACKENDS) * 2  # schemes x backends x M
     assert saved["copy_bandwidth_GBps"] > 0
     for row in saved["rows"]:
