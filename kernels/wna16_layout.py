@@ -128,6 +128,7 @@ def unpack_zero_point(weight_zero_point: torch.Tensor, bits: int, out_features: 
 # ----------------------------------------------------------------------------------------------
 # Word rows per interleave block of the Triton layout (see to_triton_layout); group sizes must be a multiple of it.
 TRITON_WORD_BLOCK = 8
+TRITON_REPACK_ROWS = 1024  # output rows repacked at a time by to_triton_layout
 
 
 def triton_word_rows(in_features: int, bits: int) -> int:
@@ -168,12 +169,15 @@ def to_triton_layout(
         )
     per_word = 32 // bits
     rows = triton_word_rows(k, bits)
-    q = unpack_int32(weight_packed, bits, k).to(torch.int32)  # [N, K] signed
-    q = torch.nn.functional.pad(q, (0, rows * per_word - k))  # [N, Kp]: padding stored as the value 0
-    # [N, blocks, PW (bit field i), B (row r)] -> [N, blocks, B, PW]: word (b, r) packs k = b*B*PW + i*B + r
-    q = q.view(n, rows // TRITON_WORD_BLOCK, per_word, TRITON_WORD_BLOCK).transpose(2, 3).reshape(n, -1)
+    words = []
+    for chunk in weight_packed.split(TRITON_REPACK_ROWS):  # bounds the int64 temporaries of pack_int32
+        q = unpack_int32(chunk, bits, k).to(torch.int32)  # [n', K] signed
+        q = torch.nn.functional.pad(q, (0, rows * per_word - k))  # [n', Kp]: padding stored as the value 0
+        # [n', blocks, PW (bit field i), B (row r)] -> [n', blocks, B, PW]: word (b, r) packs k = b*B*PW + i*B + r
+        q = q.view(q.shape[0], rows // TRITON_WORD_BLOCK, per_word, TRITON_WORD_BLOCK).transpose(2, 3)
+        words.append(pack_int32(q.reshape(q.shape[0], -1), bits))  # [n', KW]
     out = {
-        "triton_qweight": pack_int32(q, bits).t().contiguous(),  # [KW, N]
+        "triton_qweight": torch.cat(words).t().contiguous(),  # [KW, N]
         "triton_scales": weight_scale.t().contiguous(),
     }
     if weight_zero_point is not None:
