@@ -65,6 +65,10 @@ def _jobs(arch: int) -> list[dict]:
                                  scale_single=j % 3 == 0, has_bias=j % 2 == 1, arch=arch))
     for j, dtype in enumerate(_TRITON_DTYPES):
         jobs.append(dict(kind="reduce", dtype=dtype, has_bias=j % 2 == 0, arch=arch))
+    for bits in (4, 8):  # the single-launch split-K reduction the sweep times (not picked by the rules yet)
+        cfg = WNA16Config("gemv", 1, 512, 2, num_warps=2, num_stages=1, reduce="last")
+        jobs.append(dict(kind="gemv", bits=bits, config=cfg.as_dict(), dtype="bf16", has_zeros=bits == 8,
+                         scale_single=True, has_bias=True, arch=arch))
     return jobs
 
 
@@ -99,12 +103,17 @@ def build_kernel(job: dict):
         cfg = WNA16Config(**job["config"])
         fn = wt._wna16_gemv_kernel if cfg.algo == "gemv" else wt._wna16_matmul_kernel
         sig = {"x_ptr": xt, "qweight_ptr": "*i32", "scales_ptr": xt, "zeros_ptr": "*u8", "bias_ptr": xt,
-               "out_ptr": xt, "partial_ptr": "*fp32", **{name: "i32" for name in _MATMUL_ARGS}}
+               "out_ptr": xt, "partial_ptr": "*fp32"}
+        if cfg.algo == "gemv":
+            sig["counters_ptr"] = "*i32"
+        sig.update({name: "i32" for name in _MATMUL_ARGS})
         const = dict(BITS=job["bits"], HAS_ZEROS=job["has_zeros"], HAS_BIAS=job["has_bias"],
                      SCALE_SINGLE=job["scale_single"], WRITE_PARTIAL=cfg.split_k > 1, BLOCK_M=cfg.block_m,
                      BLOCK_N=cfg.block_n, BLOCK_KW=TRITON_WORD_BLOCK)
         if cfg.algo == "dot":
             const["DOT_FP32"] = job["dtype"] == "fp32"
+        else:
+            const["REDUCE_LAST"] = cfg.split_k > 1 and cfg.reduce == "last"
         options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     options["enable_fp_fusion"] = True  # the launch default: the dequant multiply-add fuses
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in _DIVISIBLE if name in sig}

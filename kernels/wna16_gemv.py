@@ -23,8 +23,11 @@ group) or each bit field's partial sum (smaller groups: a group is a multiple of
 field of a block never straddles two groups).
 
 Reduction: with split_k == 1 the program adds the bias and stores y; else it stores its fp32 partial
-sums [split, M, N] and ``_splitk_reduce_kernel`` (wna16_triton) adds them in a fixed order
-(deterministic, CUDA-graph capturable, no atomics).
+sums [split, M, N] and either ``_splitk_reduce_kernel`` (wna16_triton) adds them in a fixed order
+(deterministic, CUDA-graph capturable, no atomics; a second launch), or, with ``REDUCE_LAST``, the
+last program of each column tile to finish (an int32 arrival counter per tile, zero on entry, reset
+on exit) adds them in the same fixed order in the same launch. ``REDUCE_LAST`` is compiled and
+tested but not picked by the rules until a GPU measures it (``--sweep`` times it).
 
 Not expressible in portable Triton (and not done): two int4 values per 32-bit op as packed fp16x2
 (needs ``inline_asm_elementwise``, which the interpreter cannot run).
@@ -47,6 +50,7 @@ def _wna16_gemv_kernel(
     bias_ptr,  # [N] (read when HAS_BIAS)
     out_ptr,  # [M, N] x dtype (written unless WRITE_PARTIAL), row stride stride_om
     partial_ptr,  # fp32 [split, M, N] (written when WRITE_PARTIAL)
+    counters_ptr,  # int32 [cdiv(N, BLOCK_N)], zero on entry and on exit (used when REDUCE_LAST)
     M,
     N,
     K,
@@ -60,6 +64,7 @@ def _wna16_gemv_kernel(
     HAS_BIAS: tl.constexpr,
     SCALE_SINGLE: tl.constexpr,  # every block lies inside one group: scale the block's partial sum once
     WRITE_PARTIAL: tl.constexpr,
+    REDUCE_LAST: tl.constexpr,  # split-K: the last program of a column tile adds the partials (one launch)
     BLOCK_M: tl.constexpr,  # next power of two >= M
     BLOCK_N: tl.constexpr,  # 4 * 32 * num_warps: 4 adjacent columns per thread
     BLOCK_KW: tl.constexpr,  # word rows per tile = the layout's interleave block (all in one thread)
@@ -126,6 +131,22 @@ def _wna16_gemv_kernel(
     if WRITE_PARTIAL:
         part_ptrs = partial_ptr + (pid_k * M + offs_m.to(tl.int64))[:, None] * N + offs_n[None, :]
         tl.store(part_ptrs, acc, mask=mask_mn)
+        if REDUCE_LAST:
+            # Every thread's partial is stored before one thread counts this program in (release), and
+            # the program that counts last (acquire) reads all partials from L2 in a fixed order, so the
+            # sum is deterministic; it then resets the counter for the next launch (or graph replay).
+            tl.debug_barrier()
+            arrived = tl.atomic_add(counters_ptr + pid_n, 1, sem="acq_rel")
+            if arrived == tl.num_programs(1) - 1:
+                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for s in range(tl.num_programs(1)):
+                    total += tl.load(partial_ptr + (s * M + offs_m.to(tl.int64))[:, None] * N + offs_n[None, :],
+                                     mask=mask_mn, other=0.0, cache_modifier=".cg")
+                if HAS_BIAS:
+                    total += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+                out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+                tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=mask_mn)
+                tl.atomic_xchg(counters_ptr + pid_n, 0)
     else:
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]

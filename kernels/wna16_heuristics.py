@@ -52,6 +52,7 @@ from dataclasses import asdict, dataclass
 from .wna16_layout import TRITON_WORD_BLOCK as K_BLOCK_WORDS
 
 ALGORITHMS = ("gemv", "dot", "dequant")
+REDUCTIONS = ("pass", "last")  # split-K sums: a second kernel, or the last program of a tile (gemv only)
 DEFAULT_NUM_SMS = 132  # H100 SXM / H200
 WAVES = 4  # programs per SM the split-K rule aims for in memory-bound shapes
 MAX_SPLIT_K = 64
@@ -72,8 +73,11 @@ class WNA16Config:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    reduce: str = "pass"  # REDUCTIONS
 
     def __post_init__(self) -> None:
+        if self.reduce not in REDUCTIONS or (self.reduce == "last" and self.algo != "gemv"):
+            raise ValueError(f"reduce must be one of {REDUCTIONS} ('last' for gemv only), got {self.reduce!r}")
         if self.algo not in ALGORITHMS:
             raise ValueError(f"algo must be one of {ALGORITHMS}, got {self.algo!r}")
         for name in ("block_m", "block_n", "num_warps"):

@@ -23,6 +23,8 @@ Kernels (the algorithm is chosen per call by ``wna16_heuristics.choose_config``)
    with K = B*PW (64 at int4) takes a contiguous [BLOCK_M, B*PW] tile of x.
 3. Split-K (both): programs write fp32 partial sums [split_k, M, N]; ``_splitk_reduce_kernel`` adds
    them in a fixed order, adds the bias and casts (deterministic, no atomics: bf16 atomics do not exist).
+   The GEMV can instead let the last program of each column tile add them (config ``reduce="last"``:
+   one launch, plus a memset of the arrival counters); not picked by the rules until measured.
 4. "dequant" (prefill, large M): ``_wna16_dequant_kernel`` writes dequant(W).T [K, N] in x's dtype,
    then a dense ``torch.matmul`` (the matmul is compute-bound there; see wna16_heuristics).
 
@@ -329,18 +331,23 @@ def wna16_gemm_triton(
         )
     else:
         partial = out  # never written
-    common = (x, qweight, scales, zeros_arg, bias_arg, out, partial, m, n, k, group_size,
-              iters * TRITON_WORD_BLOCK, iters, x.stride(0), out.stride(0))
+    scalars = (m, n, k, group_size, iters * TRITON_WORD_BLOCK, iters, x.stride(0), out.stride(0))
     flags = dict(BITS=bits, HAS_ZEROS=has_zeros, HAS_BIAS=has_bias, SCALE_SINGLE=scale_single,
                  WRITE_PARTIAL=split > 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_KW=TRITON_WORD_BLOCK,
                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    reduce_last = split > 1 and cfg.reduce == "last"
     if cfg.algo == "gemv":
-        wrap_triton(_wna16_gemv_kernel)[(triton.cdiv(n, cfg.block_n), split)](*common, **flags)
+        tiles = triton.cdiv(n, cfg.block_n)
+        counters = torch.zeros(tiles, dtype=torch.int32, device=x.device) if reduce_last else qweight  # [tiles]
+        wrap_triton(_wna16_gemv_kernel)[(tiles, split)](
+            x, qweight, scales, zeros_arg, bias_arg, out, partial, counters, *scalars,
+            REDUCE_LAST=reduce_last, **flags)
     else:
         grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), split)
         wrap_triton(_wna16_matmul_kernel)[grid](
-            *common, DOT_FP32=KERNELS_INTERPRETED or x.dtype == torch.float32, **flags)
-    if split > 1:
+            x, qweight, scales, zeros_arg, bias_arg, out, partial, *scalars,
+            DOT_FP32=KERNELS_INTERPRETED or x.dtype == torch.float32, **flags)
+    if split > 1 and not reduce_last:
         wrap_triton(_splitk_reduce_kernel)[(m, triton.cdiv(n, REDUCE_BLOCK_N))](
             partial, bias_arg, out, m, n, out.stride(0), split,
             HAS_BIAS=has_bias, BLOCK_N=REDUCE_BLOCK_N,

@@ -180,6 +180,8 @@ def sweep_configs(m: int, n: int, k: int, bits: int, num_sms: int) -> list[qk.WN
         for warps, bn in ((1, 128), (1, 256), (2, 256), (2, 512), (4, 512), (4, 1024)):
             for split in splits:
                 out.append(qk.WNA16Config("gemv", bm, bn, split, num_warps=warps, num_stages=1))
+                if split > 1:  # the same with the single-launch reduction
+                    out.append(qk.WNA16Config("gemv", bm, bn, split, num_warps=warps, num_stages=1, reduce="last"))
     if m <= 64:
         bm = max(16, 1 << (m - 1).bit_length())
         for bn in (64, 128, 256):

@@ -66,6 +66,7 @@ FORCED = [
     WNA16Config("gemv", 1, 128, split_k=1, num_warps=1),
     WNA16Config("gemv", 2, 256, split_k=2, num_warps=1),
     WNA16Config("gemv", 4, 128, split_k=3, num_warps=1),
+    WNA16Config("gemv", 2, 128, split_k=4, num_warps=1, reduce="last"),
     WNA16Config("dot", 16, 32, split_k=1),
     WNA16Config("dot", 16, 64, split_k=2),
     WNA16Config("dot", 32, 16, split_k=1),
