@@ -162,7 +162,7 @@ def to_triton_layout(
     or cover the whole row (per channel).
     """
     n, k, bits = shape.out_features, shape.in_features, shape.bits
-    if not shape.per_channel and shape.group_size % TRITON_WORD_BLOCK:
+    if not triton_supports(shape):
         raise ValueError(
             f"the Triton kernels need a group size that is a multiple of {TRITON_WORD_BLOCK} (or per-channel "
             f"scales), got {shape.group_size}; use backend='reference' for this layer"
@@ -189,6 +189,12 @@ def to_triton_layout(
 # ----------------------------------------------------------------------------------------------
 # CPU layouts (PyTorch's weight-only CPU kernels)
 # ----------------------------------------------------------------------------------------------
+def triton_supports(shape: WNA16Shape) -> bool:
+    """Whether the Triton layout can hold this layer: per-channel scales or a group size that is a
+    multiple of TRITON_WORD_BLOCK (the consecutive K values of one bit field share a scale)."""
+    return shape.per_channel or shape.group_size % TRITON_WORD_BLOCK == 0
+
+
 def cpu_int4_group_size(shape: WNA16Shape) -> int | None:
     """The group size the CPU int4 kernel runs this weight with, or None if it cannot.
 

@@ -196,3 +196,16 @@ def test_torch_compile_fullgraph(gen):
     x = torch.randn(4, K, generator=gen).to(dtype)
     y = compiled(x.to(DEVICE))
     assert rel_mean_error(y.cpu(), 2 * reference_output(x, weight)) <= tolerance(dtype)
+
+
+def test_auto_keeps_the_reference_for_groups_triton_cannot_hold(gen, monkeypatch):
+    """On CUDA "auto" picks Triton; a layer whose group size the Triton layout cannot hold (int8 in
+    groups of 4) must then keep the exact reference layout instead of failing at load time, while
+    an explicit backend="triton" still refuses it with a message naming the fix."""
+    scheme = Scheme(bits=8, group_size=4, symmetric=True)
+    w = random_weight(scheme, 64, 64, torch.float32, gen)
+    monkeypatch.setattr(qk.wna16, "resolve_backend", lambda backend, device, dtype=None: "triton")
+    prep = qk.prepare_wna16(w.weight_packed, w.weight_scale, None, bits=8, in_features=64, backend="auto")
+    assert qk.prepared_layout(prep) == "reference"
+    with pytest.raises(ValueError, match="use backend='reference' for this layer"):
+        qk.prepare_wna16(w.weight_packed, w.weight_scale, None, bits=8, in_features=64, backend="triton")
