@@ -1,0 +1,67 @@
+"""The decode step compiles without graph breaks (quantized linears included), and `quantkit bench --compile`."""
+
+import json
+
+import pytest
+import torch
+
+from quantkit.eval.roofline import ModelShape
+from quantkit.eval.timing import BenchSettings, cache_kwarg, fill_cache, make_decode_cache, rewind
+from quantkit.eval.variants import build_variant, load_source_model
+
+from .test_bench import _bench_parser, tiny_model_source
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("recipe", ["w4a16-rtn", "w8a16-rtn"])
+@pytest.mark.parametrize("backend", ["torch", "reference"])  # the kernel backends that run on CPU
+@torch.inference_mode()
+def test_quantized_decode_step_compiles_fullgraph(recipe, backend, tmp_path):
+    torch._dynamo.reset()
+    base = load_source_model(tiny_model_source(tmp_path), dtype=torch.bfloat16, device="cpu", seed=0)
+    variant = build_variant(recipe, base, dtype=torch.bfloat16, device="cpu", backend=backend)
+    assert variant.backend == backend
+    model, shape = variant.model, ModelShape.from_config(base.config)
+    cache = make_decode_cache(variant, 17)
+    fill_cache(cache, shape, 2, 16, dtype=torch.bfloat16, device=torch.device("cpu"))
+    ids = torch.randint(0, shape.vocab, (2, 1), generator=torch.Generator().manual_seed(0))
+    kw = cache_kwarg(model)
+
+    def step(forward):
+        logits = forward(input_ids=ids, use_cache=True, **{kw: cache}).logits  # [B, 1, V]
+        rewind(cache, 1)
+        return logits
+
+    eager = step(model)
+    compiled = step(torch.compile(model, fullgraph=True, backend="aot_eager"))  # raises on any graph break
+    again = step(torch.compile(model, fullgraph=True, backend="aot_eager"))
+    assert torch.isfinite(eager).all()
+    torch.testing.assert_close(compiled, eager, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(again, compiled)
+    assert int(cache.get_seq_length()) == 16
+
+
+def test_bench_compile_records_mode_breaks_and_bandwidth(tmp_path):
+    out = tmp_path / "bench.json"
+    args = _bench_parser().parse_args([
+        "bench", tiny_model_source(tmp_path), "--variants", "w4a16-rtn", "--prompt-lens", "16",
+        "--context-lens", "16", "--batch-sizes", "2", "--warmup", "1", "--repeats", "2", "--backend", "torch",
+        "--compile", "--compile-backend", "aot_eager", "--json", str(out), "--quiet", "--device", "cpu",
+    ])
+    assert args.func(args) == 0
+    data = json.loads(out.read_text())
+    assert data["settings"]["compile_backend"] == "aot_eager"
+    assert "--compile --compile-backend aot_eager" in data["command"]
+    bandwidth = data["device"]["spec"]["memory_bandwidth"]
+    for r in data["prefill"] + data["decode"]:
+        assert r["mode"] == "compiled (aot_eager)"
+        assert r["graph_breaks"] == 0
+        assert r["achieved_bandwidth"] == pytest.approx(r["roofline"]["bytes"] / r["median_s"])
+        assert r["bandwidth_fraction"] == pytest.approx(r["achieved_bandwidth"] / bandwidth)
