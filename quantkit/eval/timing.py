@@ -8,13 +8,14 @@
   feeds one token per sequence and crops the cache back to ``context_len`` so every repeat sees
   the same context. On CUDA a static-cache step is captured in a CUDA graph when possible (eager
   launches would dominate a small model's step); a growing cache runs eagerly.
-- Compiled (``BenchSettings.compile_backend``, ``quantkit bench --compile``): every variant alike,
-  baseline included, runs its forward through ``torch.compile`` (one compiled forward per model, reused
-  by every shape). Decode on CUDA then captures compiled step + cache rewind in a CUDA graph (compile
-  first, manual capture after the warm-up calls: the same capture as the eager path, so compiled and
-  eager differ only in the kernels). A compiled prefill reuses one static cache, reset between calls
-  (untimed), so the compiled graph is not retraced for every fresh cache object. Graph breaks seen
-  while warming up are counted in each record (``graph_breaks``).
+- Compiled (``BenchSettings.compile_backend``, ``quantkit bench --compile [all|decode]``): every
+  variant alike, baseline included, runs its forward through ``torch.compile`` (one compiled forward
+  per model, reused by every shape; prefill too unless ``compile_prefill`` is off). Decode on CUDA
+  then captures compiled step + cache rewind in a CUDA graph (compiled during the warm-up calls,
+  captured by hand after them: the same capture as the eager path, so the two differ only in the
+  kernels). A compiled prefill reuses one static cache, reset (untimed) between calls, so the graph
+  is not retraced for every fresh cache object. Graph breaks seen while warming up are counted in
+  each record (``graph_breaks``).
 
 Timers: CUDA events on GPU, ``time.perf_counter`` on CPU; warm-up runs, then the median of
 repeats. On CPU the repeats of all variants at one shape are interleaved (A B C A B C ...) so that
@@ -57,6 +58,7 @@ class BenchSettings:
     max_cache_bytes: float | None = None  # skip decode shapes whose KV cache would exceed this
     seed: int = 0
     compile_backend: str | None = None  # torch.compile backend ("inductor"); None: eager forward
+    compile_prefill: bool = True  # with compile_backend: compile prefill too (else decode only)
 
     def __post_init__(self):
         for name in ("prompt_lens", "context_lens", "batch_sizes", "prefill_batch_sizes"):
@@ -235,10 +237,10 @@ def _seq_length(cache) -> int:
 _COMPILED: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
-def model_forward(model: nn.Module, settings: BenchSettings) -> Callable[..., object]:
-    """``model`` itself, or (``settings.compile_backend`` set) its forward through ``torch.compile``,
-    compiled once per model and backend and reused by every shape."""
-    if not settings.compile_backend:
+def model_forward(model: nn.Module, settings: BenchSettings, phase: str) -> Callable[..., object]:
+    """``model`` itself, or (``settings.compile_backend`` set, and ``phase`` "decode" or prefill compiled
+    too) its forward through ``torch.compile``, compiled once per model and backend for every shape."""
+    if not settings.compile_backend or (phase == "prefill" and not settings.compile_prefill):
         return model
     per_model = _COMPILED.setdefault(model, {})
     if settings.compile_backend not in per_model:
@@ -328,7 +330,8 @@ def prefill_run(variant: Variant, shape: ModelShape, batch: int, prompt_len: int
     """Prefill of ``batch`` random prompts of ``prompt_len`` tokens into a fresh (preallocated) cache;
     compiled: into one static cache reset between calls (see the module docstring)."""
     model = variant.model
-    forward = model_forward(model, settings)
+    forward = model_forward(model, settings, "prefill")
+    compiled = forward is not model
     dtype = next(model.parameters()).dtype
     ids = _random_ids(shape.vocab, batch, prompt_len, device, settings.seed)  # [B, P]
     kw = cache_kwarg(model)
@@ -340,14 +343,14 @@ def prefill_run(variant: Variant, shape: ModelShape, batch: int, prompt_len: int
 
     reset = new_cache
     new_cache()
-    if settings.compile_backend and _is_static(holder["cache"]):
+    if compiled and _is_static(holder["cache"]):
         reset = holder["cache"].reset  # zeroes in place: the same tensors every call
 
     def run():
         forward(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: holder["cache"]})
 
-    info = {"mode": _mode(settings, graph=False)}
-    if settings.compile_backend:
+    info = {"mode": _mode(settings, graph=False) if compiled else "eager"}
+    if compiled:
         info["graph_breaks"] = 0
     return TimedRun(variant, device, run, before=reset, cache=lambda: holder["cache"], cache_allocated_before=False,
                     info=info)
@@ -379,7 +382,7 @@ def decode_run(variant: Variant, shape: ModelShape, batch: int, context_len: int
         raise RuntimeError(f"cache holds {_seq_length(cache)} positions after filling {context_len}")
     ids = _random_ids(shape.vocab, batch, 1, device, settings.seed + 1)  # [B, 1]
     kw = cache_kwarg(model)
-    forward = model_forward(model, settings)
+    forward = model_forward(model, settings, "decode")
 
     def step():
         forward(input_ids=ids, use_cache=True, **{kw: cache})
