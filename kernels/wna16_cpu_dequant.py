@@ -17,13 +17,14 @@ do not depend on the CPU's speed:
   cache-resident, whose time per row is a small fraction of a GEMV's;
 - so the break-even M is about P passes counted in fused rows, times a small factor: a number of rows
   proportional to the number of passes the dequantization makes, whatever the absolute speed. int4
-  needs about four times int8's. Measured on the benchmark CPU (``evals/kernels/cpu/``, ratios in one
-  run): int8 crosses at M = 16-32, int4 at M = 64-128; each threshold is the upper end of its band, so
-  decode and short prompts (M = 1..8: the fused kernels stream the packed bytes at 2-5x a dense GEMV)
-  never take the dequantization.
+  needs about four times int8's. Measured (``evals/kernels/cpu/cpu_dequant_crossover.md``, one
+  4096x4096 layer, paths interleaved): int8 crosses at M = 16-32 with bf16 activations and 32-64 with
+  fp32; int4 at 64 (bf16) and 128 (fp32). Each threshold sits in its band, so either path is within
+  ~1.3x of the other there, and decode and short prompts (M = 1..8, where the fused kernels stream the
+  packed bytes at 2-5x a dense GEMV) never take the dequantization.
 
 Compute dtype (``compute_dtype``): fp32 activations compute in fp32; bf16 in bf16 where the CPU has
-native bf16 arithmetic (x86 avx512_bf16 / AMX), else in fp32 (bf16 GEMM is emulated there, ~100x
+native bf16 arithmetic (x86 avx512_bf16 / AMX), else in fp32 (bf16 GEMM is emulated there, far
 slower than fp32); fp16 computes in fp32. The result is cast back to x's dtype.
 
 Numerics: the scales are the bf16 ones of the CPU layout (the fused kernels read the same), so the
