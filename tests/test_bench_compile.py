@@ -20,11 +20,17 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize(  # every kernel backend that runs on CPU; the torch backend's two ops
+@pytest.mark.parametrize(  # the CPU kernel backends (triton, interpreted: tests/kernels); the torch backend's two ops
     "backend,recipe", [("torch", "w4a16-rtn"), ("torch", "w8a16-rtn"), ("reference", "w4a16-rtn")]
 )
-@torch.inference_mode()
 def test_quantized_decode_step_compiles_fullgraph(backend, recipe, tmp_path):
+    assert_decode_step_compiles(backend, recipe, tmp_path)
+
+
+@torch.inference_mode()
+def assert_decode_step_compiles(backend: str, recipe: str, tmp_path) -> None:
+    """A quantized model's decode step on a filled static cache compiles with fullgraph=True (no graph
+    break) and gives the eager step's logits, twice in a row (the cache rewinds between steps)."""
     torch._dynamo.reset()
     base = load_source_model(tiny_model_source(tmp_path), dtype=torch.bfloat16, device="cpu", seed=0)
     variant = build_variant(recipe, base, dtype=torch.bfloat16, device="cpu", backend=backend)
@@ -44,7 +50,10 @@ def test_quantized_decode_step_compiles_fullgraph(backend, recipe, tmp_path):
     forward = torch.compile(model, fullgraph=True, backend="aot_eager")  # raises on any graph break
     compiled, again = step(forward), step(forward)
     assert torch.isfinite(eager).all()
-    torch.testing.assert_close(compiled, eager, rtol=2e-2, atol=2e-2)
+    # bf16 logits; the compiled graph may run another implementation of the same op (the Triton op's
+    # pure-torch twin when traced on CPU), so compare as the kernel tests do: relative mean error
+    err = ((compiled.float() - eager.float()).abs().mean() / eager.float().abs().mean()).item()
+    assert err <= 2**-6, f"compiled decode step differs from eager: relative mean error {err:.1e}"
     torch.testing.assert_close(again, compiled)
     assert int(cache.get_seq_length()) == 16
 
