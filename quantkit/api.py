@@ -87,6 +87,7 @@ def quantize(
         from .calibration.kv_scales import quantize_kv_cache
 
         quantize_kv_cache(model, calibration_batches(calibration_data, model, tokenizer), progress=progress)
+        enable_fp8_kv_cache(model)  # generate() and forward passes now run with the calibrated FP8 cache
     model.config.quantization_config = build_quantization_config(model, recipe.kv_cache)
     return model
 
