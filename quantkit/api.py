@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from .algorithms import CALIBRATED_ALGORITHMS, rtn_quantize
 from .calibration.kv_scales import attach_kv_scales, pop_kv_scales
 from .errors import CheckpointError, QuantizationError
+from .finite import describe_nonfinite, nonfinite_tensors
 from .formats.compressed_tensors import build_quantization_config, parse_quantization_config
 from .formats.safetensors_io import read_state_dict, write_state_dict
 from .loading import (
@@ -27,12 +28,14 @@ from .recipe import Recipe, load_recipe
 from .targets import select_linears, set_submodule
 
 
-def _check_finite(name: str, weight: torch.Tensor) -> None:
-    if not torch.isfinite(weight).all():
-        bad = int((~torch.isfinite(weight)).sum())
+def _check_finite(model: nn.Module) -> None:
+    """Refuse a model with NaN/Inf in any float parameter or buffer (norm weights included)."""
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    found = nonfinite_tensors(named)
+    if found:
         raise QuantizationError(
-            f"{name}.weight has {bad} NaN/Inf value(s); quantizing it would corrupt the model: "
-            f"fix or re-download the source weights"
+            f"{describe_nonfinite(found)}: a model with NaN/Inf weights cannot be quantized (its outputs would be "
+            f"NaN or wrong); fix or re-download the source weights"
         )
 
 
@@ -62,6 +65,7 @@ def quantize(
       Models loaded with accelerate CPU/disk offloading are supported and come back as plain CPU models.
     """
     recipe = load_recipe(recipe)
+    _check_finite(model)
     if recipe.weights is not None:
         names, _ = select_linears(model, recipe.targets, recipe.ignore)
         _check_shapes(model, names, recipe)
@@ -79,7 +83,6 @@ def quantize(
             raise QuantizationError(f"algorithm {recipe.algorithm.name!r} is not available in this build")
         for name in tqdm(names, desc=f"quantize {recipe.name}", unit="layer", disable=not progress or not names):
             linear = model.get_submodule(name)
-            _check_finite(name, linear.weight)
             qweight = rtn_quantize(linear.weight.detach(), recipe.weights)
             set_submodule(model, name, QuantLinear.from_quantized(qweight, linear.bias, dtype=linear.weight.dtype))
     if recipe.kv_cache is not None:
@@ -186,6 +189,12 @@ def _load_quantized(folder: Path, *, backend: str, device, dtype, trust_remote_c
                                 dtype=dtype, device="meta")
                 set_submodule(model, name, q)
     state = read_state_dict(folder)
+    found = nonfinite_tensors(state.items())
+    if found:
+        raise CheckpointError(
+            f"{folder}: {describe_nonfinite(found)}; the checkpoint is corrupt (it would evaluate to NaN or "
+            f"wrong outputs): re-create it from the source model"
+        )
     state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
     kv_scales = pop_kv_scales(model, state)
     result = model.load_state_dict(state, strict=False, assign=True)
