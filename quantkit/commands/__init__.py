@@ -7,6 +7,22 @@ import torch
 DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def int_at_least(minimum: int, why: str = ""):
+    """An argparse `type`: an integer >= minimum, else argparse's usage error naming the flag (exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}{why}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """Options shared by commands that load models."""
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="auto", help="compute dtype (default: the checkpoint's)")

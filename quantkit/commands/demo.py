@@ -12,6 +12,8 @@ import json
 import time
 from pathlib import Path
 
+from . import int_at_least
+
 DEFAULT_RECIPES = "w8a16-rtn,w4a16-rtn,w4a16-rtn-asym"
 
 
@@ -20,7 +22,7 @@ def register(sub) -> None:
     p.add_argument("--model", default="ref:small", help="model to demonstrate on (default: ref:small)")
     p.add_argument("--recipes", default=DEFAULT_RECIPES, help=f"comma-separated recipes (default: {DEFAULT_RECIPES})")
     p.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")
-    p.add_argument("--max-tokens", type=int, default=32768, help="evaluation tokens (default: 32768)")
+    p.add_argument("--max-tokens", type=int_at_least(2, " (at least one window of 2 tokens)"), default=32768, help="evaluation tokens (default: 32768)")
     p.add_argument("--no-bench", action="store_true", help="skip the prefill/decode timing")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.set_defaults(func=run)

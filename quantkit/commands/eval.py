@@ -6,7 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
-from . import DTYPES, add_model_options
+from . import DTYPES, add_model_options, int_at_least
+
+WINDOW_WHY = " (a window of W tokens predicts its tokens 2..W)"
 
 
 def register(sub) -> None:
@@ -16,9 +18,11 @@ def register(sub) -> None:
     p.add_argument("--baseline", required=True, help="the unquantized model (folder, hub id, ref:NAME)")
     p.add_argument("--data", default=None,
                    help="evaluation text: a .txt/.jsonl/.parquet file or folder, or hub:NAME[:CONFIG]:SPLIT:COLUMN (default: the reference models' held-out text)")
-    p.add_argument("--window", type=int, default=None, help="tokens per window (default: min(context, 2048))")
-    p.add_argument("--max-tokens", type=int, default=None, help="evaluate only the first N tokens of the text")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--window", type=int_at_least(2, WINDOW_WHY), default=None,
+                   help="tokens per window, 2 to the model's context (default: min(context, 2048))")
+    p.add_argument("--max-tokens", type=int_at_least(2, " (at least one window of 2 tokens)"), default=None,
+                   help="evaluate only the first N tokens of the text (at least one window)")
+    p.add_argument("--batch-size", type=int_at_least(1), default=8, help="windows per forward pass (default: 8)")
     p.add_argument("--backend", default="auto", help="kernel backend for quantized layers (auto, triton, torch, reference)")
     p.add_argument("--json", default=None, help="write the results as JSON to this file")
     add_model_options(p)

@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..errors import EvaluationError
+
 
 @dataclass
 class QualityResult:
@@ -30,15 +32,22 @@ class QualityResult:
 
 
 def token_windows(ids: torch.Tensor, window: int, max_tokens: int | None = None) -> torch.Tensor:
-    """ids: int64 [T] -> [num_windows, window] non-overlapping windows (tail dropped)."""
+    """ids: int64 [T] -> [num_windows, window] non-overlapping windows (tail dropped).
+
+    window: >= 2 (a window predicts its tokens 2..W); max_tokens: None (all) or >= 1.
+    """
     if ids.dim() != 1:
         raise ValueError(f"expected a 1-D token stream, got shape {tuple(ids.shape)}")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 2:
+        raise EvaluationError(f"the window must be an integer >= 2 (a window predicts its tokens 2..W), got {window!r}")
     if max_tokens is not None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise EvaluationError(f"max_tokens must be None (all) or an integer >= 1, got {max_tokens!r}")
         ids = ids[:max_tokens]
     n = ids.numel() // window
     if n == 0:
-        raise ValueError(f"the evaluation text has {ids.numel()} tokens, fewer than one window of {window}; "
-                         f"give more text or a shorter --window")
+        raise EvaluationError(f"the evaluation text has {ids.numel()} tokens, fewer than one window of {window}; "
+                              f"give more text (or a larger --max-tokens) or a shorter --window")
     return ids[: n * window].reshape(n, window)  # [num_windows, window]
 
 
