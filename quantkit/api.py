@@ -17,10 +17,10 @@ from .calibration.kv_scales import attach_kv_scales, pop_kv_scales
 from .errors import CheckpointError, QuantizationError
 from .finite import describe_nonfinite, nonfinite_tensors
 from .formats.compressed_tensors import build_quantization_config, parse_quantization_config
-from .formats.safetensors_io import read_state_dict, write_state_dict
+from .formats.safetensors_io import read_state_dict, stored_float_dtype, write_state_dict
 from .loading import (
-    atomic_output_dir, copy_tokenizer_files, is_quantized_checkpoint, load_float_model, read_config_json,
-    resolve_model_source,
+    SOURCE_DTYPE_ATTRIBUTE, atomic_output_dir, copy_tokenizer_files, is_quantized_checkpoint, load_float_model,
+    read_config_json, resolve_model_source, source_dtype,
 )
 from .modules.kv_cache import enable_fp8_kv_cache
 from .modules.quant_linear import QuantLinear
@@ -84,6 +84,7 @@ def quantize(
         for name in tqdm(names, desc=f"quantize {recipe.name}", unit="layer", disable=not progress or not names):
             linear = model.get_submodule(name)
             qweight = rtn_quantize(linear.weight.detach(), recipe.weights)
+            qweight.scale = _round_scale(qweight.scale, source_dtype(model))  # what the checkpoint will hold
             set_submodule(model, name, QuantLinear.from_quantized(qweight, linear.bias, dtype=linear.weight.dtype))
     if recipe.kv_cache is not None:
         from .calibration import calibration_batches
@@ -97,11 +98,15 @@ def quantize(
 
 def save(
     model: nn.Module, out_dir: "str | os.PathLike", *, tokenizer_source: str | None = None, force: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> Path:
     """Write a quantized model as a compressed-tensors checkpoint folder, atomically.
 
     tokenizer_source: folder or hub id whose tokenizer files are copied beside the weights
     (default: where the model was loaded from).
+    dtype: the dtype of every floating tensor written (embeddings, norms, scales, KV scales); default:
+    the dtype the source weights were stored in (a bf16 model stays bf16 even when it was loaded
+    in fp32 to compute), or the model's dtype for a model quantkit did not load.
     """
     quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
     if not quantized and not getattr(model.config, "quantization_config", None):
@@ -111,7 +116,7 @@ def save(
             "this model's layers released their checkpoint tensors for a faster backend; "
             "load it with quantkit.load(path, backend='reference') to save it again"
         )
-    state = _deduplicated_state_dict(model)
+    state = _in_dtype(_deduplicated_state_dict(model), dtype or source_dtype(model))
     config = model.config.to_dict()
     config["quantization_config"] = build_quantization_config(model, _kv_scheme(model))
     source = tokenizer_source or getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
@@ -122,6 +127,27 @@ def save(
             model.generation_config.save_pretrained(tmp)
         copy_tokenizer_files(source, tmp)
     return Path(out_dir).expanduser().resolve()
+
+
+def _round_scale(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp32 scales rounded to `dtype` (kept above its smallest normal number), back in fp32."""
+    return scale.clamp(min=torch.finfo(dtype).tiny).to(dtype).float()
+
+
+def _in_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Floating tensors cast to `dtype`; scales kept above its smallest normal number (never 0)."""
+    out = {}
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and tensor.dtype != dtype:
+            if name.endswith("_scale"):
+                tensor = tensor.clamp(min=torch.finfo(dtype).tiny)
+            tensor = tensor.to(dtype)
+        out[name] = tensor
+    found = nonfinite_tensors(out.items())
+    if found:
+        raise QuantizationError(f"{describe_nonfinite(found)} after conversion to {dtype}: the values do not fit; "
+                                f"save in a wider dtype (dtype=torch.float32 / --dtype float32)")
+    return out
 
 
 def _kv_scheme(model: nn.Module):
@@ -222,4 +248,5 @@ def _load_quantized(folder: Path, *, backend: str, device, dtype, trust_remote_c
         enable_fp8_kv_cache(model)
     model.config.quantization_config = quantization_config
     model.name_or_path = str(folder)
+    setattr(model, SOURCE_DTYPE_ATTRIBUTE, stored_float_dtype(folder) or dtype)
     return model.eval()

@@ -23,9 +23,10 @@ def int_at_least(minimum: int, why: str = ""):
     return parse
 
 
-def add_model_options(parser: argparse.ArgumentParser) -> None:
+def add_model_options(parser: argparse.ArgumentParser, *,
+                      dtype_help: str = "compute dtype (default: the checkpoint's)") -> None:
     """Options shared by commands that load models."""
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="auto", help="compute dtype (default: the checkpoint's)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="auto", help=dtype_help)
     parser.add_argument("--device", default="cpu", help="torch device to run on (default: cpu)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow model code from the model folder / hub (only for sources you trust)")

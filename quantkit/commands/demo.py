@@ -32,7 +32,9 @@ def run(args: argparse.Namespace) -> int:
     import quantkit
     from quantkit.eval.data import eval_token_windows
     from quantkit.eval.quality import evaluate_variants
-    from quantkit.loading import atomic_output_dir, folder_size_bytes, load_float_model, resolve_model_source
+    from quantkit.loading import (
+        atomic_output_dir, folder_size_bytes, load_float_model, resolve_model_source, source_dtype,
+    )
     from quantkit.eval.report import load_quality, render_report
     from quantkit.report_text import dtype_name, quantized_bits_per_weight, state_bytes
 
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             models[recipe.name] = quantkit.load(ckpt)
             rows.append(dict(recipe=recipe.name, scheme=recipe.weights.describe() if recipe.weights else "-",
                              quantize_seconds=quantize_seconds, checkpoint_bytes=folder_size_bytes(ckpt),
-                             linear_bits_per_weight=quantized_bits_per_weight(model)[0]))
+                             linear_bits_per_weight=quantized_bits_per_weight(model, source_dtype(model))[0]))
         print(f"[3/{steps}] evaluate {len(models)} variants against the baseline on {windows.numel()} tokens")
         results = evaluate_variants(models, baseline, windows)
         for row in rows:
