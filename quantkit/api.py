@@ -16,11 +16,12 @@ from .algorithms import CALIBRATED_ALGORITHMS, rtn_quantize
 from .calibration.kv_scales import attach_kv_scales, pop_kv_scales
 from .errors import CheckpointError, QuantizationError
 from .finite import describe_nonfinite, nonfinite_tensors
-from .formats.compressed_tensors import build_quantization_config, parse_quantization_config
+from .formats.compressed_tensors import build_quantization_config
+from .formats.shapes import raise_on_mismatch, shape_mismatches, weight_shape_values
 from .formats.safetensors_io import read_state_dict, stored_float_dtype, write_state_dict
 from .loading import (
-    SOURCE_DTYPE_ATTRIBUTE, atomic_output_dir, copy_tokenizer_files, is_quantized_checkpoint, load_float_model,
-    read_config_json, resolve_model_source, source_dtype,
+    SOURCE_DTYPE_ATTRIBUTE, atomic_output_dir, copy_tokenizer_files, empty_quantized_model, is_quantized_checkpoint,
+    load_float_model, read_config_json, resolve_model_source, source_dtype,
 )
 from .modules.kv_cache import enable_fp8_kv_cache
 from .modules.quant_linear import QuantLinear
@@ -190,30 +191,8 @@ def load(
 
 
 def _load_quantized(folder: Path, *, backend: str, device, dtype, trust_remote_code: bool) -> nn.Module:
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    raw = read_config_json(folder)
-    qcfg = parse_quantization_config(raw["quantization_config"], str(folder / "config.json"))
-    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    quantization_config = raw["quantization_config"]
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    dtype = dtype or getattr(config, "dtype", None) or torch.float32
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
-    try:
-        with init_empty_weights():
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
-    except ValueError as e:
-        raise CheckpointError(f"{folder}: unsupported architecture ({str(e).splitlines()[0]})") from None
-    for name, module in list(model.named_modules()):
-        if isinstance(module, nn.Linear):
-            scheme = qcfg.scheme_for(name, module)
-            if scheme is not None:
-                q = QuantLinear(module.in_features, module.out_features, scheme, bias=module.bias is not None,
-                                dtype=dtype, device="meta")
-                set_submodule(model, name, q)
+    model, qcfg, dtype = empty_quantized_model(folder, dtype=dtype, trust_remote_code=trust_remote_code)
+    quantization_config = read_config_json(folder)["quantization_config"]
     state = read_state_dict(folder)
     found = nonfinite_tensors(state.items())
     if found:
@@ -221,6 +200,8 @@ def _load_quantized(folder: Path, *, backend: str, device, dtype, trust_remote_c
             f"{folder}: {describe_nonfinite(found)}; the checkpoint is corrupt (it would evaluate to NaN or "
             f"wrong outputs): re-create it from the source model"
         )
+    raise_on_mismatch(folder, shape_mismatches(model, {k: tuple(v.shape) for k, v in state.items()},
+                                               weight_shape_values(state)))
     state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
     kv_scales = pop_kv_scales(model, state)
     result = model.load_state_dict(state, strict=False, assign=True)

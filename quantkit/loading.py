@@ -101,6 +101,42 @@ def load_float_model(
     return model.to(device).eval()
 
 
+def empty_quantized_model(folder: Path, *, dtype: torch.dtype | None = None, trust_remote_code: bool = False):
+    """The model a quantized checkpoint's config.json describes, on the meta device, its quantized linears
+    replaced by QuantLinear layers: (model, parsed quantization config, dtype it is built in).
+
+    dtype: default config.json's dtype (float32 if it has none).
+    """
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from .formats.compressed_tensors import parse_quantization_config
+    from .modules.quant_linear import QuantLinear
+    from .targets import set_submodule
+
+    raw = read_config_json(folder)
+    qcfg = parse_quantization_config(raw["quantization_config"], str(folder / "config.json"))
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    dtype = dtype or getattr(config, "dtype", None) or torch.float32
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    try:
+        with init_empty_weights():
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        raise CheckpointError(f"{folder}: unsupported architecture ({str(e).splitlines()[0]})") from None
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.Linear):
+            scheme = qcfg.scheme_for(name, module)
+            if scheme is not None:
+                q = QuantLinear(module.in_features, module.out_features, scheme, bias=module.bias is not None,
+                                dtype=dtype, device="meta")
+                set_submodule(model, name, q)
+    return model, qcfg, dtype
+
+
 @contextmanager
 def atomic_output_dir(out_dir: str | os.PathLike, *, force: bool = False) -> Iterator[Path]:
     """Yield a temporary folder beside `out_dir`; on success it is renamed to `out_dir`.
