@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         atomic_output_dir, folder_size_bytes, load_float_model, resolve_model_source, source_dtype,
     )
     from quantkit.eval.report import load_quality, render_report
-    from quantkit.report_text import dtype_name, quantized_bits_per_weight, state_bytes
+    from quantkit.report_text import dtype_name, quantized_bits_per_weight
 
     recipes = [quantkit.load_recipe(r.strip()) for r in args.recipes.split(",") if r.strip()]
     out = Path(args.out)
@@ -66,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_bench:
             print(f"[4/{steps}] time prefill and decode of each variant")
             bench = _bench(source, [r.name for r in recipes], tmp / "bench.json")
-        table = _markdown(args.model, source, rows, state_bytes(baseline), dtype_name(baseline))
+        on_disk = folder_size_bytes(Path(source)) if Path(source).is_dir() else None  # a hub model: unknown here
+        table = _markdown(args.model, source, rows, on_disk, dtype_name(baseline),
+                          dtype_name(source_dtype(baseline)))
         render_report(bench, load_quality([tmp / "quality.json"]), tmp, title=f"quantkit demo: {args.model}",
                       notes=table.splitlines()[2:])
         report = table
@@ -89,7 +91,10 @@ def _bench(source: str, recipes: list[str], out: Path) -> dict:
     return json.loads(out.read_text())
 
 
-def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int, dtype: str) -> str:
+def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int | None, dtype: str,
+              stored_dtype: str) -> str:
+    """The demo's summary table. dtype: what the models ran in; stored_dtype: what the source's weights
+    (and so the checkpoints' float tensors) are stored in; baseline_bytes: the source folder on disk."""
     from quantkit.report_text import human_bytes
 
     r0 = rows[0]
@@ -102,7 +107,7 @@ def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int, dty
         "",
         "| variant | scheme | perplexity | Δ ppl | KL | top-1 agreement | bits/weight (linears) | size | quantize time |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-        f"| baseline | {dtype} | {r0['baseline_perplexity']:.3f} | - | 0 | 1 | {_BITS.get(dtype, '?')} | "
+        f"| baseline | {stored_dtype} | {r0['baseline_perplexity']:.3f} | - | 0 | 1 | {_BITS.get(stored_dtype, '?')} | "
         f"{human_bytes(baseline_bytes)} | - |",
     ]
     for r in rows:
@@ -112,8 +117,9 @@ def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int, dty
             f"{r['top1_agreement']:.4f} | {r['linear_bits_per_weight']:.3f} | {human_bytes(r['checkpoint_bytes'])} | "
             f"{r['quantize_seconds']:.1f} s |"
         )
-    lines += ["", "Size: the baseline's parameters in memory; the quantized checkpoints on disk (unquantized tensors "
-              "such as embeddings, norms and lm_head stay in the model dtype)."]
+    lines += ["", f"Size: on disk, the baseline's folder and each quantized checkpoint (unquantized tensors such as "
+              f"embeddings, norms and lm_head, and the scales, stay in the source's {stored_dtype}); every model "
+              f"ran in {dtype} for the evaluation."]
     return "\n".join(lines) + "\n"
 
 
