@@ -53,3 +53,14 @@ def test_token_windows_rejects_bad_values(window, max_tokens):
     ids = torch.arange(100)
     with pytest.raises(EvaluationError):
         token_windows(ids, window, max_tokens)
+
+
+def test_evaluate_quality_refuses_windows_longer_than_the_context():
+    from quantkit.eval.quality import evaluate_quality
+
+    from .conftest import make_random_model
+
+    model = make_random_model("llama")  # max_position_embeddings 256
+    windows = torch.randint(0, 512, (1, 257), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(EvaluationError, match="windows of 257 tokens are longer than the model's context of 256"):
+        evaluate_quality(model, model, windows, progress=False)

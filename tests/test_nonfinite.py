@@ -44,3 +44,17 @@ def test_eval_of_a_checkpoint_with_a_nan_scale_exits_2(checkpoint_with_nan_scale
     assert main(["eval", str(path), "--baseline", str(random_model_folder())]) == 2
     err = capsys.readouterr().err
     assert name in err and "Traceback" not in err
+
+
+def test_nan_logits_are_an_evaluation_error_not_a_perplexity():
+    from quantkit.errors import EvaluationError
+    from quantkit.eval.quality import evaluate_quality
+
+    baseline, broken = make_random_model("llama"), make_random_model("llama")
+    with torch.no_grad():
+        broken.model.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
+    windows = torch.randint(0, 512, (3, 16), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(EvaluationError, match=r"'model' produced NaN/Inf logits on windows 0\.\.1"):
+        evaluate_quality(broken, baseline, windows, batch_size=2, progress=False)
+    with pytest.raises(EvaluationError, match="the baseline produced NaN/Inf logits"):
+        evaluate_quality(baseline, broken, windows, batch_size=2, progress=False)

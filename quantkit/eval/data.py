@@ -6,7 +6,7 @@ import torch
 
 from ..errors import CheckpointError, EvaluationError
 from ..loading import resolve_model_source
-from .quality import token_windows
+from .quality import model_context, token_windows
 
 
 def read_eval_text(data: str | None) -> str:
@@ -28,16 +28,6 @@ def load_tokenizer(source: str):
         return AutoTokenizer.from_pretrained(resolve_model_source(source))
     except (OSError, ValueError) as e:
         raise CheckpointError(f"no tokenizer found for {source!r} ({e}); the model folder needs its tokenizer files") from None
-
-
-def model_context(model_config) -> int | None:
-    """The longest sequence the model was built for (max_position_embeddings), or None if unknown."""
-    if model_config is None:
-        return None
-    if hasattr(model_config, "get_text_config"):
-        model_config = model_config.get_text_config(decoder=True)
-    context = getattr(model_config, "max_position_embeddings", None)
-    return int(context) if context else None
 
 
 def eval_token_windows(
