@@ -45,7 +45,7 @@ def test_window_equal_to_the_context_runs(tmp_path, capsys):
 
 def test_too_little_text_for_one_window_exits_2(capsys):
     assert main(["eval", "ref:tiny", "--baseline", "ref:tiny", "--window", "128", "--max-tokens", "100"]) == 2
-    assert "fewer than one window of 128" in capsys.readouterr().err
+    assert "--max-tokens 100 is less than one window of 128 tokens" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("window, max_tokens", [(0, None), (1, None), (-4, None), (4, 0), (4, -3)])

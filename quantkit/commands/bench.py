@@ -57,7 +57,8 @@ def register(subparsers) -> None:
     p.add_argument("--no-cuda-graphs", action="store_true", help="time eager decode steps on GPU")
     p.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads)")
     p.add_argument("--seed", type=int, default=0, help="seed of random models, prompts and caches")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", action="store_true", help="no progress lines (by default each step and each "
+                                                        "measured shape is announced on stderr as it starts)")
     p.set_defaults(func=run)
 
 
@@ -94,6 +95,12 @@ def _command_line(args: argparse.Namespace, variants: list[str], device, setting
     return shlex.join(env + parts)
 
 
+def _say(args: argparse.Namespace, message: str) -> None:
+    """A progress line on stderr (stdout keeps the results), unless --quiet."""
+    if not args.quiet:
+        print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -112,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     dtype = parse_dtype(args.dtype)
     defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
+    if args.gpu.strip().lower() == "probe":
+        _say(args, f"measuring the memory bandwidth and matmul peak of {device} (the roofline's device)")
     spec = resolve_device_spec(args.gpu, device)
     max_cache = args.max_cache_gb * 2**30 if args.max_cache_gb else spec.memory_bytes / 4
     settings = BenchSettings(
@@ -138,9 +147,12 @@ def run(args: argparse.Namespace) -> int:
             return 2
         base = None
     else:
+        _say(args, f"loading {base_source} ({str(dtype).removeprefix('torch.')}, {device})")
         base = load_source_model(base_source, dtype=dtype, device=device, seed=args.seed)
     variants = [float_variant(base)] if base is not None else []
-    for s in variant_specs:
+    for i, s in enumerate(variant_specs):
+        _say(args, f"preparing variant {i + 1}/{len(variant_specs)}: {s} "
+                   f"({'loading the checkpoint' if Path(s).is_dir() else 'quantizing a copy of the float model'})")
         variants.append(build_variant(s, base, dtype=dtype, device=device, backend=args.backend))
     names = [v.name for v in variants]
     if len(set(names)) != len(names):

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
 from pathlib import Path
 
-from . import DTYPES, add_model_options, int_at_least
+from . import add_model_options, int_at_least, torch_dtype
 
 WINDOW_WHY = " (a window of W tokens predicts its tokens 2..W)"
+# Tokens evaluated unless --max-tokens says otherwise: minutes on a CPU for a small model, not the whole text.
+DEFAULT_MAX_TOKENS = 32768
 
 
 def register(sub) -> None:
@@ -20,8 +24,11 @@ def register(sub) -> None:
                    help="evaluation text: a .txt/.jsonl/.parquet file or folder, or hub:NAME[:CONFIG]:SPLIT:COLUMN (default: the reference models' held-out text)")
     p.add_argument("--window", type=int_at_least(2, WINDOW_WHY), default=None,
                    help="tokens per window, 2 to the model's context (default: min(context, 2048))")
-    p.add_argument("--max-tokens", type=int_at_least(2, " (at least one window of 2 tokens)"), default=None,
-                   help="evaluate only the first N tokens of the text (at least one window)")
+    p.add_argument("--max-tokens", type=int_at_least(2, " (at least one window of 2 tokens)"),
+                   default=DEFAULT_MAX_TOKENS,
+                   help=f"evaluate the first N tokens of the text (default: {DEFAULT_MAX_TOKENS}, e.g. 16 windows of "
+                        f"2048, enough to separate W8 from W4 by KL and top-1 agreement; eval says how many tokens "
+                        f"the text has, give a larger N to read more)")
     p.add_argument("--batch-size", type=int_at_least(1), default=8, help="windows per forward pass (default: 8)")
     p.add_argument("--backend", default="auto", help="kernel backend for quantized layers (auto, triton, torch, reference)")
     p.add_argument("--json", default=None, help="write the results as JSON to this file")
@@ -33,13 +40,23 @@ def run(args: argparse.Namespace) -> int:
     import quantkit
     from quantkit.eval.data import eval_token_windows
 
-    dtype = DTYPES[args.dtype]
+    dtype = torch_dtype(args.dtype)
     baseline = quantkit.load(args.baseline, dtype=dtype, device=args.device, trust_remote_code=args.trust_remote_code)
     model = quantkit.load(args.model, backend=args.backend, dtype=dtype, device=args.device,
                           trust_remote_code=args.trust_remote_code)
-    windows = eval_token_windows(args.baseline, args.data, window=args.window, max_tokens=args.max_tokens,
-                                 model_config=baseline.config)
+    all_windows = eval_token_windows(args.baseline, args.data, window=args.window, model_config=baseline.config)
+    window = all_windows.shape[1]
+    if args.max_tokens < window:
+        print(f"quantkit eval: error: --max-tokens {args.max_tokens} is less than one window of {window} tokens; "
+              f"give --max-tokens {window} or more, or a smaller --window", file=sys.stderr)
+        return 2
+    windows = all_windows[: args.max_tokens // window]  # [N, W]: the first max_tokens tokens, whole windows
     from quantkit.eval.quality import evaluate_quality
+
+    print(f"eval: {windows.shape[0]} windows of {window} tokens = {windows.numel()} of the text's "
+          f"{all_windows.numel()} tokens (--max-tokens {args.max_tokens}); "
+          f"expect up to ~{_estimate_seconds(model, baseline, windows):.0f} s (one window timed through both models, "
+          f"times {windows.shape[0]}; batches of {args.batch_size} run faster)", file=sys.stderr, flush=True)
 
     result = evaluate_quality(model, baseline, windows, batch_size=args.batch_size).to_dict()
     result.update(model=str(args.model), baseline=str(args.baseline), data=args.data or "reference held-out text")
@@ -52,3 +69,18 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def _estimate_seconds(model, baseline, windows) -> float:
+    """Seconds to evaluate ``windows`` ([N, W] int64): one window timed through both models after a
+    short warm-up call (first calls pay one-time setup), times N. Batches of several windows run
+    faster per window, so the real time is usually lower."""
+    import torch
+
+    with torch.no_grad():
+        for m in (baseline, model):
+            m(windows[:1, :8].to(next(m.parameters()).device))  # [1, 8] warm-up
+        start = time.perf_counter()
+        for m in (baseline, model):
+            m(windows[:1].to(next(m.parameters()).device))  # [1, W]
+    return (time.perf_counter() - start) * windows.shape[0]

@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from . import DTYPES, add_model_options
+from . import add_model_options, torch_dtype
 
 
 def register(sub) -> None:
@@ -54,6 +54,7 @@ def calibration_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     import quantkit
+    from quantkit import provenance
     from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source, source_dtype
     from quantkit.report_text import SizeOnDisk, dtype_name, quantization_summary, state_bytes
 
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     calibration = calibration_config(args) if calibrated else None
     source = resolve_model_source(args.model)
     start = time.perf_counter()
-    dtype = DTYPES[args.dtype]
+    dtype = torch_dtype(args.dtype)
     model = load_float_model(source, dtype=dtype, device=args.device, trust_remote_code=args.trust_remote_code)
     if Path(source).is_dir():
         size_before = SizeOnDisk(folder_size_bytes(Path(source)), dtype_name(source_dtype(model)), "on disk")
@@ -86,4 +87,7 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     size_after = SizeOnDisk(folder_size_bytes(path), dtype_name(saved_dtype), "on disk")
     print(quantization_summary(model, recipe, source, path, size_before, size_after, elapsed))
+    made = provenance.of(model)
+    print(f"  calibration      : {provenance.describe_calibration(made.calibration if made else None)}")
+    print(f"  recipe saved as  : {path / provenance.RECIPE_FILE} (repeat the run with --recipe on it)")
     return 0

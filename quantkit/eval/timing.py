@@ -396,15 +396,27 @@ def _measure_variants(variants: Sequence[Variant], make_run: Callable[[Variant],
     return out
 
 
-def _progress(total: int, desc: str):
-    from tqdm.auto import tqdm
+def _announced(shapes: Sequence[tuple[int, int]], phase: str, variants: Sequence[Variant], settings: BenchSettings,
+               done: int, total: int, *, enabled: bool):
+    """Yield ``shapes``, first printing (stderr) which measurement starts and how many remain.
 
-    return tqdm(total=total, desc=desc, unit="shape", leave=False)
+    A shape of a large model can take minutes, so the line comes before the work, not after it."""
+    import sys
+
+    length = "prompt_len" if phase == "prefill" else "context_len"
+    runs = f"{len(variants)} variant(s) x {settings.warmup} warm-up + {settings.repeats} timed runs"
+    for i, (length_value, batch) in enumerate(shapes):
+        if enabled:
+            print(f"bench: [{done + i + 1}/{total}] {phase} batch={batch} {length}={length_value}: {runs}; "
+                  f"{total - done - i - 1} shape(s) after this", file=sys.stderr, flush=True)
+        yield length_value, batch
 
 
 def run_bench(variants: Sequence[Variant], spec: DeviceSpec, settings: BenchSettings, *,
               device: str | torch.device = "cpu", model_label: str = "", progress: bool = True) -> dict:
-    """Measure every variant on every shape (variants interleaved per shape, so drift hits all alike)."""
+    """Measure every variant on every shape (variants interleaved per shape, so drift hits all alike).
+
+    ``progress``: print a line on stderr as each shape starts (which one, how many remain)."""
     device = torch.device(device)
     if not variants:
         raise ValueError("nothing to benchmark: give at least the baseline variant")
@@ -429,23 +441,17 @@ def run_bench(variants: Sequence[Variant], spec: DeviceSpec, settings: BenchSett
     prefill_shapes = [(p, b) for p in prompt_lens for b in settings.prefill_batch_sizes]
 
     prefill, decode = [], []
-    bar = _progress(len(prefill_shapes) + len(decode_shapes), "bench") if progress else None
-    for p, b in prefill_shapes:
+    total = len(prefill_shapes) + len(decode_shapes)
+    for p, b in _announced(prefill_shapes, "prefill", variants, settings, 0, total, enabled=progress):
         measured = _measure_variants(variants, lambda v: prefill_run(v, shape, b, p, settings, device), settings, device)
         for v, m in zip(variants, measured):
             prefill.append(_record(v, shape, spec, prefill_cost(shape, v.scheme, p, b), m, batch=b, prompt_len=p))
-        if bar:
-            bar.update()
-    for c, b in decode_shapes:
+    for c, b in _announced(decode_shapes, "decode", variants, settings, len(prefill_shapes), total, enabled=progress):
         measured = _measure_variants(variants, lambda v: decode_run(v, shape, b, c, settings, device), settings, device)
         for v, m in zip(variants, measured):
             rec = _record(v, shape, spec, decode_cost(shape, v.scheme, c, b), m, batch=b, context_len=c)
             rec["tokens_per_s"] = b / rec["median_s"]
             decode.append(rec)
-        if bar:
-            bar.update()
-    if bar:
-        bar.close()
     return {
         "schema": SCHEMA,
         "model": {"name": model_label, "shape": asdict(shape), "params": shape.params,
