@@ -60,8 +60,11 @@ def run(args: argparse.Namespace) -> int:
 
     result = evaluate_quality(model, baseline, windows, batch_size=args.batch_size).to_dict()
     result.update(model=str(args.model), baseline=str(args.baseline), data=args.data or "reference held-out text")
-    print(f"perplexity  {result['perplexity']:.4f}  (baseline {result['baseline_perplexity']:.4f}, "
-          f"{result['perplexity'] / result['baseline_perplexity'] - 1:+.2%})")
+    from quantkit.eval.report import fmt_perplexity_change
+
+    change = fmt_perplexity_change(result["perplexity"], result["baseline_perplexity"], result["log_ppl_ratio_stderr"])
+    print(f"perplexity  {result['perplexity']:.4f}  (baseline {result['baseline_perplexity']:.4f}, {change}"
+          f"{'; ± is two standard errors over windows' if result['log_ppl_ratio_stderr'] is not None else ''})")
     print(f"KL          {result['kl_divergence']:.6f} nats/token")
     print(f"top-1 agree {result['top1_agreement']:.4f}")
     print(f"over {result['windows']} windows of {result['window']} tokens ({result['tokens']} predictions)")

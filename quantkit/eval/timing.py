@@ -413,13 +413,18 @@ def _announced(shapes: Sequence[tuple[int, int]], phase: str, variants: Sequence
 
 
 def run_bench(variants: Sequence[Variant], spec: DeviceSpec, settings: BenchSettings, *,
-              device: str | torch.device = "cpu", model_label: str = "", progress: bool = True) -> dict:
+              device: str | torch.device = "cpu", model_label: str = "", progress: bool = True,
+              phases: Sequence[str] = ("prefill", "decode")) -> dict:
     """Measure every variant on every shape (variants interleaved per shape, so drift hits all alike).
 
-    ``progress``: print a line on stderr as each shape starts (which one, how many remain)."""
+    ``progress``: print a line on stderr as each shape starts (which one, how many remain).
+    ``phases``: which of "prefill" and "decode" to time (e.g. one at a time, each in its own dtype:
+    ``merge_phases`` joins the results)."""
     device = torch.device(device)
     if not variants:
         raise ValueError("nothing to benchmark: give at least the baseline variant")
+    if not phases or set(phases) - {"prefill", "decode"}:
+        raise ValueError(f"phases must be some of 'prefill' and 'decode', got {list(phases)}")
     shape = ModelShape.from_config(variants[0].model.config)
     max_ctx = shape.max_context or max(max(settings.prompt_lens), max(settings.context_lens) + 1)
     skipped = []
@@ -439,23 +444,31 @@ def run_bench(variants: Sequence[Variant], spec: DeviceSpec, settings: BenchSett
             else:
                 decode_shapes.append((c, b))
     prefill_shapes = [(p, b) for p in prompt_lens for b in settings.prefill_batch_sizes]
+    if "prefill" not in phases:
+        prefill_shapes = []
+    if "decode" not in phases:
+        decode_shapes = []
+    skipped = [s for s in skipped if s["phase"] in phases]
+    dtype = str(next(variants[0].model.parameters()).dtype).removeprefix("torch.")
 
     prefill, decode = [], []
     total = len(prefill_shapes) + len(decode_shapes)
     for p, b in _announced(prefill_shapes, "prefill", variants, settings, 0, total, enabled=progress):
         measured = _measure_variants(variants, lambda v: prefill_run(v, shape, b, p, settings, device), settings, device)
         for v, m in zip(variants, measured):
-            prefill.append(_record(v, shape, spec, prefill_cost(shape, v.scheme, p, b), m, batch=b, prompt_len=p))
+            prefill.append(_record(v, shape, spec, prefill_cost(shape, v.scheme, p, b), m, batch=b, prompt_len=p)
+                           | {"dtype": dtype})
     for c, b in _announced(decode_shapes, "decode", variants, settings, len(prefill_shapes), total, enabled=progress):
         measured = _measure_variants(variants, lambda v: decode_run(v, shape, b, c, settings, device), settings, device)
         for v, m in zip(variants, measured):
             rec = _record(v, shape, spec, decode_cost(shape, v.scheme, c, b), m, batch=b, context_len=c)
             rec["tokens_per_s"] = b / rec["median_s"]
+            rec["dtype"] = dtype
             decode.append(rec)
     return {
         "schema": SCHEMA,
-        "model": {"name": model_label, "shape": asdict(shape), "params": shape.params,
-                  "dtype": str(next(variants[0].model.parameters()).dtype).removeprefix("torch.")},
+        "model": {"name": model_label, "shape": asdict(shape), "params": shape.params, "dtype": dtype},
+        "dtypes": {phase: dtype for phase in ("prefill", "decode") if phase in phases},
         "device": device_info(device, spec),
         "settings": {**asdict(settings), "timer": "cuda_events" if device.type == "cuda" else "perf_counter",
                      "statistic": "median",
@@ -467,6 +480,18 @@ def run_bench(variants: Sequence[Variant], spec: DeviceSpec, settings: BenchSett
         "decode": decode,
         "skipped": skipped,
     }
+
+
+def merge_phases(prefill: dict, decode: dict) -> dict:
+    """One bench result from a prefill-only and a decode-only run of the same variants (e.g. each
+    timed in the dtype fastest for it): the decode run's variants and settings, both phases' records
+    and skipped shapes, and ``dtypes`` naming each phase's dtype."""
+    if [v["name"] for v in prefill["variants"]] != [v["name"] for v in decode["variants"]]:
+        raise ValueError("the prefill and decode runs must time the same variants")
+    dtypes = {**prefill["dtypes"], **decode["dtypes"]}
+    model = dict(decode["model"], dtype=" / ".join(dict.fromkeys(dtypes.values())))
+    return {**decode, "model": model, "dtypes": dtypes, "prefill": prefill["prefill"],
+            "skipped": prefill["skipped"] + decode["skipped"]}
 
 
 def device_info(device: torch.device, spec: DeviceSpec) -> dict:
