@@ -53,10 +53,14 @@ class DecodeAttentionLaunch:
             raise ValueError(f"invalid decode-attention launch {self}: num_splits >= 1, block_n a power of two >= 16")
 
 
-def choose_launch(batch: int, num_kv_heads: int, seq_len: int, num_sms: int | None) -> DecodeAttentionLaunch:
-    """The launch for a cache of ``seq_len`` positions; ``num_sms`` None means Triton's interpreter."""
-    target_programs = INTERPRETER_PROGRAMS if num_sms is None else PROGRAMS_PER_SM * num_sms
-    tiles = triton.cdiv(seq_len, BLOCK_N)
+def choose_launch(batch: int, num_kv_heads: int, seq_len: int, num_sms: int | None, *,
+                  programs_per_sm: int = PROGRAMS_PER_SM, block_n: int = BLOCK_N, num_warps: int = NUM_WARPS,
+                  num_stages: int = NUM_STAGES) -> DecodeAttentionLaunch:
+    """The launch for a cache of ``seq_len`` positions; ``num_sms`` None means Triton's interpreter.
+
+    The keyword arguments replace the rule's constants (what a benchmark sweep varies)."""
+    target_programs = INTERPRETER_PROGRAMS if num_sms is None else programs_per_sm * num_sms
+    tiles = triton.cdiv(seq_len, block_n)
     max_splits = max(1, tiles // MIN_TILES_PER_SPLIT)
     num_splits = max(1, min(max_splits, triton.cdiv(target_programs, batch * num_kv_heads)))
-    return DecodeAttentionLaunch(num_splits=num_splits)
+    return DecodeAttentionLaunch(num_splits=num_splits, block_n=block_n, num_warps=num_warps, num_stages=num_stages)

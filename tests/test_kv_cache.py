@@ -13,7 +13,9 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer  # noqa: E402
 
-from quantkit.calibration.kv_scales import attach_kv_scales, quantize_kv_cache, read_kv_scales  # noqa: E402
+from quantkit.calibration.kv_scales import (  # noqa: E402
+    attach_kv_scales, cache_keyword, quantize_kv_cache, read_kv_scales,
+)
 from quantkit.kernels import decode_attention as decode_attention_module  # noqa: E402
 from quantkit.modules.kv_cache import (  # noqa: E402
     FP8KVCache, FP8SlidingWindowKVLayer, disable_fp8_kv_cache, enable_fp8_kv_cache, fp8_cache_for,
@@ -66,7 +68,7 @@ def left_padded_batch(lengths=(20, 13)):
 
 def greedy(model, ids, mask, cache=None, new_tokens=12, with_logits=False):
     """Greedy generation: token ids [B, T + new_tokens] (and the logits of each step [steps, B, V])."""
-    kwargs = {"cache": cache} if cache is not None else {}
+    kwargs = {cache_keyword(model): cache} if cache is not None else {}
     out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
                          return_dict_in_generate=True, output_logits=True, **kwargs)
     return (out.sequences, torch.stack(out.logits)) if with_logits else out.sequences

@@ -104,7 +104,7 @@ def test_decode_step_compiles_without_graph_breaks(attention):
     ops = []
 
     def recording_backend(gm, example_inputs):
-        ops.extend(str(node.target) for node in gm.graph.nodes if node.op == "call_function")
+        ops.extend(str(node.target) for node in gm.graph.nodes if node.op in ("call_function", "call_method"))
         from torch._dynamo.backends.debugging import aot_eager
 
         return aot_eager(gm, example_inputs)
@@ -117,7 +117,7 @@ def test_decode_step_compiles_without_graph_breaks(attention):
     disable_fp8_kv_cache(model)
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
     assert int(cache.layers[0].cumulative_length) == args[1].shape[1] - 3
-    assert any("fp8_kv_cache_write" in op for op in ops), "the in-place cache write is in the graph"
+    assert any("index_copy" in op for op in ops), "the in-place cache write (pure torch on CPU) is in the graph"
     assert any("decode_attention_fp8" in op for op in ops) == (attention == "kernel")
 
 

@@ -248,12 +248,13 @@ class StaticFP8KVLayer(StaticLayer):
     keys / values: float8_e4m3fn [B, Hkv, max_cache_len, D], allocated at the first update (or by
     ``Cache.early_initialization``) and never reallocated; ``cumulative_length`` (int64 0-d tensor
     on the cache's device) counts the written positions. A step writes its K/V at positions
-    cumulative_length ... with ``torch.ops.quantkit.fp8_kv_cache_write`` (one fused Triton launch
-    on CUDA, the same codes by torch ops on CPU), so nothing in a step depends on host values.
+    cumulative_length ... with ``torch.ops.quantkit.fp8_kv_cache_write`` on CUDA (one fused Triton
+    launch) and its pure-torch reference on CPU (the same codes), so nothing in a step depends on
+    host values.
 
-    Attention reads all max_cache_len positions (unwritten ones masked, as with StaticCache):
-    "dequantize" returns them in the model dtype; with return_fp8_on_decode a one-token step
-    returns the fp8 buffers themselves, which carry their scale (``quantkit_fp8_scale``) and the
+    Attention reads all max_cache_len positions, the unwritten ones masked, as with StaticCache
+    (on CPU outside torch.compile only the written ones): "dequantize" returns them in the model
+    dtype; with return_fp8_on_decode a one-token step returns the fp8 buffers themselves, which carry their scale (``quantkit_fp8_scale``) and the
     written length (``quantkit_fp8_length``, so the kernel skips the unwritten tail) as attributes
     set once at allocation.
     """
@@ -300,23 +301,51 @@ class StaticFP8KVLayer(StaticLayer):
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write key/value states [B, Hkv, T_new, D] at the next positions; return what attention reads."""
-        from ..kernels.kv_cache_write import fp8_kv_cache_write
+        from ..kernels.kv_cache_write import fp8_kv_cache_write, fp8_kv_cache_write_reference
 
+        prefix = self._reads_written_prefix()  # decided before a first update initializes the layer
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        fp8_kv_cache_write(key_states.to(self.dtype), value_states.to(self.dtype), self.keys, self.values,
-                           self.k_scale, self.v_scale, self.cumulative_length)
+        # CUDA: one fused launch; CPU: the same codes by torch ops, without the custom op's dispatch cost
+        write = fp8_kv_cache_write if self.device.type == "cuda" else fp8_kv_cache_write_reference
+        write(key_states.to(self.dtype), value_states.to(self.dtype), self.keys, self.values,
+              self.k_scale, self.v_scale, self.cumulative_length)
         self.cumulative_length.add_(key_states.shape[-2])
+        keys, values = self.keys, self.values
+        if prefix:
+            length = int(self.cumulative_length)
+            keys, values = keys[:, :, :length], values[:, :, :length]  # [B, Hkv, length, D] views
+            if self.return_fp8_on_decode:
+                for tensor, scale in ((keys, self.k_scale), (values, self.v_scale)):
+                    setattr(tensor, SCALE_ATTRIBUTE, scale)
         if self.return_fp8_on_decode and key_states.shape[-2] == 1:
-            return self.keys, self.values
-        return self.dequantized()
+            return keys, values
+        return self._dequantize(keys, values)
+
+    def _reads_written_prefix(self) -> bool:
+        """Whether attention gets only the written positions rather than all max_cache_len.
+
+        On CPU in eager mode (no graph to keep static) reading the written prefix costs what the
+        growing cache costs and lets attention skip the mask; compiled code and CUDA (graph
+        capture) get the whole buffer, masked. ``get_mask_sizes`` follows the same choice.
+        """
+        return self.is_initialized and self.device.type == "cpu" and not torch.compiler.is_compiling()
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        if self._reads_written_prefix():
+            return int(self.cumulative_length) + query_length, 0
+        return super().get_mask_sizes(query_length)
+
+    def _dequantize(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp8 codes [B, Hkv, T, D] -> model dtype (a lookup table on CPU, same values)."""
+        if self.device.type == "cpu":
+            return dequantize_fp8_by_table(keys, self._k_table), dequantize_fp8_by_table(values, self._v_table)
+        k_scale, v_scale = self.k_scale.reshape(1, -1, 1, 1), self.v_scale.reshape(1, -1, 1, 1)
+        return dequantize_fp8(keys, k_scale, self.dtype), dequantize_fp8(values, v_scale, self.dtype)
 
     def dequantized(self) -> tuple[torch.Tensor, torch.Tensor]:
         """All max_cache_len positions dequantized to the model dtype: [B, Hkv, max_cache_len, D] each."""
-        if self.device.type == "cpu":
-            return dequantize_fp8_by_table(self.keys, self._k_table), dequantize_fp8_by_table(self.values, self._v_table)
-        k_scale, v_scale = self.k_scale.reshape(1, -1, 1, 1), self.v_scale.reshape(1, -1, 1, 1)
-        return dequantize_fp8(self.keys, k_scale, self.dtype), dequantize_fp8(self.values, v_scale, self.dtype)
+        return self._dequantize(self.keys, self.values)
 
     def crop(self, tokens_to_remove: int) -> None:
         """Forget the last -tokens_to_remove positions (a negative int, as StaticLayer.crop): in place."""
