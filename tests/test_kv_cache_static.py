@@ -18,7 +18,7 @@ from quantkit.modules.kv_cache import (  # noqa: E402
     StaticFP8KVCache, disable_fp8_kv_cache, enable_fp8_kv_cache, fp8_cache_for,
 )
 
-from .test_kv_cache import FP8, calibrated_model, greedy, left_padded_batch  # noqa: E402
+from .test_kv_cache import FP8, calibrated_model, generated_cache, greedy, left_padded_batch  # noqa: E402
 
 NEW_TOKENS = 6
 
@@ -72,7 +72,7 @@ def test_generate_with_cache_implementation_static(attention):
                              cache_implementation="static", return_dict_in_generate=True)
     finally:
         disable_fp8_kv_cache(model)
-    cache = out.cache if hasattr(out, "cache") else out.past_key_values  # transformers >= 5.24 / 5.17
+    cache = generated_cache(out)
     assert isinstance(cache, StaticFP8KVCache) and cache.attention == attention
     assert torch.equal(out.sequences, expected)
 
