@@ -79,11 +79,12 @@ def test_generate_with_cache_implementation_static(attention):
 
 def _decode_step(model, attention):
     """A prefilled static cache and a one-token decode step function over it (step(token, mask, position))."""
-    ids, mask = left_padded_batch((12, 7))
+    device = next(model.parameters()).device
+    ids, mask = (t.to(device) for t in left_padded_batch((12, 7)))
     max_len = ids.shape[1] + 4
     cache = fp8_cache_for(model, max_cache_len=max_len, attention=attention)
     kw = cache_keyword(model)
-    full_mask = torch.cat([mask, torch.zeros(2, max_len - ids.shape[1], dtype=mask.dtype)], dim=1)  # [B, max_len]
+    full_mask = torch.cat([mask, mask.new_zeros(2, max_len - ids.shape[1])], dim=1)  # [B, max_len]
     with torch.no_grad():
         token = model(input_ids=ids, attention_mask=full_mask, **{kw: cache}).logits[:, -1:].argmax(-1)  # [B, 1]
     full_mask[:, ids.shape[1]] = 1
@@ -129,7 +130,6 @@ def test_decode_step_captures_in_a_cuda_graph(attention):
     if attention == "kernel":
         enable_fp8_kv_cache(model, attention="kernel")
     cache, step, args = _decode_step(model, attention)
-    args = tuple(a.cuda() for a in args)
     with torch.no_grad():
         eager = step(*args)
         cache.crop(-1)
@@ -140,10 +140,9 @@ def test_decode_step_captures_in_a_cuda_graph(attention):
             cache.crop(-1)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph):  # records the step without running it: the length stays put
             out = step(*args)
-        cache.crop(-1)  # the capture itself ran nothing
-        graph.replay()
+        graph.replay()  # writes at the same position as the eager step, advances the length by one
         torch.cuda.synchronize()
     disable_fp8_kv_cache(model)
     torch.testing.assert_close(out.float(), eager.float(), rtol=2e-2, atol=2e-2)

@@ -141,10 +141,10 @@ def test_op_dispatch_and_custom_sm_scale():
     assert rel_mean_error(da.decode_attention_fp8(q, k, v, ks, vs, mask, sm_scale=0.3), ref) <= 1e-3
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, FP8])
-def test_opcheck(kv_dtype):
+@pytest.mark.parametrize("kv_dtype,with_length", [(torch.bfloat16, False), (FP8, False), (FP8, True)])
+def test_opcheck(kv_dtype, with_length):
     q, k, v, ks, vs, mask = make_inputs(2, 4, 2, 70, 32, kv_dtype=kv_dtype, left_pad=3)
-    args = (q, k, v, ks, vs, mask, 32**-0.5, 2)
+    args = (q, k, v, ks, vs, mask, 32**-0.5, 2) + ((torch.tensor(50, device=DEVICE),) if with_length else ())
     # On CPU, torch's schema checker compares fp8 tensors with ops that have no fp8 CPU kernel.
     skip = ("test_schema",) if kv_dtype == FP8 and DEVICE == "cpu" else ()
     utils = tuple(u for u in torch.library._OPCHECK_DEFAULT_UTILS if u not in skip)

@@ -71,3 +71,12 @@ def test_bad_arguments_raise_clear_errors():
         kw.fp8_kv_cache_write(k, v, k_cache, v_cache, torch.ones(3, device=DEVICE), vs, start)
     with pytest.raises(ValueError, match="start must be one"):
         kw.fp8_kv_cache_write(k, v, k_cache, v_cache, ks, vs, start.float())
+
+
+def test_opcheck():
+    k, v, k_cache, v_cache, ks, vs, start = make_case(1, 2, 16, 32, 2, torch.bfloat16, True, 3)
+    # On CPU, torch's schema checker compares fp8 tensors with ops that have no fp8 CPU kernel.
+    skip = ("test_schema",) if DEVICE == "cpu" else ()
+    utils = tuple(u for u in torch.library._OPCHECK_DEFAULT_UTILS if u not in skip)
+    torch.library.opcheck(torch.ops.quantkit.fp8_kv_cache_write.default, (k, v, k_cache, v_cache, ks, vs, start),
+                          test_utils=utils)
