@@ -331,6 +331,12 @@ class StaticFP8KVLayer(StaticLayer):
         """
         return self.is_initialized and self.device.type == "cpu" and not torch.compiler.is_compiling()
 
+    @property
+    def is_compileable(self) -> bool:
+        """True (as for StaticLayer) except while attention reads the written prefix (CPU, eager):
+        transformers then builds decode masks as for a growing cache, and SDPA may skip them."""
+        return not self._reads_written_prefix()
+
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         if self._reads_written_prefix():
             return int(self.cumulative_length) + query_length, 0
