@@ -186,3 +186,28 @@ def fp8_kv_cache_write(
     """
     check_fp8_kv_cache_write_args(key_states, value_states, k_cache, v_cache, k_scale, v_scale, start)
     torch.ops.quantkit.fp8_kv_cache_write(key_states, value_states, k_cache, v_cache, k_scale, v_scale, start)
+
+
+def compile_kernel(target=None) -> dict[str, dict]:
+    """Compile the write kernel for `target` (default: Hopper, sm_90) with the real Triton compiler,
+    for bf16 / fp16 / fp32 states and head_dim 128 / 80. Needs no GPU but triton imported without
+    TRITON_INTERPRET=1. Returns {variant: {"cubin_bytes", "fp8_stores"}}."""
+    from triton.backends.compiler import GPUTarget
+
+    if _INTERPRETED:
+        raise RuntimeError("compile_kernel needs triton imported without TRITON_INTERPRET=1 (a fresh process)")
+    target = target or GPUTarget("cuda", 90, 32)
+    kernel = _fp8_kv_cache_write_kernel
+    results = {}
+    for state_type, head_dim in (("bf16", 128), ("fp16", 80), ("fp32", 64)):
+        constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": max(16, triton.next_power_of_2(head_dim))}
+        types = {"k_ptr": f"*{state_type}", "v_ptr": f"*{state_type}", "k_cache_ptr": "*fp8e4nv",
+                 "v_cache_ptr": "*fp8e4nv", "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "start_ptr": "*i64"}
+        signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in kernel.arg_names}
+        compiled = triton.compile(triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                                  target=target)
+        results[f"write/{state_type}/d{head_dim}"] = {
+            "cubin_bytes": len(compiled.asm.get("cubin", b"")),
+            "fp8_stores": "e4m3" in compiled.asm.get("ptx", ""),
+        }
+    return results
