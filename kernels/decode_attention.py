@@ -121,6 +121,8 @@ def _decode_attention_split_kernel(
         n_valid = keys < split_end
         kv_load_mask = n_valid[:, None] & d_valid[None, :]
         k = tl.load(k_base + keys[:, None] * stride_kt + offs_d[None, :], mask=kv_load_mask, other=0.0)
+        # V is issued here, before the scores need K, so that its latency overlaps the QK product
+        v = tl.load(v_base + keys[:, None] * stride_vt + offs_d[None, :], mask=kv_load_mask, other=0.0)
         # fp8 -> q dtype is exact; the scale is applied to the scores
         if DOT_FP32:
             k = k.to(tl.float32)
@@ -139,7 +141,6 @@ def _decode_attention_split_kernel(
         p = tl.exp2(scores - m_new[:, None])  # [BLOCK_G, BLOCK_N]
         l_i = l_i * alpha + tl.sum(p, axis=1)
 
-        v = tl.load(v_base + keys[:, None] * stride_vt + offs_d[None, :], mask=kv_load_mask, other=0.0)
         if DOT_FP32:
             pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")  # [BLOCK_G, BLOCK_D]
         else:
