@@ -58,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if device.roofline_problem:
+        print(f"error: no roofline to advise from: {device.roofline_problem}; pass a known GPU with --gpu",
+              file=sys.stderr)
+        return 2
     advice = advise(
         shape, device, workload, memory_budget=None if args.memory is None else args.memory * 1e9,
         quality=quality, max_ppl_increase=None if args.max_ppl_increase is None else args.max_ppl_increase / 100,
