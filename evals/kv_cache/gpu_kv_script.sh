@@ -28,9 +28,9 @@ GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head 
 "$PY" -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
 
 echo "== 1. GPU tests"
-timeout 75 "$PY" -m pytest -q -x -p no:cacheprovider tests/kernels/test_kv_cache_write.py \
+timeout 70 "$PY" -m pytest -q -x -p no:cacheprovider tests/kernels/test_kv_cache_write.py \
   tests/kernels/test_decode_attention.py tests/test_kv_cache_static.py \
-  -k "reference_codes or kernel_matches or static_cache_length or split_count or fully_masked or cuda_graph or compiles_without" \
+  -k "reference_codes or kernel_matches or static_cache_length or fully_masked or cuda_graph" \
   > "$OUT/gpu_tests.txt" 2>&1 || status=1
 tail -3 "$OUT/gpu_tests.txt"
 
@@ -39,7 +39,7 @@ timeout 120 "$PY" evals/kv_cache/gpu_bench.py --sweep --out "$OUT" > "$OUT/gpu_b
 head -30 "$OUT/gpu_bench.md" 2>/dev/null || tail -20 "$OUT/gpu_bench.log"
 
 echo "== 3. end to end: random Llama-3.1-8B, contexts 1k and 32k, batch 1 and 8"
-timeout 165 "$PY" -m quantkit.cli bench evals/configs/llama-3.1-8b-random.json --device cuda --dtype bf16 \
+timeout 170 "$PY" -m quantkit.cli bench evals/configs/llama-3.1-8b-random.json --device cuda --dtype bf16 \
   --variants kv-fp8,w4a16-rtn,w4a16-rtn+kv-fp8 --backend auto \
   --prompt-lens 512 --context-lens 1024,32768 --batch-sizes 1,8 \
   --warmup 2 --repeats 5 --max-cache-gb 40 --gpu probe --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1 || status=1
