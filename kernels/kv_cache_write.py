@@ -56,6 +56,7 @@ def _fp8_kv_cache_write_kernel(
     k_scale_ptr,  # fp32 [1] or [Hkv]
     v_scale_ptr,  # fp32 [1] or [Hkv]
     start_ptr,  # int32/int64 [1] or 0-d: first position to write
+    max_len,  # positions in the cache: rows at or past it are never written
     num_kv_heads,
     scale_stride,  # 0 (per tensor) or 1 (per KV head)
     stride_kb, stride_kh, stride_kt,
@@ -78,8 +79,10 @@ def _fp8_kv_cache_write_kernel(
     k_code = _saturate_to_e4m3_grid(tl.math.div_rn(k.to(tl.float32), k_scale)).to(tl.float8e4nv)
     v_code = _saturate_to_e4m3_grid(tl.math.div_rn(v.to(tl.float32), v_scale)).to(tl.float8e4nv)
     row = b * stride_cb + h * stride_ch + position * stride_ct
-    tl.store(k_cache_ptr + row + offs, k_code, mask=d_valid)
-    tl.store(v_cache_ptr + row + offs, v_code, mask=d_valid)
+    # a full cache drops the write instead of corrupting memory ([BLOCK_D] mask: the row is in the cache)
+    in_cache = d_valid & ((position + offs * 0) < max_len)
+    tl.store(k_cache_ptr + row + offs, k_code, mask=in_cache)
+    tl.store(v_cache_ptr + row + offs, v_code, mask=in_cache)
 
 
 def check_fp8_kv_cache_write_args(key_states, value_states, k_cache, v_cache, k_scale, v_scale, start) -> None:
@@ -138,7 +141,7 @@ def fp8_kv_cache_write_triton(key_states, value_states, k_cache, v_cache, k_scal
     b, h, t_new, d = key_states.shape
     wrap_triton(_fp8_kv_cache_write_kernel)[(b * h, t_new)](
         key_states, value_states, k_cache, v_cache, k_scale, v_scale, start,
-        h, 0 if k_scale.numel() == 1 else 1,
+        k_cache.shape[2], h, 0 if k_scale.numel() == 1 else 1,
         key_states.stride(0), key_states.stride(1), key_states.stride(2),
         value_states.stride(0), value_states.stride(1), value_states.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -176,8 +179,9 @@ def fp8_kv_cache_write(
     Args:
         key_states, value_states: [B, Hkv, T_new, D], float16 / bfloat16 / float32, stride 1 along D.
         k_cache, v_cache: float8_e4m3fn [B, Hkv, max_len, D], same shape and strides; positions
-            start .. start + T_new - 1 (which must be < max_len: not checked, it would need a sync)
-            are overwritten with fp8_e4m3(clamp(state / scale, -448, 448)).
+            start .. start + T_new - 1 are overwritten with fp8_e4m3(clamp(state / scale, -448, 448)).
+            They must be < max_len, which is not checked on the host (it would need a sync): past
+            it the kernel writes nothing (never out of bounds), the reference raises IndexError.
         k_scale, v_scale: fp32 [1] (per tensor) or [Hkv] (per KV head).
         start: int32/int64 tensor of one element on the same device: the first position to write.
 

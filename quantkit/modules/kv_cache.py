@@ -254,9 +254,9 @@ class StaticFP8KVLayer(StaticLayer):
 
     Attention reads all max_cache_len positions, the unwritten ones masked, as with StaticCache
     (on CPU outside torch.compile only the written ones): "dequantize" returns them in the model
-    dtype; with return_fp8_on_decode a one-token step returns the fp8 buffers themselves, which carry their scale (``quantkit_fp8_scale``) and the
-    written length (``quantkit_fp8_length``, so the kernel skips the unwritten tail) as attributes
-    set once at allocation.
+    dtype; with return_fp8_on_decode a one-token step returns the fp8 buffers themselves, which
+    carry their scale (``quantkit_fp8_scale``) and the written length (``quantkit_fp8_length``, so
+    the kernel skips the unwritten tail) as attributes set once at allocation.
     """
 
     def __init__(self, max_cache_len: int, k_scale: torch.Tensor | float, v_scale: torch.Tensor | float, *,
@@ -268,8 +268,6 @@ class StaticFP8KVLayer(StaticLayer):
         self.dtype: torch.dtype | None = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        from torch._dynamo import is_compiling
-
         self.dtype, self.device = key_states.dtype, key_states.device
         self.batch_size, self.num_heads, _, head_dim = key_states.shape
         if value_states.shape[-1] != head_dim:
@@ -292,7 +290,7 @@ class StaticFP8KVLayer(StaticLayer):
         for tensor, scale in ((self.keys, self.k_scale), (self.values, self.v_scale)):
             setattr(tensor, SCALE_ATTRIBUTE, scale)
             setattr(tensor, LENGTH_ATTRIBUTE, self.cumulative_length)
-        if not is_compiling():  # fixed addresses: CUDA graphs replay the in-place writes
+        if not torch.compiler.is_compiling():  # fixed addresses: CUDA graphs replay the in-place writes
             for tensor in (self.keys, self.values, self.cumulative_length, self.k_scale, self.v_scale):
                 torch._dynamo.mark_static_address(tensor)
         self.is_initialized = True

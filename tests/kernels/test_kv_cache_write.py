@@ -51,6 +51,17 @@ def test_kernel_writes_the_reference_codes(batch, heads, max_len, head_dim, new,
     assert (k_cache[:, :, start:start + new].float().abs() == 448).any()  # saturation happened
 
 
+def test_kernel_never_writes_past_the_cache():
+    """A cache that is a view of the first 12 rows of a larger buffer: a write at positions 11 and 12
+    fills row 11 and leaves row 12 (outside the cache) untouched."""
+    k, v, buffer, v_buffer, ks, vs, _ = make_case(1, 2, 16, 32, 2, torch.float32, False, 0)
+    before = buffer.clone()
+    kw.fp8_kv_cache_write_triton(k, v, buffer[:, :, :12], v_buffer[:, :, :12], ks, vs, torch.tensor(11, device=DEVICE))
+    expected_row = (k[:, :, :1].float() / ks.reshape(1, -1, 1, 1)).clamp(-448, 448).to(FP8)
+    assert torch.equal(buffer[:, :, 11:12].view(torch.uint8), expected_row.view(torch.uint8))
+    assert torch.equal(buffer[:, :, 12:].view(torch.uint8), before[:, :, 12:].view(torch.uint8))
+
+
 def test_op_compiles_without_graph_breaks():
     k, v, k_cache, v_cache, ks, vs, start = make_case(1, 2, 16, 32, 1, torch.float32, False, 5)
     expected_k, expected_v = k_cache.clone(), v_cache.clone()
