@@ -3,11 +3,11 @@
 - Prefill: one forward over ``batch`` random prompts of ``prompt_len`` tokens into an empty cache,
   logits of the last position only (what generation does before its first token).
 - Decode: ONE step at a given context length, timed on its own: a ``StaticCache`` sized exactly
-  ``context_len + 1`` (or the variant's FP8 KV cache) is filled with random keys and values
+  ``context_len + 1`` (a ``StaticFP8KVCache`` for FP8-KV variants) is filled with random keys and values
   (timing does not depend on their values, and this skips a costly prefill), then each timed call
   feeds one token per sequence and crops the cache back to ``context_len`` so every repeat sees
-  the same context. On CUDA a static-cache step is captured in a CUDA graph when possible (eager
-  launches would dominate a small model's step); a growing cache runs eagerly.
+  the same context. On CUDA the step is captured in a CUDA graph when possible (eager launches
+  would dominate a small model's step).
 - Compiled (``BenchSettings.compile_backend``, ``quantkit bench --compile [all|decode]``): every
   variant alike, baseline included, runs its forward through ``torch.compile`` (one compiled forward
   per model, reused by every shape; prefill too unless ``compile_prefill`` is off). Decode on CUDA
@@ -169,7 +169,7 @@ def cache_tensor_bytes(cache) -> int:
 
 def make_decode_cache(variant: Variant, max_cache_len: int):
     """A cache for ``variant``: a transformers StaticCache of ``max_cache_len`` positions, or the
-    FP8 KV cache its recipe asks for."""
+    static FP8 KV cache of that length when its recipe asks for one."""
     if variant.kv_cache is not None:
         return _quantized_kv_cache(variant, max_cache_len)
     from transformers import StaticCache
@@ -182,20 +182,21 @@ def make_prefill_cache(variant: Variant, shape: ModelShape, batch: int, prompt_l
     """An empty cache for a prompt, allocated up front (as an engine's would be) so the timed
     prefill pays for writing the cache, not for allocating it."""
     cache = make_decode_cache(variant, prompt_len)
-    if hasattr(cache, "early_initialization") and variant.kv_cache is None:
+    if hasattr(cache, "early_initialization"):
         cache.early_initialization(batch, shape.kv_heads, shape.head_dim, dtype, device)
     return cache
 
 
 def _quantized_kv_cache(variant: Variant, max_cache_len: int):
-    """The FP8 KV cache of ``variant`` (a growing cache: ``max_cache_len`` is not preallocated)."""
+    """The static FP8 KV cache of ``variant``: ``max_cache_len`` positions preallocated."""
     import warnings
 
     from quantkit.modules import kv_cache
 
     with warnings.catch_warnings():  # uncalibrated scales are fine for timing
         warnings.simplefilter("ignore")
-        return kv_cache.fp8_cache_for(variant.model, attention=variant.info.get("kv_attention", "dequantize"))
+        return kv_cache.fp8_cache_for(variant.model, attention=variant.info.get("kv_attention", "dequantize"),
+                                      max_cache_len=max_cache_len)
 
 
 def fill_cache(cache, shape: ModelShape, batch: int, context_len: int, *, dtype: torch.dtype,
@@ -222,10 +223,9 @@ def rewind(cache, tokens: int) -> None:
 
 
 def _is_static(cache) -> bool:
-    """Whether the cache writes in place (CUDA graphs can replay it); a growing cache cannot."""
-    from transformers import StaticCache
-
-    return isinstance(cache, StaticCache)
+    """Whether the cache writes in place (CUDA graphs can replay it; transformers calls such caches
+    compileable): StaticCache, StaticFP8KVCache; a growing cache cannot."""
+    return bool(getattr(cache, "is_compileable", False))
 
 
 def _seq_length(cache) -> int:
