@@ -26,11 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from .errors import CheckpointError, ConfigError, QuantizationError
+    from .errors import CheckpointError, ConfigError, EvaluationError, QuantizationError
 
     try:
         return int(args.func(args) or 0)
-    except (CheckpointError, ConfigError, QuantizationError, FileExistsError, FileNotFoundError) as e:
+    except (CheckpointError, ConfigError, EvaluationError, QuantizationError, FileExistsError, FileNotFoundError) as e:
         print(f"quantkit {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -11,4 +11,8 @@ class QuantizationError(ValueError):
     """The model or data cannot be quantized as asked (NaN weights, bad shapes, unsupported model)."""
 
 
-__all__ = ["CheckpointError", "ConfigError", "QuantizationError"]
+class EvaluationError(ValueError):
+    """An evaluation cannot run as asked (window longer than the model's context, too little text)."""
+
+
+__all__ = ["CheckpointError", "ConfigError", "EvaluationError", "QuantizationError"]

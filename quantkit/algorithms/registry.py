@@ -27,7 +27,8 @@ class Algorithm:
     name: str
     options: type  # frozen dataclass of the recipe's options (validated by quantkit.config_utils.from_dict)
     needs_calibration: bool
-    processor: str | None = None  # "module:Class" of its calibration block processor, (scheme, options) -> processor
+    #: "module:Class" of its calibration block processor, built as Class(scheme, options, scale_dtype)
+    processor: str | None = None
 
 
 ALGORITHMS: dict[str, Algorithm] = {

@@ -11,21 +11,26 @@ from torch import nn
 
 from ..algorithms.registry import ALGORITHMS
 from ..errors import QuantizationError
+from ..loading import source_dtype
 from ..recipe import Recipe
 from .adapters import adapter_for
 from .data import calibration_batches
 from .runner import BlockProcessor, run_blockwise
 
 
-def make_processor(recipe: Recipe) -> BlockProcessor:
-    """The block processor running `recipe`'s calibrated algorithm on its weight scheme."""
+def make_processor(recipe: Recipe, scale_dtype: torch.dtype | None = None) -> BlockProcessor:
+    """The block processor running `recipe`'s calibrated algorithm on its weight scheme.
+
+    scale_dtype: the dtype the checkpoint will store scales in; the algorithms round scales to it
+    before use, so the error they compensate is the one the checkpoint has.
+    """
     assert recipe.weights is not None
     algorithm = ALGORITHMS[recipe.algorithm.name]
     if algorithm.processor is None:
         raise QuantizationError(f"algorithm {algorithm.name!r} does not use calibration")
     module_name, class_name = algorithm.processor.split(":")
     processor_cls = getattr(importlib.import_module(module_name), class_name)
-    return processor_cls(recipe.weights, recipe.algorithm.options or algorithm.options())
+    return processor_cls(recipe.weights, recipe.algorithm.options or algorithm.options(), scale_dtype)
 
 
 def quantize_blockwise(
@@ -39,7 +44,7 @@ def quantize_blockwise(
     """
     adapter_for(model)
     batches = calibration_batches(calibration_data, model, tokenizer)
-    processor = make_processor(recipe)
+    processor = make_processor(recipe, source_dtype(model))
     return run_blockwise(
         model, batches, targets, [processor], device=device, progress=progress,
         desc=f"{recipe.algorithm.name} {recipe.name}",

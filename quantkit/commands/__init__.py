@@ -17,9 +17,26 @@ def torch_dtype(name: str):
     return None if name == "auto" else getattr(torch, name)
 
 
-def add_model_options(parser: argparse.ArgumentParser) -> None:
+def int_at_least(minimum: int, why: str = ""):
+    """An argparse `type`: an integer >= minimum, else argparse's usage error naming the flag (exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}{why}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def add_model_options(parser: argparse.ArgumentParser, *,
+                      dtype_help: str = "compute dtype (default: the checkpoint's)") -> None:
     """Options shared by commands that load models."""
-    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="auto", help="compute dtype (default: the checkpoint's)")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="auto", help=dtype_help)
     parser.add_argument("--device", default="cpu", help="torch device to run on (default: cpu)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow model code from the model folder / hub (only for sources you trust)")
