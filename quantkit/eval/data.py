@@ -18,7 +18,7 @@ def read_eval_text(data: str | None) -> str:
         return heldout_text_path().read_text(encoding="utf-8")
     from ..calibration.data import load_texts
 
-    return "\n\n".join(load_texts(data))
+    return "\n\n".join(load_texts(data, what="evaluation"))
 
 
 def load_tokenizer(source: str):
