@@ -40,7 +40,7 @@ GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head 
   --prompt-lens "$PROMPTS" --context-lens "$CONTEXTS" --batch-sizes "$BATCHES" \
   --warmup 3 --repeats 10 --max-cache-gb 40 --gpu probe --json "$OUT/bench.json"
 
-"$PY" -m quantkit.cli report --bench "$OUT/bench.json" --out "$OUT" \
+"$PY" -m quantkit.cli report --bench "$OUT/bench.json" --out "$OUT" --force \
   --title "quantkit on ${GPU_NAME:-$DEVICE}: prefill versus decode" \
   --note "Speed of a random-initialised Llama-architecture model ($CONFIG): weights are random, so this measures speed only; quality is in the CPU report (evals/reports/cpu)." \
   --note "Reproduce: \`bash evals/reports/gpu_script.sh\`."

@@ -1,6 +1,7 @@
 """CLI subcommands: one module each, with register(subparsers) and run(args) -> int."""
 
 import argparse
+import math
 
 import torch
 
@@ -13,3 +14,38 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="torch device to run on (default: cpu)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow model code from the model folder / hub (only for sources you trust)")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (bad values exit 2 with the option named)."""
+    return _number(text, int, minimum=1)
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _number(text, int, minimum=0)
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0."""
+    value = _number(text, float)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    """argparse type: a number >= 0."""
+    return _number(text, float, minimum=0)
+
+
+def _number(text: str, kind: type, minimum: float | None = None):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    if minimum is not None and value < minimum:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
+    return value

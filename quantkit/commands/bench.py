@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
+
+from . import nonnegative_int, positive_float, positive_int
 
 GPU_DEFAULTS = {"prompt_lens": "128,512,1024,2048,4096", "context_lens": "128,512,1024,2048,4096",
                 "batch_sizes": "1,4,16,64"}
@@ -48,14 +49,14 @@ def register(subparsers) -> None:
     p.add_argument("--batch-sizes", type=int_list, help=f"TPOT batch sizes (GPU default {GPU_DEFAULTS['batch_sizes']}; "
                                                         f"CPU {CPU_DEFAULTS['batch_sizes']})")
     p.add_argument("--prefill-batch-sizes", type=int_list, default=[1], help="TTFT batch sizes (default 1)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed runs per shape (default 2)")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per shape; the median is reported (default 5)")
+    p.add_argument("--warmup", type=nonnegative_int, default=2, help="untimed runs per shape (default 2)")
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed runs per shape; the median is reported (default 5)")
     p.add_argument("--gpu", default="probe", help="roofline device: a known GPU name (h200, h100-sxm, a100, ...) or "
                                                   "'probe' to measure this device (default)")
-    p.add_argument("--max-cache-gb", type=float, help="skip decode shapes whose KV cache exceeds this (default: "
+    p.add_argument("--max-cache-gb", type=positive_float, help="skip decode shapes whose KV cache exceeds this (default: "
                                                       "a quarter of the device memory)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="time eager decode steps on GPU")
-    p.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads)")
+    p.add_argument("--threads", type=positive_int, help="CPU threads (torch.set_num_threads)")
     p.add_argument("--seed", type=int, default=0, help="seed of random models, prompts and caches")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
@@ -101,15 +102,19 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.eval.report import summary_lines
     from quantkit.eval.timing import BenchSettings, run_bench
     from quantkit.eval.variants import build_variant, float_variant, load_source_model, parse_dtype
+    from quantkit.device import resolve_device
+    from quantkit.errors import UsageError
     from quantkit.loading import is_quantized_checkpoint, resolve_model_source
+    from quantkit.outputs import atomic_write_text, check_writable
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda asked for, but no CUDA device is available (use --device cpu)", file=sys.stderr)
-        return 2
+    if args.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = resolve_device(args.device, option="--device")
+    if args.json_out:
+        check_writable(args.json_out, force=True)  # before any work
     dtype = parse_dtype(args.dtype)
     defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
     spec = resolve_device_spec(args.gpu, device)
@@ -127,15 +132,12 @@ def run(args: argparse.Namespace) -> int:
         variant_specs.insert(0, args.model)
         base_source = args.baseline
     elif args.baseline:
-        print("error: --baseline is for a quantized MODEL; MODEL is a float model and is the baseline",
-              file=sys.stderr)
-        return 2
+        raise UsageError("--baseline is for a quantized MODEL; MODEL is a float model and is the baseline")
     else:
         base_source = args.model
     if base_source is None:
         if any(not Path(s).is_dir() for s in variant_specs):
-            print("error: recipes need a float model: give it with --baseline", file=sys.stderr)
-            return 2
+            raise UsageError("recipes need a float model: give it with --baseline")
         base = None
     else:
         base = load_source_model(base_source, dtype=dtype, device=device, seed=args.seed)
@@ -144,15 +146,12 @@ def run(args: argparse.Namespace) -> int:
         variants.append(build_variant(s, base, dtype=dtype, device=device, backend=args.backend))
     names = [v.name for v in variants]
     if len(set(names)) != len(names):
-        print(f"error: variant names collide: {names}", file=sys.stderr)
-        return 2
+        raise UsageError(f"variant names collide: {names}; give each variant a distinct recipe or folder name")
     results = run_bench(variants, spec, settings, device=device, model_label=str(base_source or args.model),
                         progress=not args.quiet)
     results["command"] = _command_line(args, variant_specs if not model_is_checkpoint else variant_specs[1:], device, settings)
     print("\n".join(summary_lines(results)))
     if args.json_out:
-        out = Path(args.json_out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=1) + "\n")
-        print(f"wrote {out}")
+        atomic_write_text(args.json_out, json.dumps(results, indent=1) + "\n")
+        print(f"wrote {args.json_out}")
     return 0

@@ -30,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
     import quantkit
     from quantkit.eval.data import eval_token_windows
     from quantkit.eval.quality import evaluate_variants
-    from quantkit.loading import atomic_output_dir, folder_size_bytes, load_float_model, resolve_model_source
+    from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source
+    from quantkit.outputs import atomic_output_dir
     from quantkit.eval.report import load_quality, render_report
     from quantkit.report_text import dtype_name, quantized_bits_per_weight, state_bytes
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from . import DTYPES, add_model_options
+from . import DTYPES, add_model_options, positive_int
 
 
 def register(sub) -> None:
@@ -18,7 +17,7 @@ def register(sub) -> None:
                    help="evaluation text: a .txt/.jsonl/.parquet file or folder, or hub:NAME[:CONFIG]:SPLIT:COLUMN (default: the reference models' held-out text)")
     p.add_argument("--window", type=int, default=None, help="tokens per window (default: min(context, 2048))")
     p.add_argument("--max-tokens", type=int, default=None, help="evaluate only the first N tokens of the text")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=positive_int, default=8, help="windows per forward pass (default 8)")
     p.add_argument("--backend", default="auto", help="kernel backend for quantized layers (auto, triton, torch, reference)")
     p.add_argument("--json", default=None, help="write the results as JSON to this file")
     add_model_options(p)
@@ -27,8 +26,13 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import quantkit
+    from quantkit.device import resolve_device
     from quantkit.eval.data import eval_token_windows
+    from quantkit.outputs import atomic_write_text, check_writable
 
+    resolve_device(args.device, option="--device")
+    if args.json:
+        check_writable(args.json, force=True)  # before any work
     dtype = DTYPES[args.dtype]
     baseline = quantkit.load(args.baseline, dtype=dtype, device=args.device, trust_remote_code=args.trust_remote_code)
     model = quantkit.load(args.model, backend=args.backend, dtype=dtype, device=args.device,
@@ -45,6 +49,5 @@ def run(args: argparse.Namespace) -> int:
     print(f"top-1 agree {result['top1_agreement']:.4f}")
     print(f"over {result['windows']} windows of {result['window']} tokens ({result['tokens']} predictions)")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
     return 0
