@@ -37,12 +37,15 @@ def _absolute(path: str | os.PathLike) -> Path:
     return Path(os.path.abspath(Path(path).expanduser()))
 
 
-def check_writable(path: str | os.PathLike, *, force: bool = False) -> Path:
-    """Fail now, before any work, if `path` cannot be written: it exists (and not force), or its nearest
-    existing parent is a file or is not writable. Returns the absolute path."""
+def check_writable(path: str | os.PathLike, *, force: bool = False, file: bool = False) -> Path:
+    """Fail now, before any work, if `path` cannot be written: it exists (and not force), it is a folder
+    where a file is meant (file=True), or its nearest existing parent is a file or is not writable.
+    Returns the absolute path."""
     out = _absolute(path)
     if out.exists() and not force:
         raise OutputExistsError(out)
+    if file and out.is_dir():
+        raise UsageError(f"cannot write {out}: it is a folder; name a file to write")
     parent = out.parent
     while not parent.exists():
         parent = parent.parent

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.outputs import atomic_write_text, check_writable
 
     if args.json_out:
-        check_writable(args.json_out, force=True)
+        check_writable(args.json_out, force=True, file=True)
     shape = load_shape(args.model)
     device = resolve_device_spec(args.gpu)
     workload = Workload(args.prompt_len, args.output_len, args.batch)

@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         device = resolve_device(args.device, option="--device")
     if args.json_out:
-        check_writable(args.json_out, force=True)  # before any work
+        check_writable(args.json_out, force=True, file=True)  # before any work
     dtype = parse_dtype(args.dtype)
     defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
     spec = resolve_device_spec(args.gpu, device)

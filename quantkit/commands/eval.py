@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
     resolve_device(args.device, option="--device")
     if args.json:
-        check_writable(args.json, force=True)  # before any work
+        check_writable(args.json, force=True, file=True)  # before any work
     dtype = DTYPES[args.dtype]
     baseline = quantkit.load(args.baseline, dtype=dtype, device=args.device, trust_remote_code=args.trust_remote_code)
     model = quantkit.load(args.model, backend=args.backend, dtype=dtype, device=args.device,
