@@ -12,7 +12,8 @@ what exists only when asked.
 - `publish_files(out, names, force=...)`: files built in a temporary folder, then moved into an existing
   folder one by one (a report written into a folder that also holds its inputs).
 
-Folders are created with mode 0777 and files with 0666, less the umask, as any other tool's.
+Folders are created with mode 0777 and files with 0666, less the umask, as any other tool's;
+`give_default_mode` corrects files that a library wrote private (safetensors writes 0600).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def check_writable(path: str | os.PathLike, *, force: bool = False, file: bool =
     if not parent.is_dir():
         raise UsageError(f"cannot write {out}: {parent} is a file, not a folder; choose another output path")
     try:
-        os.rmdir(_make_private_dir(parent, f".{out.name}.probe-"))
+        os.rmdir(_make_unique_dir(parent, f".{out.name}.probe-"))
     except OSError as e:
         raise UsageError(
             f"cannot write {out}: {parent} is not writable ({e.strerror}); choose another output path"
@@ -60,7 +61,26 @@ def check_writable(path: str | os.PathLike, *, force: bool = False, file: bool =
     return out
 
 
-def _make_private_dir(parent: Path, prefix: str) -> Path:
+def current_umask() -> int:
+    """This process's umask (read from /proc where possible: setting it to read it is not thread-safe)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def give_default_mode(path: str | os.PathLike) -> None:
+    """Set a file's mode to 0666 less the umask, as if created by open()."""
+    os.chmod(path, 0o666 & ~current_umask())
+
+
+def _make_unique_dir(parent: Path, prefix: str) -> Path:
     """A new folder `parent/PREFIX<pid>-<random>` with mode 0777 less the umask."""
     while True:
         path = parent / f"{prefix}{os.getpid()}-{secrets.token_hex(4)}"
@@ -84,7 +104,7 @@ def atomic_output_dir(out_dir: str | os.PathLike, *, force: bool = False) -> Ite
         clean_stale(out)
     check_writable(out, force=force)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _make_private_dir(out.parent, f".{out.name}.tmp-")
+    tmp = _make_unique_dir(out.parent, f".{out.name}.tmp-")
     try:
         yield tmp
         if force and os.path.lexists(out):
@@ -212,7 +232,7 @@ def publish_files(out_dir: str | os.PathLike, names: Iterable[str], *, force: bo
     check_writable(out / ".probe", force=True)
     out.mkdir(parents=True, exist_ok=True)
     clean_stale(out / ".publish")
-    tmp = _make_private_dir(out, "..publish.tmp-")
+    tmp = _make_unique_dir(out, "..publish.tmp-")
     try:
         yield tmp
         files = sorted(tmp.iterdir())

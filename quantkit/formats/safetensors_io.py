@@ -31,13 +31,17 @@ def write_state_dict(state: dict[str, torch.Tensor], folder: Path, max_shard_byt
             size = 0
         shards[-1][name] = tensor.detach().contiguous().cpu()
         size += b
+    from ..outputs import give_default_mode
+
     if len(shards) == 1:
         save_file(shards[0], str(folder / SINGLE_FILE), metadata={"format": "pt"})
+        give_default_mode(folder / SINGLE_FILE)
         return [SINGLE_FILE]
     names, weight_map = [], {}
     for i, shard in enumerate(shards, 1):
         fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
         save_file(shard, str(folder / fname), metadata={"format": "pt"})
+        give_default_mode(folder / fname)
         names.append(fname)
         weight_map.update({k: fname for k in shard})
     total = sum(_tensor_bytes(t) for t in state.values())
