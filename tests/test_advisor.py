@@ -120,6 +120,7 @@ def test_advise_command(tmp_path, capsys):
     advice = json.loads(out.read_text())
     assert advice["recommended"] in {"w8", "w8+kv8"}
     assert len(advice["candidates"]) == 6
-    bad = parser.parse_args(["advise", str(tmp_path), "--gpu", "voodoo5", "--prompt-len", "1", "--output-len", "1"])
-    assert bad.func(bad) == 2
-    assert "unknown GPU" in capsys.readouterr().err
+    from quantkit.cli import main
+
+    assert main(["advise", str(tmp_path), "--gpu", "voodoo5", "--prompt-len", "1", "--output-len", "1"]) == 2
+    assert "quantkit advise: error: unknown GPU" in capsys.readouterr().err
