@@ -223,6 +223,30 @@ def _json_into_folder(work):
     return ["eval", str(checkpoint(work)), "--baseline", "ref:tiny", "--json", str(work / "results")]
 
 
+def _malformed_device(work):
+    return ["quantize", "ref:tiny", "--recipe", "w4a16-rtn", "--out", _out(work), "--device", "banana"]
+
+
+def _unknown_backend(work):
+    return ["eval", str(checkpoint(work)), "--baseline", "ref:tiny", "--backend", "fastest"]
+
+
+def _unknown_recipe(work):
+    return ["quantize", "ref:tiny", "--recipe", "w4a16-magic", "--out", _out(work)]
+
+
+def _no_tokenizer(work):
+    folder = _copy(float_folder(work), work / "no-tokenizer")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink()
+    return ["eval", str(checkpoint(work)), "--baseline", str(folder)]
+
+
+def _inspect_file(work):
+    (work / "model.safetensors").write_bytes(b"\0" * 16)
+    return ["inspect", str(work / "model.safetensors")]
+
+
 CASES = [
     Case("device-cuda", "`--device` names a CUDA device this machine lacks", _device_cuda, "CUDA device", creates="out"),
     Case("bench-device-cuda", "`bench --device` names a CUDA device this machine lacks", _bench_device, "CUDA device"),
@@ -264,4 +288,12 @@ CASES = [
     Case("report-binary-quality", "`report --quality` of a binary file", _report_binary_quality,
          "cannot read quality results", creates="report-b"),
     Case("eval-json-folder", "`eval --json` naming a folder", _json_into_folder, "is a folder"),
+    Case("device-malformed", "`--device banana`", _malformed_device, "is not a device name", creates="out"),
+    Case("eval-unknown-backend", "`eval --backend fastest`", _unknown_backend, "choose one of auto, triton"),
+    Case("unknown-recipe", "`--recipe w4a16-magic` (no such recipe)", _unknown_recipe, "built-in recipes:",
+         creates="out"),
+    Case("baseline-without-tokenizer", "a baseline folder without tokenizer files", _no_tokenizer,
+         "needs its tokenizer files"),
+    Case("inspect-a-file", "`inspect` of a weights file instead of its folder", _inspect_file,
+         "is not a model folder"),
 ]

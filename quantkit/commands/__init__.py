@@ -49,3 +49,13 @@ def _number(text: str, kind: type, minimum: float | None = None):
     if minimum is not None and value < minimum:
         raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
     return value
+
+
+def check_backend(name: str) -> str:
+    """`--backend` value, checked before any work (UsageError listing the backends)."""
+    from quantkit.errors import UsageError
+    from quantkit.kernels.wna16 import BACKENDS
+
+    if name not in BACKENDS:
+        raise UsageError(f"--backend {name!r} is unknown; choose one of {', '.join(BACKENDS)}")
+    return name

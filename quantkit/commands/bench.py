@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from . import nonnegative_int, positive_float, positive_int
+from . import check_backend, nonnegative_int, positive_float, positive_int
 
 GPU_DEFAULTS = {"prompt_lens": "128,512,1024,2048,4096", "context_lens": "128,512,1024,2048,4096",
                 "batch_sizes": "1,4,16,64"}
@@ -113,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
         device = resolve_device(args.device, option="--device")
+    check_backend(args.backend)
     if args.json_out:
         check_writable(args.json_out, force=True, file=True)  # before any work
     dtype = parse_dtype(args.dtype)

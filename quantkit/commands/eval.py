@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from . import DTYPES, add_model_options, positive_int
+from . import DTYPES, add_model_options, check_backend, positive_int
 
 
 def register(sub) -> None:
@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.outputs import atomic_write_text, check_writable
 
     resolve_device(args.device, option="--device")
+    check_backend(args.backend)
     if args.json:
         check_writable(args.json, force=True, file=True)  # before any work
     dtype = DTYPES[args.dtype]
