@@ -141,3 +141,25 @@ def test_a_missing_local_path_never_asks_the_hub(tmp_path, monkeypatch):
             quantkit.load(path)
     assert resolve_model_source("org/model-name") == "org/model-name", "a hub id stays a hub id"
     assert resolve_model_source("gpt2") == "gpt2"
+
+
+def test_an_unwritable_output_is_found_before_any_work(tmp_path, monkeypatch, capsys):
+    """As root a read-only folder is writable, so the refusal is simulated where the probe folder is made."""
+    import quantkit.loading
+    from quantkit.cli import main
+
+    real_mkdir = os.mkdir
+
+    def read_only_mkdir(path, *args, **kwargs):
+        if str(path).startswith(str(tmp_path / "locked")):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the model was loaded before the output was checked")
+
+    (tmp_path / "locked").mkdir()
+    monkeypatch.setattr(os, "mkdir", read_only_mkdir)
+    monkeypatch.setattr(quantkit.loading, "load_float_model", no_work)
+    assert main(["quantize", "ref:tiny", "--recipe", "w4a16-rtn", "--out", str(tmp_path / "locked" / "out")]) == 2
+    assert "is not writable (Permission denied)" in capsys.readouterr().err
