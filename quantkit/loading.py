@@ -27,7 +27,8 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 def resolve_model_source(name: str | os.PathLike) -> str:
     """`ref:<name>` -> the built-in reference model's folder; an existing local path (`~` expanded) or a hub
     id is returned as is. A missing path that can only be local (starts with `.`, `/` or `~`, its parent
-    folder exists, or it is no valid hub id) raises CheckpointError at once instead of asking the hub."""
+    folder exists, it names a .json/.safetensors file, or it is no valid hub id) raises CheckpointError at
+    once instead of asking the hub."""
     from .refmodels import resolve_model_name
 
     source = resolve_model_name(str(name))
@@ -37,7 +38,7 @@ def resolve_model_source(name: str | os.PathLike) -> str:
     parent = local.parent
     looks_local = (
         source.startswith((".", "/", "~", os.sep)) or (str(parent) not in ("", ".") and parent.is_dir())
-        or not _HUB_ID.fullmatch(source)
+        or not _HUB_ID.fullmatch(source) or source.endswith((".json", ".safetensors"))
     )
     if looks_local:
         raise CheckpointError(

@@ -136,7 +136,7 @@ def test_a_missing_local_path_never_asks_the_hub(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models").mkdir()
     for path in ("./missing", str(tmp_path / "missing"), "~/quantkit-missing-model", "models/missing",
-                 "a/b/c", "name with spaces"):
+                 "a/b/c", "name with spaces", "llama-config.json"):
         with pytest.raises(CheckpointError, match="does not exist"):
             quantkit.load(path)
     assert resolve_model_source("org/model-name") == "org/model-name", "a hub id stays a hub id"
