@@ -1,13 +1,15 @@
 """Write evals/robustness.md: each bad input of tests/robustness_cases.py run as a real `quantkit`
 process, with the message it printed and its exit status; then the rows of any evals/robustness-*.md.
 
-    python evals/robustness.py            # about 10 s per case on 2 cores (each case starts Python and torch)
+    python evals/robustness.py            # 10-60 s per case on 2 shared cores (each case starts Python and torch)
+    python evals/robustness.py --keep-rows   # only refresh the sections copied from evals/robustness-*.md
 
 Nothing is typed in by hand: the table is what the commands printed on this run.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -58,9 +60,32 @@ def other_tables() -> list[str]:
     return out
 
 
+TABLE_HEADER = ["| bad input | command | exit | message |", "|---|---|---:|---|"]
+
+
+def previous_rows(path: Path) -> list[str]:
+    """The rows this script wrote into `path` last time (its own table, not the copied ones)."""
+    lines = path.read_text().splitlines()
+    start = lines.index(TABLE_HEADER[1]) + 1
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    return rows
+
+
 def main() -> int:
-    with tempfile.TemporaryDirectory(prefix="quantkit-robustness-") as tmp:
-        rows = run_cases(Path(tmp))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keep-rows", action="store_true",
+                        help="reuse the case rows already in evals/robustness.md; only refresh the copied tables")
+    args = parser.parse_args()
+    out = Path(__file__).parent / "robustness.md"
+    if args.keep_rows:
+        rows = previous_rows(out)
+    else:
+        with tempfile.TemporaryDirectory(prefix="quantkit-robustness-") as tmp:
+            rows = run_cases(Path(tmp))
     lines = [
         "# Bad input: what quantkit says",
         "",
@@ -70,12 +95,10 @@ def main() -> int:
         "`python evals/robustness.py` from `tests/robustness_cases.py`, whose cases "
         "`tests/test_robustness.py` also checks.",
         "",
-        "| bad input | command | exit | message |",
-        "|---|---|---:|---|",
+        *TABLE_HEADER,
         *rows,
         *other_tables(),
     ]
-    out = Path(__file__).parent / "robustness.md"
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}")
     return 0

@@ -264,7 +264,7 @@ CASES = [
     Case("bad-regex", "recipe target `re:.*(proj` (not a regular expression)", _bad_regex,
          "not a valid regular expression", creates="out"),
     Case("config-json-list", "config.json holding a JSON list", _config_list, "holds a JSON list", creates="out"),
-    Case("safetensors-overlap", "safetensors header whose offsets overlap", _overlapping, "overlaps the tensor before it",
+    Case("safetensors-overlap", "safetensors header whose offsets overlap", _overlapping, "overlap the tensor before it",
          creates="out"),
     Case("safetensors-size", "safetensors header whose offsets do not match a tensor's size", _wrong_size,
          "the file is corrupt"),

@@ -118,8 +118,8 @@ def check_complete(path: Path) -> None:
     expected = 0
     for begin, end, name in spans:
         if begin != expected:
-            what = "overlaps the tensor before it" if begin < expected else f"leaves a gap of {begin - expected} bytes"
-            raise CheckpointError(f"{path}: the header's offsets of {name!r} {what}; the file is corrupt: "
+            what = "overlap the tensor before it" if begin < expected else f"leave a gap of {begin - expected} bytes"
+            raise CheckpointError(f"{path}: the offsets the header gives {name!r} {what}; the file is corrupt: "
                                   f"re-create or re-download it")
         expected = end
     if 8 + header_len + expected > size:
