@@ -35,3 +35,26 @@ def test_bad_input_gets_a_clear_error(case, cases_root, monkeypatch, capsys):
     assert f"quantkit {argv[0]}: error:" in err and "Traceback" not in err
     if case.creates:
         assert not (work / case.creates).exists(), f"{case.creates} was written despite the error"
+
+
+def test_the_python_api_names_the_same_mistakes():
+    import quantkit
+    from quantkit.device import resolve_device
+    from quantkit.errors import ConfigError, QuantizationError, UsageError
+
+    from .conftest import make_random_model
+
+    model = quantkit.quantize(make_random_model("llama"), "w8a16-rtn", progress=False)
+    with pytest.raises(QuantizationError, match="already quantized"):
+        quantkit.quantize(model, "w4a16-rtn", progress=False)
+    with pytest.raises(ValueError, match="num_bits must be an integer"):
+        quantkit.QuantScheme(num_bits=4.0, strategy="channel")
+    weights = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}
+    for bad, message in [({"num_bits": True}, "num_bits must be an integer"), ({"group_size": "128"}, "group_size"),
+                         ({"symmetric": 1}, "symmetric must be true or false")]:
+        with pytest.raises(ConfigError, match=message):
+            quantkit.load_recipe({"weights": weights | bad})
+    with pytest.raises(ConfigError, match="gptq"):
+        quantkit.load_recipe({"weights": weights, "algorithm": {"name": "gptq", "block_size": 128.5}})
+    with pytest.raises(UsageError, match="cuda:99"):
+        resolve_device("cuda:99")
