@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from . import provenance
 from .algorithms import CALIBRATED_ALGORITHMS, rtn_quantize
 from .calibration.kv_scales import attach_kv_scales, pop_kv_scales
 from .device import resolve_device
@@ -63,6 +64,9 @@ def quantize(
     recipe = load_recipe(recipe)
     if device is not None:
         device = resolve_device(device)
+    calibrated = recipe.kv_cache is not None or (
+        recipe.weights is not None and recipe.algorithm.name in CALIBRATED_ALGORITHMS
+    )
     if recipe.weights is not None:
         if any(isinstance(m, QuantLinear) for m in model.modules()):
             raise QuantizationError(
@@ -94,13 +98,17 @@ def quantize(
 
         quantize_kv_cache(model, calibration_batches(calibration_data, model, tokenizer), progress=progress)
     model.config.quantization_config = build_quantization_config(model, recipe.kv_cache)
+    from .calibration.data import describe_calibration
+
+    provenance.record(model, recipe, describe_calibration(calibration_data, model) if calibrated else None)
     return model
 
 
 def save(
     model: nn.Module, out_dir: "str | os.PathLike", *, tokenizer_source: str | None = None, force: bool = False,
 ) -> Path:
-    """Write a quantized model as a compressed-tensors checkpoint folder, atomically.
+    """Write a quantized model as a compressed-tensors checkpoint folder, atomically, with
+    ``recipe.yaml`` (the recipe and calibration data quantize used) when this process quantized it.
 
     tokenizer_source: folder or hub id whose tokenizer files are copied beside the weights
     (default: where the model was loaded from).
@@ -123,6 +131,10 @@ def save(
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(tmp)
         copy_tokenizer_files(source, tmp)
+        made = provenance.of(model)
+        if made is not None:
+            (tmp / provenance.RECIPE_FILE).write_text(
+                provenance.recipe_file_text(made, source, Path(out_dir).expanduser().resolve()))
     return Path(out_dir).expanduser().resolve()
 
 

@@ -7,13 +7,16 @@ import importlib
 import sys
 
 # Modules in quantkit.commands; each exposes register(subparsers) and sets `func=run` on its parser.
-COMMANDS = ("quantize", "eval", "bench", "advise", "report", "inspect", "demo", "refmodel")
+COMMANDS = ("quantize", "eval", "bench", "advise", "report", "inspect", "demo", "recipes", "refmodel")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="quantkit", description="Quantize LLMs (INT8/INT4 weights, FP8 KV cache) for fast decoding, and measure it."
     )
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"quantkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:

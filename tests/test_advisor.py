@@ -124,3 +124,17 @@ def test_advise_command(tmp_path, capsys):
 
     assert main(["advise", str(tmp_path), "--gpu", "voodoo5", "--prompt-len", "1", "--output-len", "1"]) == 2
     assert "quantkit advise: error: unknown GPU" in capsys.readouterr().err
+
+
+def test_advise_refuses_a_probe_that_measured_nonsense(tmp_path, capsys, monkeypatch):
+    from quantkit.cli import main
+    from quantkit.eval import hardware
+
+    # what a bf16 matmul probe measures on a CPU without native bf16: 0.3 GFLOP/s at 11 GB/s
+    emulated = hardware.DeviceSpec(name="AVX2 CPU", memory_bandwidth=11e9, peak_flops=0.3e9, memory_bytes=16e9,
+                                   source="probe", notes="bfloat16 matmul n=1536")
+    monkeypatch.setattr(hardware, "resolve_device_spec", lambda name, device=None, dtype=None: emulated)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", **LLAMA_8B}))
+    assert main(["advise", str(tmp_path), "--gpu", "probe", "--prompt-len", "512", "--output-len", "512"]) == 2
+    err = capsys.readouterr().err
+    assert "no roofline to advise from" in err and "0.3 GFLOP/s" in err

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from quantkit.calibration.kv_scales import cache_keyword
 from quantkit.eval.roofline import ModelShape, kv_cache_bytes, weight_memory_bytes
 from quantkit.eval.timing import SCHEMA, cache_tensor_bytes, make_decode_cache, rewind, time_call
 from quantkit.eval.variants import build_variant, float_variant, load_source_model, model_tensor_bytes
@@ -80,14 +81,15 @@ def test_decode_step_matches_generation_with_a_dynamic_cache(tmp_path):
     prompt = torch.randint(0, shape.vocab, (batch, context), generator=g)
     token = torch.randint(0, shape.vocab, (batch, 1), generator=g)
 
+    kw = cache_keyword(model)  # `cache` (transformers 5.24) or `past_key_values` (5.17)
     reference_cache = DynamicCache(config=model.config)
-    model(input_ids=prompt, cache=reference_cache, use_cache=True)
-    reference = model(input_ids=token, cache=reference_cache, use_cache=True).logits  # [B, 1, V]
+    model(input_ids=prompt, use_cache=True, **{kw: reference_cache})
+    reference = model(input_ids=token, use_cache=True, **{kw: reference_cache}).logits  # [B, 1, V]
 
     cache = make_decode_cache(variant, context + 1)  # what time_decode uses: exactly one free slot
-    model(input_ids=prompt, cache=cache, use_cache=True)
+    model(input_ids=prompt, use_cache=True, **{kw: cache})
     for _ in range(3):  # repeated steps must each decode at the same context
-        logits = model(input_ids=token, cache=cache, use_cache=True).logits
+        logits = model(input_ids=token, use_cache=True, **{kw: cache}).logits
         rewind(cache, 1)
         assert int(cache.get_seq_length()) == context
         torch.testing.assert_close(logits, reference, rtol=1e-4, atol=1e-4)

@@ -1,6 +1,7 @@
 """The command line, in process: quantize, inspect, errors with exit code 2 and nothing written."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -52,9 +53,10 @@ def test_eval_on_the_tiny_reference_model(tmp_path, capsys):
         assert main(["eval", str(out), "--baseline", "ref:tiny", "--window", "128", "--max-tokens", "4096",
                      "--json", str(report)]) == 0
         results[recipe] = json.loads(report.read_text())
-    capsys.readouterr()
+        assert "; ± is two standard errors over windows)" in capsys.readouterr().out
     for r in results.values():
         assert {"perplexity", "kl_divergence", "top1_agreement", "baseline_perplexity"} <= set(r)
+        assert r["log_ppl_ratio_stderr"] > 0 and r["dtype"] == "float32"
         assert r["windows"] == 32 and r["window"] == 128
         assert 1 < r["baseline_perplexity"] < 1000 and r["kl_divergence"] > 0
     w8, w4 = results["w8a16-rtn"], results["w4a16-rtn"]
@@ -69,6 +71,14 @@ def test_demo_end_to_end_on_tiny(tmp_path, capsys):
     capsys.readouterr()
     report = (out / "report.md").read_text()
     assert "| w8a16-rtn | int8 per-channel sym |" in report and "| w4a16-rtn-asym | int4 g128 asym |" in report
+    # the results table is one Markdown block (a blank line between rows would break it)
+    assert re.search(r"\n\| baseline \|[^\n]*\n\| w8a16-rtn \|[^\n]*\n\| w4a16-rtn-asym \|", report)
+    # the bench lengths fit the model's context; Reproduce names the demo, not a temporary folder
+    assert "## Skipped shapes" not in report and ".tmp" not in report
+    assert f"quantkit demo --model ref:tiny --recipes w8a16-rtn,w4a16-rtn-asym --out {out}" in report
+    assert "This run timed prefill in" in report
+    assert "Quality was measured in float32 and speed in" in report or "both measured in float32" in report
+    assert "±" in report  # perplexity changes come with their noise
     rows = json.loads((out / "quality.json").read_text())["results"]
     assert [r["recipe"] for r in rows] == ["w8a16-rtn", "w4a16-rtn-asym"]
     assert rows[0]["linear_bits_per_weight"] > 8 > rows[1]["linear_bits_per_weight"] > 4

@@ -335,10 +335,7 @@ def calibration_batches(calibration_data: Any, model, tokenizer=None) -> list[to
             "calibrated quantization needs calibration data: pass calibration_data= (Python) or --calib (CLI) "
             f"with {SOURCE_HELP}, or token tensors"
         )
-    context = getattr(config, "max_position_embeddings", None) or DEFAULT_SEQ_LEN
-    seq_len = cfg.seq_len or min(DEFAULT_SEQ_LEN, context)
-    if seq_len > context:
-        raise QuantizationError(f"calibration seq_len {seq_len} exceeds the model's context of {context} tokens")
+    seq_len = _seq_len(cfg, config)
     if tokenizer is None:
         tokenizer = _model_tokenizer(model)
     texts = load_texts(source, cfg.column)
@@ -349,6 +346,32 @@ def calibration_batches(calibration_data: Any, model, tokenizer=None) -> list[to
         raise QuantizationError(f"the tokenizer produced ids >= the model's vocab_size {vocab_size}: pass the model's tokenizer")
     batch = cfg.batch_size or max(1, BATCH_TOKENS // seq_len)
     return list(windows.split(batch))
+
+
+def _seq_len(cfg: CalibrationConfig, model_config) -> int:
+    """Tokens per calibration window: cfg.seq_len, or min(DEFAULT_SEQ_LEN, the model's context)."""
+    context = getattr(model_config, "max_position_embeddings", None) or DEFAULT_SEQ_LEN
+    seq_len = cfg.seq_len or min(DEFAULT_SEQ_LEN, context)
+    if seq_len > context:
+        raise QuantizationError(f"calibration seq_len {seq_len} exceeds the model's context of {context} tokens")
+    return seq_len
+
+
+def describe_calibration(calibration_data: Any, model) -> dict:
+    """What calibration_batches(calibration_data, model) draws, as plain values:
+    {"source", "samples", "seq_len", "seed"} (source "token ids" and seed None for token tensors)."""
+    if isinstance(calibration_data, torch.Tensor):
+        calibration_data = [calibration_data]
+    if isinstance(calibration_data, (list, tuple)) and calibration_data and not isinstance(calibration_data[0], str):
+        rows = [t if t.dim() == 2 else t.unsqueeze(0) for t in calibration_data]  # [B, T] each
+        return {"source": "token ids", "samples": sum(int(t.shape[0]) for t in rows),
+                "seq_len": max(int(t.shape[1]) for t in rows), "seed": None}
+    if isinstance(calibration_data, CalibrationConfig):
+        cfg = calibration_data
+    else:
+        cfg = CalibrationConfig(source=None if calibration_data is None else str(calibration_data))
+    return {"source": cfg.source or default_source(model), "samples": cfg.num_samples,
+            "seq_len": _seq_len(cfg, getattr(model, "config", None)), "seed": cfg.seed}
 
 
 def _model_tokenizer(model):

@@ -1,16 +1,26 @@
-"""CLI subcommands: one module each, with register(subparsers) and run(args) -> int."""
+"""CLI subcommands: one module each, with register(subparsers) and run(args) -> int.
+
+Modules here import torch, transformers and the rest of quantkit inside ``run``, never at the top:
+building the parser (``quantkit --help``) must stay fast.
+"""
 
 import argparse
 import math
 
-import torch
+# --dtype choices; "auto" keeps the checkpoint's dtype.
+DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32")
 
-DTYPES = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+def torch_dtype(name: str):
+    """The torch dtype of a --dtype choice (None for "auto")."""
+    import torch
+
+    return None if name == "auto" else getattr(torch, name)
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """Options shared by commands that load models."""
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="auto", help="compute dtype (default: the checkpoint's)")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="auto", help="compute dtype (default: the checkpoint's)")
     parser.add_argument("--device", default="cpu", help="torch device to run on (default: cpu)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow model code from the model folder / hub (only for sources you trust)")

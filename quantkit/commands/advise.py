@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.eval.advisor import Workload, advise, format_advice
     from quantkit.eval.hardware import resolve_device_spec
     from quantkit.eval.report import load_quality
+    from quantkit.errors import UsageError
     from quantkit.outputs import atomic_write_text, check_writable
 
     if args.json_out:
@@ -75,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device_spec(args.gpu)
     workload = Workload(args.prompt_len, args.output_len, args.batch)
     quality = load_quality(args.quality)
+    if device.roofline_problem:
+        raise UsageError(f"no roofline to advise from: {device.roofline_problem}; pass a known GPU with --gpu")
     advice = advise(
         shape, device, workload, memory_budget=None if args.memory is None else args.memory * 1e9,
         quality=quality, max_ppl_increase=None if args.max_ppl_increase is None else args.max_ppl_increase / 100,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from . import check_backend, nonnegative_int, positive_float, positive_int
@@ -40,7 +41,9 @@ def register(subparsers) -> None:
                    help="recipes (applied to the float model) or quantized checkpoint folders; comma or space separated")
     p.add_argument("--json", dest="json_out", help="write the results here")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] (default: cuda if available)")
-    p.add_argument("--dtype", default="bf16", help="model dtype: bf16 | fp16 | fp32 (default bf16)")
+    p.add_argument("--dtype", default="auto",
+                   help="model dtype: auto | bf16 | fp16 | fp32 (default auto: bf16 on GPU; on CPU each phase in "
+                        "the dtype measured fastest here, since CPUs without native bf16 emulate bf16 matmuls)")
     p.add_argument("--backend", default="auto", help="kernel backend of quantized linears (default auto)")
     p.add_argument("--prompt-lens", type=int_list, help=f"TTFT prompt lengths (GPU default {GPU_DEFAULTS['prompt_lens']}; "
                                                         f"CPU {CPU_DEFAULTS['prompt_lens']})")
@@ -58,7 +61,8 @@ def register(subparsers) -> None:
     p.add_argument("--no-cuda-graphs", action="store_true", help="time eager decode steps on GPU")
     p.add_argument("--threads", type=positive_int, help="CPU threads (torch.set_num_threads)")
     p.add_argument("--seed", type=int, default=0, help="seed of random models, prompts and caches")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", action="store_true", help="no progress lines (by default each step and each "
+                                                        "measured shape is announced on stderr as it starts)")
     p.set_defaults(func=run)
 
 
@@ -95,12 +99,18 @@ def _command_line(args: argparse.Namespace, variants: list[str], device, setting
     return shlex.join(env + parts)
 
 
+def _say(args: argparse.Namespace, message: str) -> None:
+    """A progress line on stderr (stdout keeps the results), unless --quiet."""
+    if not args.quiet:
+        print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from quantkit.eval.hardware import resolve_device_spec
     from quantkit.eval.report import summary_lines
-    from quantkit.eval.timing import BenchSettings, run_bench
+    from quantkit.eval.timing import BenchSettings, merge_phases, run_bench
     from quantkit.eval.variants import build_variant, float_variant, load_source_model, parse_dtype
     from quantkit.device import resolve_device
     from quantkit.errors import UsageError
@@ -116,9 +126,25 @@ def run(args: argparse.Namespace) -> int:
     check_backend(args.backend)
     if args.json_out:
         check_writable(args.json_out, force=True, file=True)  # before any work
-    dtype = parse_dtype(args.dtype)
+    features = None
+    if device.type == "cpu":
+        from quantkit.eval.cpu_features import detect_cpu_features
+
+        features = detect_cpu_features()
+    if args.dtype == "auto":
+        phase_dtypes = {"prefill": torch.bfloat16, "decode": torch.bfloat16} if features is None else {
+            "prefill": getattr(torch, features.prefill_dtype), "decode": getattr(torch, features.decode_dtype)}
+    else:
+        phase_dtypes = dict.fromkeys(("prefill", "decode"), parse_dtype(args.dtype))
+        if features is not None and phase_dtypes["prefill"] == torch.bfloat16 and features.prefill_dtype != "bfloat16":
+            mm = features.matmul_flops
+            print(f"warning: this CPU's bf16 matmul measured {mm['bfloat16'] / 1e9:.3g} GFLOP/s against "
+                  f"{mm['float32'] / 1e9:.3g} in float32: bf16 prefill timings will measure that, not the model "
+                  "(--dtype auto times each phase in the dtype fastest here)", file=sys.stderr)
     defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
-    spec = resolve_device_spec(args.gpu, device)
+    if args.gpu.strip().lower() == "probe":
+        _say(args, f"measuring the memory bandwidth and matmul peak of {device} (the roofline's device)")
+    spec = resolve_device_spec(args.gpu, device, dtype=phase_dtypes["prefill"])
     max_cache = args.max_cache_gb * 2**30 if args.max_cache_gb else spec.memory_bytes / 4
     settings = BenchSettings(
         prompt_lens=args.prompt_lens or int_list(defaults["prompt_lens"]),
@@ -136,20 +162,42 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--baseline is for a quantized MODEL; MODEL is a float model and is the baseline")
     else:
         base_source = args.model
-    if base_source is None:
-        if any(not Path(s).is_dir() for s in variant_specs):
-            raise UsageError("recipes need a float model: give it with --baseline")
+    if base_source is None and any(not Path(s).is_dir() for s in variant_specs):
+        raise UsageError("recipes need a float model: give it with --baseline")
+    one_dtype = phase_dtypes["prefill"] == phase_dtypes["decode"]
+    # On CPU, "auto" would give float32 models the slow pure-torch reference path; a speed benchmark
+    # wants PyTorch's weight-only kernels (they take activations in bf16) whatever the model dtype.
+    backend = "torch" if args.backend == "auto" and device.type == "cpu" else args.backend
+
+    def build(dtype):
         base = None
-    else:
-        base = load_source_model(base_source, dtype=dtype, device=device, seed=args.seed)
-    variants = [float_variant(base)] if base is not None else []
-    for s in variant_specs:
-        variants.append(build_variant(s, base, dtype=dtype, device=device, backend=args.backend))
+        if base_source is not None:
+            _say(args, f"loading {base_source} ({str(dtype).removeprefix('torch.')}, {device})")
+            base = load_source_model(base_source, dtype=dtype, device=device, seed=args.seed)
+        # one float baseline for both phases, whatever dtype each phase runs in
+        variants = [float_variant(base, name=None if one_dtype else "float")] if base is not None else []
+        for i, s in enumerate(variant_specs):
+            _say(args, f"preparing variant {i + 1}/{len(variant_specs)}: {s} "
+                       f"({'loading the checkpoint' if Path(s).is_dir() else 'quantizing a copy of the float model'})")
+            variants.append(build_variant(s, base, dtype=dtype, device=device, backend=backend))
+        return variants
+
+    label = str(base_source or args.model)
+    variants = build(phase_dtypes["prefill"])
     names = [v.name for v in variants]
     if len(set(names)) != len(names):
         raise UsageError(f"variant names collide: {names}; give each variant a distinct recipe or folder name")
-    results = run_bench(variants, spec, settings, device=device, model_label=str(base_source or args.model),
-                        progress=not args.quiet)
+    if one_dtype:
+        results = run_bench(variants, spec, settings, device=device, model_label=label, progress=not args.quiet)
+    else:
+        prefill = run_bench(variants, spec, settings, device=device, model_label=label, progress=not args.quiet,
+                            phases=("prefill",))
+        del variants  # free the prefill dtype's models before building the decode dtype's
+        decode = run_bench(build(phase_dtypes["decode"]), spec, settings, device=device, model_label=label,
+                           progress=not args.quiet, phases=("decode",))
+        results = merge_phases(prefill, decode)
+    if features is not None:
+        results["device"]["cpu_features"] = features.to_dict()
     results["command"] = _command_line(args, variant_specs if not model_is_checkpoint else variant_specs[1:], device, settings)
     print("\n".join(summary_lines(results)))
     if args.json_out:

@@ -62,23 +62,38 @@ def run(args: argparse.Namespace) -> int:
         bench = None
         if not args.no_bench:
             print(f"[4/{steps}] time prefill and decode of each variant")
-            bench = _bench(source, [r.name for r in recipes], tmp / "bench.json")
+            bench = _bench(args.model, [r.name for r in recipes], tmp / "bench.json",
+                           baseline.config.max_position_embeddings)
+            # the bench wrote into the temporary folder that becomes `out`: name the final paths, and the
+            # command that reproduces this whole report
+            bench["bench_command"] = bench["command"].replace(str(tmp), str(out))
+            bench["command"] = _demo_command(args)
+            (tmp / "bench.json").write_text(json.dumps(bench, indent=1) + "\n")
         table = _markdown(args.model, source, rows, state_bytes(baseline), dtype_name(baseline))
         render_report(bench, load_quality([tmp / "quality.json"]), tmp, title=f"quantkit demo: {args.model}",
-                      notes=table.splitlines()[2:])
+                      notes=table.split("\n\n")[1:])
         report = table
     print("\n" + report)
     print(f"written to {out}/ (report.md with plots, report.json, quality.json{'' if args.no_bench else ', bench.json'}, checkpoints/)")
     return 0
 
 
-def _bench(source: str, recipes: list[str], out: Path) -> dict:
-    """TTFT and TPOT of the float model and each recipe on this machine (short settings)."""
+def _demo_command(args: argparse.Namespace) -> str:
+    import shlex
+
+    return shlex.join(["quantkit", "demo", "--model", args.model, "--recipes", args.recipes, "--out", args.out,
+                       "--max-tokens", str(args.max_tokens)])
+
+
+def _bench(model: str, recipes: list[str], out: Path, max_context: int | None) -> dict:
+    """TTFT and TPOT of the float model and each recipe on this machine (short settings: two lengths
+    within the model's context, each phase in the dtype fastest here)."""
     from quantkit.cli import build_parser
 
+    lengths = ",".join(str(n) for n in ((max_context // 8, max_context // 2) if max_context else (64, 256)))
     args = build_parser().parse_args([
-        "bench", source, "--variants", ",".join(recipes), "--device", "cpu", "--dtype", "bf16",
-        "--prompt-lens", "64,256", "--context-lens", "128,512", "--batch-sizes", "1,4", "--warmup", "1",
+        "bench", model, "--variants", ",".join(recipes), "--device", "cpu", "--dtype", "auto",
+        "--prompt-lens", lengths, "--context-lens", lengths, "--batch-sizes", "1,4", "--warmup", "1",
         "--repeats", "3", "--quiet", "--json", str(out),
     ])
     if args.func(args) != 0:
@@ -87,6 +102,7 @@ def _bench(source: str, recipes: list[str], out: Path) -> dict:
 
 
 def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int, dtype: str) -> str:
+    from quantkit.eval.report import fmt_perplexity_change
     from quantkit.report_text import human_bytes
 
     r0 = rows[0]
@@ -105,12 +121,14 @@ def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int, dty
     for r in rows:
         lines.append(
             f"| {r['recipe']} | {r['scheme']} | {r['perplexity']:.3f} | "
-            f"{r['perplexity'] / r['baseline_perplexity'] - 1:+.2%} | {r['kl_divergence']:.2e} | "
+            f"{fmt_perplexity_change(r['perplexity'], r['baseline_perplexity'], r.get('log_ppl_ratio_stderr'))} | "
+            f"{r['kl_divergence']:.2e} | "
             f"{r['top1_agreement']:.4f} | {r['linear_bits_per_weight']:.3f} | {human_bytes(r['checkpoint_bytes'])} | "
             f"{r['quantize_seconds']:.1f} s |"
         )
     lines += ["", "Size: the baseline's parameters in memory; the quantized checkpoints on disk (unquantized tensors "
-              "such as embeddings, norms and lm_head stay in the model dtype)."]
+              "such as embeddings, norms and lm_head stay in the model dtype). Δ ppl ± two standard errors of the "
+              "per-window change in log-perplexity: a change within them is noise."]
     return "\n".join(lines) + "\n"
 
 

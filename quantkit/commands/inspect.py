@@ -64,7 +64,56 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {r[0]:<{width}}  {r[1]:<16} {r[2]:<18} {r[3]}")
     print(f"\n  total {human_bytes(total)}; quantized linears {human_bytes(quantized)}"
           + (f" = {quantized * 8 / weights:.3f} bits/weight" if weights else ""))
+    print("\n".join(size_summary_lines(size_by_kind(layers))))
     return 0
+
+
+# What each kind of tensor is, in the order the summary lists them.
+SIZE_KINDS = {
+    "packed weights": "weight_packed: int weights packed into int32 words",
+    "scales": "weight_scale",
+    "zero points": "weight_zero_point (asymmetric schemes)",
+    "float embeddings": "token (and position) embedding tables",
+    "float linears": "linears left in full precision (the recipe's ignore list, e.g. an untied lm_head)",
+    "norms, biases": "1-D float tensors",
+    "metadata": "weight_shape, k_scale / v_scale",
+}
+
+
+def size_by_kind(layers: dict[str, dict[str, tuple]]) -> dict[str, int]:
+    """Bytes of a checkpoint's tensors by kind (keys of SIZE_KINDS).
+
+    layers: module name -> tensor name -> (shape, safetensors dtype, bytes), as read from the files.
+    """
+    sizes = dict.fromkeys(SIZE_KINDS, 0)
+    for module, tensors in layers.items():
+        for tensor, (shape, _, nbytes) in tensors.items():
+            if tensor == "weight_packed":
+                kind = "packed weights"
+            elif tensor == "weight_scale":
+                kind = "scales"
+            elif tensor == "weight_zero_point":
+                kind = "zero points"
+            elif tensor in ("weight_shape", "k_scale", "v_scale"):
+                kind = "metadata"
+            elif tensor == "weight" and len(shape) == 2:
+                kind = "float embeddings" if "embed" in module.rsplit(".", 1)[-1] else "float linears"
+            else:
+                kind = "norms, biases"
+            sizes[kind] += nbytes
+    return sizes
+
+
+def size_summary_lines(sizes: dict[str, int]) -> list[str]:
+    """The size summary ``inspect`` prints: bytes and share of the total of each kind present."""
+    from quantkit.report_text import human_bytes
+
+    total = sum(sizes.values())
+    lines = ["", f"  size by kind (tensor bytes in the safetensors files, {human_bytes(total)} in all):"]
+    for kind, nbytes in sizes.items():
+        if nbytes:
+            lines.append(f"    {kind:<17} {human_bytes(nbytes):>10}  {nbytes / total:6.1%}  {SIZE_KINDS[kind]}")
+    return lines
 
 
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from . import DTYPES, add_model_options
+from . import add_model_options, torch_dtype
 
 
 def register(sub) -> None:
@@ -51,6 +51,7 @@ def calibration_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     import quantkit
+    from quantkit import provenance
     from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source
     from quantkit.report_text import quantization_summary, state_bytes
 
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     calibration = calibration_config(args) if calibrated else None
     source = resolve_model_source(args.model)
     start = time.perf_counter()
-    model = load_float_model(source, dtype=DTYPES[args.dtype], device=args.device, trust_remote_code=args.trust_remote_code)
+    model = load_float_model(source, dtype=torch_dtype(args.dtype), device=args.device, trust_remote_code=args.trust_remote_code)
     size_before = state_bytes(model)  # at the dtype the model runs in
     if calibrated:
         quantkit.quantize(model, recipe, calibration, device=args.calib_device)
@@ -81,4 +82,7 @@ def run(args: argparse.Namespace) -> int:
     path = quantkit.save(model, out, tokenizer_source=source, force=args.force)
     elapsed = time.perf_counter() - start
     print(quantization_summary(model, recipe, source, path, size_before, folder_size_bytes(path), elapsed))
+    made = provenance.of(model)
+    print(f"  calibration      : {provenance.describe_calibration(made.calibration if made else None)}")
+    print(f"  recipe saved as  : {path / provenance.RECIPE_FILE} (repeat the run with --recipe on it)")
     return 0

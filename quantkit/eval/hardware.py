@@ -49,9 +49,28 @@ class DeviceSpec:
         """Arithmetic intensity (flop/byte) above which a kernel is compute-bound on this device."""
         return self.peak_flops / self.memory_bandwidth
 
+    @property
+    def roofline_problem(self) -> str | None:
+        """Why this spec cannot give a roofline (None when it can).
+
+        A dense matmul reuses every byte it reads, so it is never slower per flop than a
+        matrix-vector product, which does 1 flop per byte of 2-byte weights: a measured peak below
+        bandwidth x 1 flop/byte (a ridge under 1 flop/byte) means the probe timed an emulated or
+        broken path (e.g. bf16 on a CPU without native bf16), not the device's compute rate.
+        """
+        if not (self.memory_bandwidth > 0 and self.peak_flops > 0):
+            return (f"the probe measured a bandwidth of {self.memory_bandwidth / 1e9:.3g} GB/s and a matmul rate of "
+                    f"{self.peak_flops / 1e9:.3g} GFLOP/s; both must be positive")
+        if self.ridge_intensity < 1.0:
+            return (f"the matmul probe ({self.notes or 'dense matmul'}) measured {self.peak_flops / 1e9:.3g} GFLOP/s, "
+                    f"less than a matrix-vector product reaches at the measured {self.memory_bandwidth / 1e9:.3g} GB/s "
+                    "(1 flop per byte): it timed an emulated or broken path, not the device's compute rate")
+        return None
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["ridge_intensity"] = self.ridge_intensity
+        d["roofline_problem"] = self.roofline_problem
         return d
 
     @classmethod
@@ -185,14 +204,16 @@ def local_device_name(device: torch.device) -> str:
 def probe_device(
     device: str | torch.device = "cpu",
     *,
-    dtype: torch.dtype = torch.bfloat16,
+    dtype: torch.dtype | None = None,
     copy_bytes: int | None = None,
     matmul_n: int | None = None,
 ) -> DeviceSpec:
     """Measure achievable copy bandwidth and dense matmul rate (a few seconds at most).
 
     The copy buffer is far larger than the last-level cache (256 MiB on CPU, 2 GiB on GPU) so the
-    figure is memory bandwidth, not cache bandwidth.
+    figure is memory bandwidth, not cache bandwidth. ``dtype``: of the matmul; None means bf16 on a
+    GPU and, on a CPU, the faster of float32 and bf16 (bf16 is emulated, and ~100x slower, on CPUs
+    without native bf16: see ``quantkit.eval.cpu_features``).
     """
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -201,6 +222,12 @@ def probe_device(
     copy_bytes = copy_bytes or (2 << 30 if on_gpu else 256 << 20)
     matmul_n = matmul_n or (8192 if on_gpu else 1536)
     bandwidth = measure_copy_bandwidth(device, copy_bytes)
+    if dtype is None and not on_gpu:
+        from .cpu_features import probe_dtype_rates
+
+        rates, _ = probe_dtype_rates(gemv_shape=(256, 256))
+        dtype = getattr(torch, max(rates, key=rates.get))
+    dtype = dtype or torch.bfloat16
     flops = measure_matmul_flops(device, matmul_n, dtype)
     if on_gpu:
         memory = torch.cuda.get_device_properties(device).total_memory
@@ -219,10 +246,12 @@ def probe_device(
     )
 
 
-def resolve_device_spec(name_or_probe: str, device: str | torch.device | None = None) -> DeviceSpec:
-    """``"probe"`` measures ``device`` (default: cuda if available, else cpu); anything else is a table name."""
+def resolve_device_spec(name_or_probe: str, device: str | torch.device | None = None,
+                        dtype: torch.dtype | None = None) -> DeviceSpec:
+    """``"probe"`` measures ``device`` (default: cuda if available, else cpu) with a matmul in ``dtype``
+    (see ``probe_device``); anything else is a table name."""
     if name_or_probe.strip().lower() == "probe":
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        return probe_device(device)
+        return probe_device(device, dtype=dtype)
     return known_gpu(name_or_probe)

@@ -3,6 +3,11 @@
 Perplexity uses non-overlapping windows of a stated length over the whole token stream (the last
 partial window is dropped); every window predicts its tokens 2..W from the ones before. KL is
 KL(P_baseline || P_model) of the next-token distributions, averaged over the same positions.
+
+Noise: the change in log-perplexity is the mean over windows of each window's change in mean
+negative log-likelihood; its standard error (the spread of those per-window changes over
+sqrt(windows), windows taken as independent samples of the text) says how large a perplexity
+change the text alone would produce by chance.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ class QualityResult:
     window: int
     windows: int
     tokens: int
+    log_ppl_ratio_stderr: float | None = None  # standard error of log(perplexity / baseline); None for 1 window
+    dtype: str | None = None  # the dtype the models ran in
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -80,6 +87,7 @@ def evaluate_variants(
     """Compare several models with one baseline; the baseline runs once per batch for all of them."""
     check_comparable(models, baseline, windows)
     sums = {name: {"nll": 0.0, "kl": 0.0, "agree": 0.0} for name in models}
+    window_deltas: dict[str, list[torch.Tensor]] = {name: [] for name in models}  # per-window change in mean NLL
     base_nll, count = 0.0, 0
     base_device = next(baseline.parameters()).device
     for batch in tqdm(windows.split(batch_size), desc="eval", unit="batch", disable=not progress):
@@ -87,12 +95,14 @@ def evaluate_variants(
         base_logp = torch.log_softmax(baseline(batch.to(base_device)).logits[:, :-1].float(), dim=-1).cpu()  # [B, W-1, V]
         base_p = base_logp.exp()
         base_top1 = base_logp.argmax(-1)
+        base_window_nll = -base_logp.gather(-1, target).squeeze(-1).mean(-1)  # [B]
         base_nll += -base_logp.gather(-1, target).sum().item()
         for name, model in models.items():
             device = next(model.parameters()).device
             logp = torch.log_softmax(model(batch.to(device)).logits[:, :-1].float(), dim=-1).cpu()  # [B, W-1, V]
             acc = sums[name]
             acc["nll"] += -logp.gather(-1, target).sum().item()
+            window_deltas[name].append(-logp.gather(-1, target).squeeze(-1).mean(-1) - base_window_nll)
             acc["kl"] += (base_p * (base_logp - logp)).sum().item()
             acc["agree"] += (logp.argmax(-1) == base_top1).sum().item()
         count += target.numel()
@@ -105,9 +115,18 @@ def evaluate_variants(
             window=windows.shape[1],
             windows=windows.shape[0],
             tokens=count,
+            log_ppl_ratio_stderr=_stderr(torch.cat(window_deltas[name])),
+            dtype=str(next(baseline.parameters()).dtype).removeprefix("torch."),
         )
         for name, acc in sums.items()
     }
+
+
+def _stderr(values: torch.Tensor) -> float | None:
+    """Standard error of the mean of ``values`` ([n] float), None when n < 2."""
+    if values.numel() < 2:
+        return None
+    return float(values.double().std() / math.sqrt(values.numel()))
 
 
 @torch.no_grad()

@@ -8,6 +8,7 @@ JSON files (``perplexity``, ``kl_divergence``, ``top1_agreement``, ``baseline_pe
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ class QualityResult:
     top1_agreement: float | None = None
     source: str = ""
     model: str | None = None  # the evaluated model (a checkpoint folder describes its own scheme)
+    log_ppl_ratio_stderr: float | None = None  # standard error of log(perplexity / baseline perplexity)
+    dtype: str | None = None  # the dtype both models were evaluated in
 
     @property
     def perplexity_increase(self) -> float | None:
@@ -51,6 +54,13 @@ class QualityResult:
         if not self.baseline_perplexity:
             return None
         return self.perplexity / self.baseline_perplexity - 1.0
+
+    @property
+    def within_noise(self) -> bool | None:
+        """Whether the perplexity change is within two standard errors of zero (None: noise unknown)."""
+        if self.log_ppl_ratio_stderr is None or not self.baseline_perplexity:
+            return None
+        return abs(math.log(self.perplexity / self.baseline_perplexity)) <= 2 * self.log_ppl_ratio_stderr
 
 
 def _quality_label(d: dict, fallback: str) -> str:
@@ -104,6 +114,8 @@ def load_quality(paths: Sequence[str | Path]) -> list[QualityResult]:
                 kl_divergence=_opt_float(d.get("kl_divergence")),
                 top1_agreement=_opt_float(d.get("top1_agreement")), source=str(path),
                 model=d.get("model") if isinstance(d.get("model"), str) else None,
+                log_ppl_ratio_stderr=_opt_float(d.get("log_ppl_ratio_stderr")),
+                dtype=d.get("dtype") if isinstance(d.get("dtype"), str) else None,
             ))
     return results
 
@@ -118,6 +130,13 @@ def records(bench: dict, phase: str, variant: str | None = None, **match) -> lis
     out = [r for r in bench[phase] if (variant is None or r["variant"] == variant)
            and all(r.get(k) == v for k, v in match.items())]
     return sorted(out, key=lambda r: tuple(r[k] for k in SHAPE_KEYS[phase]))
+
+
+def roofline_problem(bench: dict) -> str | None:
+    """Why the bench's device spec gives no usable roofline (None when it does)."""
+    from .hardware import DeviceSpec
+
+    return DeviceSpec.from_dict(bench["device"]["spec"]).roofline_problem
 
 
 def variant_names(bench: dict) -> list[str]:
@@ -191,16 +210,25 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
 
 def summary_lines(bench: dict) -> list[str]:
     """A short plain-text summary of bench results (printed by `quantkit bench`)."""
+    problem = roofline_problem(bench)
     lines = [f"model {bench['model']['name']} on {bench['device']['name']} ({bench['device']['type']})"]
     for phase, unit in (("prefill", "TTFT"), ("decode", "TPOT")):
         for r in sorted(bench[phase], key=lambda r: (shape_key(r, phase), r["variant"])):
             shape = ", ".join(f"{k}={r[k]}" for k in SHAPE_KEYS[phase])
-            lines.append(f"  {unit} {shape:<26} {r['variant']:<18} {_fmt_ms(r['median_s']):>8} ms"
-                         f"   x{r['roofline']['measured_over_predicted']:.2f} of roofline ({r['roofline']['bound']})")
+            line = f"  {unit} {shape:<26} {r['variant']:<18} {_fmt_ms(r['median_s']):>8} ms"
+            if not problem:
+                line += f"   x{r['roofline']['measured_over_predicted']:.2f} of roofline ({r['roofline']['bound']})"
+            lines.append(line)
     for s in speedup_summary(bench):
-        lines.append(f"  speedup {s['variant']:<18} prefill {_fmt_x(s['prefill_measured'])} "
-                     f"(roofline {_fmt_x(s['prefill_predicted'])})   decode {_fmt_x(s['decode_measured'])} "
-                     f"(roofline {_fmt_x(s['decode_predicted'])})")
+        if problem:
+            lines.append(f"  speedup {s['variant']:<18} prefill {_fmt_x(s['prefill_measured'])}   "
+                         f"decode {_fmt_x(s['decode_measured'])}")
+        else:
+            lines.append(f"  speedup {s['variant']:<18} prefill {_fmt_x(s['prefill_measured'])} "
+                         f"(roofline {_fmt_x(s['prefill_predicted'])})   decode {_fmt_x(s['decode_measured'])} "
+                         f"(roofline {_fmt_x(s['decode_predicted'])})")
+    if problem:
+        lines.append(f"  no roofline: {problem}")
     return lines
 
 
@@ -208,42 +236,80 @@ def summary_lines(bench: dict) -> list[str]:
 
 def render_report(bench: dict | None, quality: Sequence[QualityResult], out_dir: str | Path, *,
                   title: str = "quantkit evaluation report", notes: Sequence[str] = ()) -> Path:
-    """Write report.md, report.json and the plots into ``out_dir``; returns the Markdown path."""
+    """Write report.md, report.json and the plots into ``out_dir``; returns the Markdown path.
+
+    ``notes``: Markdown blocks put under the title, each followed by a blank line (a table is one block)."""
     from . import plots
 
     if bench is None and not quality:
         raise ValueError("nothing to report: give bench results, quality results, or both")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    colors = plots.variant_colors(variant_names(bench) if bench else [], [q.name for q in quality])
     images: dict[str, str] = {}
     if bench is not None:
-        images.update(plots.bench_plots(bench, out))
+        images.update(plots.bench_plots(bench, out, colors))
     if quality:
-        images.update(plots.quality_plots(quality, out))
+        images.update(plots.quality_plots(quality, out, colors))
 
     md = [f"# {title}", ""]
     for note in notes:
-        md += [note, ""]
+        md += [note.strip("\n"), ""]
     if bench is not None:
         md += _bench_sections(bench, images)
     md += _quality_section(quality, images, bench)
     md += ["## Files", "", "- `report.json`: the bench and quality results this report was made from"]
     md += [f"- `{name}`" for name in images.values()]
     (out / "report.md").write_text("\n".join(md) + "\n")
-    payload = {"bench": bench, "quality": [q.__dict__ | {"perplexity_increase": q.perplexity_increase} for q in quality]}
+    payload = {"bench": bench, "quality": [q.__dict__ | {"perplexity_increase": q.perplexity_increase,
+                                                          "within_noise": q.within_noise} for q in quality]}
     (out / "report.json").write_text(json.dumps(payload, indent=1) + "\n")
     return out / "report.md"
+
+
+def _dtype_line(bench: dict) -> str:
+    """Which dtype each phase was timed in."""
+    dtypes = bench.get("dtypes") or {}
+    if len(set(dtypes.values())) > 1:
+        return f"prefill timed in {dtypes['prefill']}, decode in {dtypes['decode']}"
+    return bench["model"]["dtype"]
+
+
+def _cpu_lines(bench: dict) -> list[str]:
+    """The CPU features found and what follows from them (CPU runs only)."""
+    dev = bench["device"]
+    if dev["type"] != "cpu":
+        return []
+    if not dev.get("cpu_features"):
+        text = (f"CPU features were not recorded with this run (an older `quantkit bench`); every phase was timed "
+                f"in {bench['model']['dtype']}.")
+        spec = dev["spec"]
+        if "bfloat16 matmul" in spec.get("notes", "") and not roofline_problem(bench):
+            text += (f" Its bf16 matmul probe measured {_fmt_flops(spec['peak_flops'])}, above what a matrix-vector "
+                     "product reaches at its bandwidth, so bf16 matrix products were not emulated on that CPU "
+                     "(emulated, they measure below 1.5 GFLOP/s).")
+        return [text, ""]
+    from .cpu_features import CpuFeatures
+
+    features = CpuFeatures.from_dict(dev["cpu_features"])
+    timed = bench.get("dtypes") or dict.fromkeys(("prefill", "decode"), bench["model"]["dtype"])
+    return [" ".join(features.sentences(timed)), ""]
 
 
 def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
     dev, model, settings = bench["device"], bench["model"], bench["settings"]
     spec = dev["spec"]
     shape = model["shape"]
+    problem = roofline_problem(bench)
     md = ["## Setup", ""]
     if dev["type"] == "cpu":
         md += ["CPU timings depend on the machine and its load: read the ratios (speedups measured side by side "
-               "in one run, variants interleaved shape by shape; measured over roofline), not the milliseconds.", ""]
-    md += [f"- Model: `{model['name']}` ({model['params'] / 1e9:.2f} B parameters, {model['dtype']}; hidden "
+               "in one run, variants interleaved shape by shape" + ("" if problem else "; measured over roofline")
+               + "), not the milliseconds.", ""]
+    md += _cpu_lines(bench)
+    params = model["params"]
+    params = f"{params / 1e9:.2f} B" if params >= 1e8 else f"{params / 1e6:.2f} M"
+    md += [f"- Model: `{model['name']}` ({params} parameters, {_dtype_line(bench)}; hidden "
            f"{shape['hidden']}, intermediate {shape['intermediate']}, {shape['layers']} layers, {shape['heads']} heads, "
            f"{shape['kv_heads']} KV heads, vocab {shape['vocab']})",
            f"- Device: {dev['name']} ({dev['type']}" + (f", {dev['threads']} threads" if "threads" in dev else "")
@@ -255,11 +321,14 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
            f"- Memory: {settings['memory_method']}"
            + (" (CPU: bytes of the model's and the cache's tensors; peak-RSS growth in report.json)"
               if settings["memory_method"] == "tensor_bytes" else
-              " (the variant's weights plus the allocator's peak growth during the measurement)"),
-           f"- Roofline device: {spec['name']} ({spec['source']}): bandwidth {spec['memory_bandwidth'] / 1e9:.1f} GB/s, "
-           f"matmul peak {spec['peak_flops'] / 1e12:.2f} TFLOP/s, ridge {spec['ridge_intensity']:.0f} flop/byte"
-           + _datasheet_note(spec),
-           ""]
+              " (the variant's weights plus the allocator's peak growth during the measurement)")]
+    if problem:
+        md += [f"- Roofline: not shown, because {problem}."]
+    else:
+        md += [f"- Roofline device: {spec['name']} ({spec['source']}{', ' + spec['notes'] if spec.get('notes') else ''}): "
+               f"bandwidth {spec['memory_bandwidth'] / 1e9:.1f} GB/s, matmul peak {_fmt_flops(spec['peak_flops'])}, "
+               f"ridge {fmt_intensity(spec['ridge_intensity'])} flop/byte" + _datasheet_note(spec)]
+    md += [""]
     md += ["| variant | source | backend | weights in memory |", "|---|---|---|---|"]
     md += [f"| {v['name']} | {v['source']} | {v.get('backend') or '–'} | {_fmt_bytes(v['weight_bytes'])} |"
            for v in bench["variants"]]
@@ -267,16 +336,22 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
 
     summary = speedup_summary(bench)
     if summary:
-        md += ["## Prefill versus decode speedup", "",
-               "Median over the measured lengths (decode at the smallest batch); the roofline column is the "
-               "prediction max(bytes / bandwidth, flops / peak) for the same shapes.", ""]
-        md += _table(["variant", "prefill measured", "prefill roofline", "decode measured", "decode roofline"],
-                     [[s["variant"], _fmt_x(s["prefill_measured"]), _fmt_x(s["prefill_predicted"]),
-                       _fmt_x(s["decode_measured"]), _fmt_x(s["decode_predicted"])] for s in summary])
+        md += ["## Prefill versus decode speedup", ""]
+        if problem:
+            md += ["Median over the measured lengths (decode at the smallest batch).", ""]
+            md += _table(["variant", "prefill measured", "decode measured"],
+                         [[s["variant"], _fmt_x(s["prefill_measured"]), _fmt_x(s["decode_measured"])] for s in summary])
+        else:
+            md += ["Median over the measured lengths (decode at the smallest batch); the roofline column is the "
+                   "prediction max(bytes / bandwidth, flops / peak) for the same shapes.", ""]
+            md += _table(["variant", "prefill measured", "prefill roofline", "decode measured", "decode roofline"],
+                         [[s["variant"], _fmt_x(s["prefill_measured"]), _fmt_x(s["prefill_predicted"]),
+                           _fmt_x(s["decode_measured"]), _fmt_x(s["decode_predicted"])] for s in summary])
         md += ["", _headline(summary), ""]
         if "speedups" in images:
             md += [f"![prefill and decode speedups]({images['speedups']})", ""]
-        md += _why_paragraph(bench) + [""]
+        if not problem:
+            md += _why_paragraph(bench) + [""]
 
     md += ["## Time to first token (prefill)", ""]
     md += _phase_table(bench, "prefill", "prompt_len", "TTFT ms")
@@ -289,13 +364,29 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
         md += [""]
     if "tpot" in images:
         md += [f"![TPOT against context length]({images['tpot']})", ""]
-    md += _roofline_section(bench, images)
+    if not problem:
+        md += _roofline_section(bench, images)
     md += _memory_section(bench)
     if bench.get("skipped"):
-        md += ["## Skipped shapes", ""] + [f"- {s}" for s in bench["skipped"]] + [""]
+        md += ["## Skipped shapes", ""] + [f"- {_fmt_skipped(s)}" for s in bench["skipped"]] + [""]
     if bench.get("command"):
         md += ["## Reproduce", "", "```", bench["command"], "```", ""]
     return md
+
+
+def _fmt_flops(flops: float) -> str:
+    return f"{flops / 1e12:.2f} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:.3g} GFLOP/s"
+
+
+def fmt_intensity(x: float) -> str:
+    return f"{x:.0f}" if x >= 10 else f"{x:.1f}"
+
+
+def _fmt_skipped(s: dict) -> str:
+    """'decode, context 2048, batch 4: <reason>' from a skipped-shape record."""
+    words = {"prompt_len": "prompt", "context_len": "context", "batch": "batch"}
+    where = [f"{words[k]} {s[k]}" for k in ("prompt_len", "context_len", "batch") if k in s]
+    return f"{s.get('phase', '?')}, {', '.join(where)}: {s.get('reason', 'skipped')}"
 
 
 def _datasheet_note(spec: dict) -> str:
@@ -345,33 +436,49 @@ def _headline(summary: list[dict]) -> str:
     less = [s["variant"] for s in both if s["decode_measured"] <= s["prefill_measured"]]
     parts = ", ".join(f"{s['variant']} {s['decode_measured']:.2f}x vs {s['prefill_measured']:.2f}x" for s in both)
     if not less:
-        return f"Measured: decode speeds up more than prefill for every variant ({parts}, decode vs prefill)."
-    return (f"Measured: decode speeds up more than prefill for {', '.join(more) or 'no variant'} but not for "
-            f"{', '.join(less)} ({parts}, decode vs prefill).")
+        claim = "decode speeds up more than prefill for " + ("every variant" if len(more) > 1 else more[0])
+    elif not more:
+        claim = "decode speeds up no more than prefill for " + ("any variant" if len(less) > 1 else less[0])
+    else:
+        claim = f"decode speeds up more than prefill for {', '.join(more)}, but not for {', '.join(less)}"
+    return f"Measured: {claim} (speedup of decode vs prefill: {parts})."
 
 
 def _why_paragraph(bench: dict) -> list[str]:
+    """Why prefill and decode gain differently, in terms of where each sits against the ridge point."""
     spec = bench["device"]["spec"]
-    pf = records(bench, "prefill", bench.get("baseline"))
-    dc = records(bench, "decode", bench.get("baseline"))
+    base = bench.get("baseline")
+    pf = records(bench, "prefill", base)
+    dc = records(bench, "decode", base)
     if not pf or not dc:
         return []
     p, d = pf[-1], dc[0]
-    return [
-        f"Why: on this device the ridge point is {spec['ridge_intensity']:.0f} flop/byte. The baseline's prefill of "
-        f"{p['prompt_len']} tokens runs at {p['roofline']['intensity']:.0f} flop/byte "
-        f"({p['roofline']['bound']}-bound): its time is set by flops, which weight-only quantization does not "
-        f"reduce. A decode step (batch {d['batch']}, context {d['context_len']}) runs at "
-        f"{d['roofline']['intensity']:.1f} flop/byte ({d['roofline']['bound']}-bound): its time is set by the bytes "
-        f"it reads, and {_fmt_bytes(d['roofline']['bytes_breakdown']['weights'])} of its "
-        f"{_fmt_bytes(d['roofline']['bytes'])} are the decoder weights, which W8 halves and W4 cuts ~3.9x."
-    ]
+    text = (f"Why: on this device the ridge point is {fmt_intensity(spec['ridge_intensity'])} flop/byte. "
+            f"The baseline's prefill of {p['prompt_len']} tokens runs at {fmt_intensity(p['roofline']['intensity'])} "
+            f"flop/byte ({p['roofline']['bound']}-bound): ")
+    if p["roofline"]["bound"] == "compute":
+        text += "its time is set by flops, which weight-only quantization does not reduce. "
+    else:
+        text += "its time is set by the bytes it reads, so smaller weights can shorten it too. "
+    text += (f"A decode step (batch {d['batch']}, context {d['context_len']}) runs at "
+             f"{fmt_intensity(d['roofline']['intensity'])} flop/byte ({d['roofline']['bound']}-bound): ")
+    if d["roofline"]["bound"] == "memory":
+        weights = d["roofline"]["bytes_breakdown"]["weights"]
+        cuts = [f"{r['variant']} cuts them {weights / r['roofline']['bytes_breakdown']['weights']:.1f}x"
+                for name in variant_names(bench) if name != base
+                for r in records(bench, "decode", name, batch=d["batch"], context_len=d["context_len"])]
+        text += (f"its time is set by the bytes it reads, and {_fmt_bytes(weights)} of its "
+                 f"{_fmt_bytes(d['roofline']['bytes'])} are the decoder weights" + (f"; {', '.join(cuts)}." if cuts else "."))
+    else:
+        text += "its time is set by flops, so on this device fewer bytes of weights do not shorten it by themselves."
+    return [text]
 
 
 def _roofline_section(bench: dict, images: dict[str, str]) -> list[str]:
     md = ["## Measured against the roofline", "",
           "measured / roofline: 1.0 would be a kernel at the device's achievable bandwidth or matmul rate; "
-          "larger is slower than the roofline. Achieved GB/s: the roofline's bytes over the measured time, "
+          "larger is slower than the roofline (below 1.0 would beat the measured limits: a sign the probe "
+          "underestimates the device). Achieved GB/s: the roofline's bytes over the measured time, "
           "and its share of the device's bandwidth.", ""]
     rows = []
     bandwidth = bench["device"]["spec"]["memory_bandwidth"]
@@ -402,18 +509,60 @@ def _memory_section(bench: dict) -> list[str]:
     return md + _table(["variant", "batch", "context", "weights", "KV cache", "peak"], rows) + [""]
 
 
+def fmt_perplexity_change(perplexity: float, baseline: float | None, log_ratio_stderr: float | None) -> str:
+    """'+0.11% ± 0.05%': the change over the baseline and two standard errors of it, with
+    '(within noise)' when the change is inside them; '–' without a baseline."""
+    if not baseline:
+        return "–"
+    cell = f"{100 * (perplexity / baseline - 1):+.2f}%"
+    if log_ratio_stderr is not None:
+        cell += f" ± {100 * 2 * log_ratio_stderr:.2f}%"
+        if abs(math.log(perplexity / baseline)) <= 2 * log_ratio_stderr:
+            cell += " (within noise)"
+    return cell
+
+
+def _fmt_delta(q: QualityResult) -> str:
+    return fmt_perplexity_change(q.perplexity, q.baseline_perplexity, q.log_ppl_ratio_stderr)
+
+
 def _quality_section(quality: Sequence[QualityResult], images: dict[str, str], bench: dict | None) -> list[str]:
     md = ["## Quality", ""]
     if not quality:
         return md + ["No `quantkit eval` results were given (pass them with `--quality FILE...`).", ""]
     rows = []
     for q in quality:
-        inc = q.perplexity_increase
         rows.append([q.name, f"{q.baseline_perplexity:.3f}" if q.baseline_perplexity else "–", f"{q.perplexity:.3f}",
-                     "–" if inc is None else f"{100 * inc:+.2f}%",
-                     "–" if q.kl_divergence is None else f"{q.kl_divergence:.4g}",
+                     _fmt_delta(q), "–" if q.kl_divergence is None else f"{q.kl_divergence:.4g}",
                      "–" if q.top1_agreement is None else f"{100 * q.top1_agreement:.1f}%"])
     md += _table(["variant", "baseline ppl", "perplexity", "Δ ppl", "KL divergence", "top-1 agreement"], rows)
+    md += [""]
+    if any(q.log_ppl_ratio_stderr is not None for q in quality):
+        md += ["Δ ppl ± two standard errors of the mean per-window change in log-perplexity (windows taken as "
+               "independent samples of the text). A change within that band is noise, not an effect of "
+               "quantization; a negative Δ outside it means the quantized model happens to predict this text "
+               "slightly better, which is not an improvement of the model in general.", ""]
+    if any(q.log_ppl_ratio_stderr is None and q.perplexity_increase is not None for q in quality):
+        md += ["Where Δ ppl has no ± band, the results do not carry a standard error (written by an older "
+               "`quantkit eval`): a change of a few hundredths of a percent, of either sign, may be noise; KL "
+               "divergence and top-1 agreement, which compare the two models position by position, are the "
+               "reliable measures of such small differences.", ""]
+    md += _dtype_note(quality, bench)
     if "quality" in images:
-        md += ["", f"![quality]({images['quality']})"]
-    return md + [""]
+        md += [f"![quality]({images['quality']})", ""]
+    return md
+
+
+def _dtype_note(quality: Sequence[QualityResult], bench: dict | None) -> list[str]:
+    """Say plainly when quality and speed were measured in different dtypes."""
+    quality_dtypes = sorted({q.dtype for q in quality if q.dtype})
+    if bench is None:
+        return [f"Evaluated in {', '.join(quality_dtypes)}.", ""] if quality_dtypes else []
+    speed_dtypes = sorted(set((bench.get("dtypes") or {}).values()) or {bench["model"]["dtype"]})
+    speed = _dtype_line(bench)
+    if not quality_dtypes:
+        return [f"The quality results do not record their dtype; the timings above ran in {speed}.", ""]
+    if quality_dtypes != speed_dtypes:
+        return [f"Quality was measured in {', '.join(quality_dtypes)} and speed in {speed}: the two sections "
+                "do not describe the same numerics.", ""]
+    return [f"Quality and speed were both measured in {', '.join(quality_dtypes)}.", ""]

@@ -396,18 +396,35 @@ def _measure_variants(variants: Sequence[Variant], make_run: Callable[[Variant],
     return out
 
 
-def _progress(total: int, desc: str):
-    from tqdm.auto import tqdm
+def _announced(shapes: Sequence[tuple[int, int]], phase: str, variants: Sequence[Variant], settings: BenchSettings,
+               done: int, total: int, *, enabled: bool):
+    """Yield ``shapes``, first printing (stderr) which measurement starts and how many remain.
 
-    return tqdm(total=total, desc=desc, unit="shape", leave=False)
+    A shape of a large model can take minutes, so the line comes before the work, not after it."""
+    import sys
+
+    length = "prompt_len" if phase == "prefill" else "context_len"
+    runs = f"{len(variants)} variant(s) x {settings.warmup} warm-up + {settings.repeats} timed runs"
+    for i, (length_value, batch) in enumerate(shapes):
+        if enabled:
+            print(f"bench: [{done + i + 1}/{total}] {phase} batch={batch} {length}={length_value}: {runs}; "
+                  f"{total - done - i - 1} shape(s) after this", file=sys.stderr, flush=True)
+        yield length_value, batch
 
 
 def run_bench(variants: Sequence[Variant], spec: DeviceSpec, settings: BenchSettings, *,
-              device: str | torch.device = "cpu", model_label: str = "", progress: bool = True) -> dict:
-    """Measure every variant on every shape (variants interleaved per shape, so drift hits all alike)."""
+              device: str | torch.device = "cpu", model_label: str = "", progress: bool = True,
+              phases: Sequence[str] = ("prefill", "decode")) -> dict:
+    """Measure every variant on every shape (variants interleaved per shape, so drift hits all alike).
+
+    ``progress``: print a line on stderr as each shape starts (which one, how many remain).
+    ``phases``: which of "prefill" and "decode" to time (e.g. one at a time, each in its own dtype:
+    ``merge_phases`` joins the results)."""
     device = torch.device(device)
     if not variants:
         raise ValueError("nothing to benchmark: give at least the baseline variant")
+    if not phases or set(phases) - {"prefill", "decode"}:
+        raise ValueError(f"phases must be some of 'prefill' and 'decode', got {list(phases)}")
     shape = ModelShape.from_config(variants[0].model.config)
     max_ctx = shape.max_context or max(max(settings.prompt_lens), max(settings.context_lens) + 1)
     skipped = []
@@ -427,29 +444,31 @@ def run_bench(variants: Sequence[Variant], spec: DeviceSpec, settings: BenchSett
             else:
                 decode_shapes.append((c, b))
     prefill_shapes = [(p, b) for p in prompt_lens for b in settings.prefill_batch_sizes]
+    if "prefill" not in phases:
+        prefill_shapes = []
+    if "decode" not in phases:
+        decode_shapes = []
+    skipped = [s for s in skipped if s["phase"] in phases]
+    dtype = str(next(variants[0].model.parameters()).dtype).removeprefix("torch.")
 
     prefill, decode = [], []
-    bar = _progress(len(prefill_shapes) + len(decode_shapes), "bench") if progress else None
-    for p, b in prefill_shapes:
+    total = len(prefill_shapes) + len(decode_shapes)
+    for p, b in _announced(prefill_shapes, "prefill", variants, settings, 0, total, enabled=progress):
         measured = _measure_variants(variants, lambda v: prefill_run(v, shape, b, p, settings, device), settings, device)
         for v, m in zip(variants, measured):
-            prefill.append(_record(v, shape, spec, prefill_cost(shape, v.scheme, p, b), m, batch=b, prompt_len=p))
-        if bar:
-            bar.update()
-    for c, b in decode_shapes:
+            prefill.append(_record(v, shape, spec, prefill_cost(shape, v.scheme, p, b), m, batch=b, prompt_len=p)
+                           | {"dtype": dtype})
+    for c, b in _announced(decode_shapes, "decode", variants, settings, len(prefill_shapes), total, enabled=progress):
         measured = _measure_variants(variants, lambda v: decode_run(v, shape, b, c, settings, device), settings, device)
         for v, m in zip(variants, measured):
             rec = _record(v, shape, spec, decode_cost(shape, v.scheme, c, b), m, batch=b, context_len=c)
             rec["tokens_per_s"] = b / rec["median_s"]
+            rec["dtype"] = dtype
             decode.append(rec)
-        if bar:
-            bar.update()
-    if bar:
-        bar.close()
     return {
         "schema": SCHEMA,
-        "model": {"name": model_label, "shape": asdict(shape), "params": shape.params,
-                  "dtype": str(next(variants[0].model.parameters()).dtype).removeprefix("torch.")},
+        "model": {"name": model_label, "shape": asdict(shape), "params": shape.params, "dtype": dtype},
+        "dtypes": {phase: dtype for phase in ("prefill", "decode") if phase in phases},
         "device": device_info(device, spec),
         "settings": {**asdict(settings), "timer": "cuda_events" if device.type == "cuda" else "perf_counter",
                      "statistic": "median",
@@ -461,6 +480,18 @@ def run_bench(variants: Sequence[Variant], spec: DeviceSpec, settings: BenchSett
         "decode": decode,
         "skipped": skipped,
     }
+
+
+def merge_phases(prefill: dict, decode: dict) -> dict:
+    """One bench result from a prefill-only and a decode-only run of the same variants (e.g. each
+    timed in the dtype fastest for it): the decode run's variants and settings, both phases' records
+    and skipped shapes, and ``dtypes`` naming each phase's dtype."""
+    if [v["name"] for v in prefill["variants"]] != [v["name"] for v in decode["variants"]]:
+        raise ValueError("the prefill and decode runs must time the same variants")
+    dtypes = {**prefill["dtypes"], **decode["dtypes"]}
+    model = dict(decode["model"], dtype=" / ".join(dict.fromkeys(dtypes.values())))
+    return {**decode, "model": model, "dtypes": dtypes, "prefill": prefill["prefill"],
+            "skipped": prefill["skipped"] + decode["skipped"]}
 
 
 def device_info(device: torch.device, spec: DeviceSpec) -> dict:

@@ -42,6 +42,15 @@ KERNEL_ATTENTION_NAME = "quantkit_fp8"
 SCALE_ATTRIBUTE = "quantkit_fp8_scale"
 
 
+def _layer_types_and_kwargs(config) -> list[tuple[str, dict]]:
+    """[(layer type, cache-layer kwargs)] per decoder layer, on transformers 5.17 (one kwargs dict
+    shared by all layers) and 5.24 (a list of per-layer dicts) alike."""
+    layer_types, layer_kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    if isinstance(layer_kwargs, Mapping):
+        layer_kwargs = [dict(layer_kwargs)] * len(layer_types)
+    return list(zip(layer_types, layer_kwargs))
+
+
 def _dequantize_table(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """[S] scales -> [S * 256] table: entry s * 256 + c = dtype(fp32(fp8 code c) * scale[s])."""
     codes = torch.arange(256, dtype=torch.uint8, device=scale.device).view(FP8_DTYPE).float()  # [256]
@@ -197,7 +206,7 @@ class FP8KVCache(Cache):
     def __init__(self, config, scales: Mapping[int, tuple], *, attention: str = "dequantize"):
         if attention not in ("dequantize", "kernel"):
             raise ValueError(f"attention must be 'dequantize' or 'kernel', got {attention!r}")
-        layer_types, layer_kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+        layer_types = _layer_types_and_kwargs(config)
         missing = [i for i in range(len(layer_types)) if i not in scales]
         if missing:
             raise ValueError(
@@ -205,7 +214,7 @@ class FP8KVCache(Cache):
             )
         fp8 = attention == "kernel"
         layers = []
-        for i, (layer_type, kwargs) in enumerate(zip(layer_types, layer_kwargs)):
+        for i, (layer_type, kwargs) in enumerate(layer_types):
             if layer_type == "full_attention":
                 layers.append(FP8KVLayer(*scales[i], return_fp8_on_decode=fp8))
             elif layer_type in ("sliding_attention", "chunked_attention"):
@@ -329,9 +338,11 @@ def enable_fp8_kv_cache(model: nn.Module, *, attention: str = "auto") -> nn.Modu
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs):
         result = original(generation_config, model_kwargs, *args, **kwargs)
-        created = model_kwargs.get("cache")
+        # transformers >= 5.24 passes the cache as `cache`, earlier versions as `past_key_values`
+        key = "cache" if "cache" in model_kwargs else "past_key_values"
+        created = model_kwargs.get(key)
         if type(created) is DynamicCache and not getattr(created, "_is_user_defined", False):
-            model_kwargs["cache"] = fp8_cache_for(self, attention=attention)
+            model_kwargs[key] = fp8_cache_for(self, attention=attention)
         return result
 
     model._prepare_cache_for_generation = types.MethodType(_prepare_cache_for_generation, model)

@@ -13,7 +13,17 @@ from pathlib import Path
 
 from . import corpus
 from .spec import RefModelSpec
-from .train import REQUIRED_FILES, TRAINING_RECORD, build_into
+
+WEIGHTS_FILE = "model.safetensors"
+TRAINING_RECORD = "training.json"
+REQUIRED_FILES = (
+    "config.json",
+    "generation_config.json",
+    WEIGHTS_FILE,
+    "tokenizer.json",
+    "tokenizer_config.json",
+    TRAINING_RECORD,
+)
 
 COMMITTED_WEIGHTS = Path(__file__).resolve().parent / "weights"
 REF_PREFIX = "ref:"
@@ -71,6 +81,8 @@ def build_atomically(spec: RefModelSpec, destination: Path, *, force: bool = Fal
     staging = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.building."))
     staging.chmod(0o755)  # mkdtemp makes it private; the finished model folder is an ordinary one
     try:
+        from .train import build_into  # torch and transformers: only when a model is trained
+
         build_into(staging, spec, num_threads=num_threads, progress=progress, heldout_max_bytes=heldout_max_bytes)
         if destination.exists():
             retired = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.old."))

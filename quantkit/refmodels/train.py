@@ -25,18 +25,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 
 from . import corpus
 from .spec import RefModelSpec
+from .store import TRAINING_RECORD, WEIGHTS_FILE
 from .tokenizer import save_tokenizer, special_token_ids, train_tokenizer
 
-WEIGHTS_FILE = "model.safetensors"
-TRAINING_RECORD = "training.json"
-REQUIRED_FILES = (
-    "config.json",
-    "generation_config.json",
-    WEIGHTS_FILE,
-    "tokenizer.json",
-    "tokenizer_config.json",
-    TRAINING_RECORD,
-)
 
 
 def llama_config(spec: RefModelSpec, token_ids: dict[str, int]) -> LlamaConfig:

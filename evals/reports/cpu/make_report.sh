@@ -2,11 +2,13 @@
 # The committed CPU report (evals/reports/cpu/report.md), end to end:
 #  1. quality: quantize the small reference model with each recipe and evaluate it against the
 #     unquantized model (`quantkit eval`: perplexity, KL divergence, top-1 agreement);
-#  2. speed: bf16 vs W8 vs W4 on a random-initialised ~0.85B-parameter Llama (evals/configs/llama-1b-random.json:
+#  2. speed: float vs W8 vs W4 on a random-initialised ~0.85B-parameter Llama (evals/configs/llama-1b-random.json:
 #     1.7 GB of bf16 weights, far beyond the 32 MB L3), TTFT and TPOT side by side against the roofline
-#     of the probed CPU (copy bandwidth, bf16 matmul);
+#     of the probed CPU (copy bandwidth, matmul in the faster dtype); each phase runs in the float dtype
+#     fastest on this CPU (`--dtype auto`: fp32 prefill where bf16 is not native);
 #  3. the report: Markdown + JSON + PNG plots.
 # The quality evaluations take ~10 minutes per recipe on 2 cores (the whole held-out text), the speed run ~5. THREADS (default 2) sets the CPU threads of the speed run.
+# SKIP_QUALITY=1 / SKIP_BENCH=1 reuse the committed quality/*.json / bench.json and only re-render.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=evals/reports/cpu
@@ -16,18 +18,22 @@ THREADS=${THREADS:-2}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 mkdir -p "$OUT/quality"
 
-for recipe in w8a16-rtn w4a16-rtn w4a16-rtn-asym; do
-  quantkit quantize ref:small --recipe "$recipe" --out "$WORK/small-$recipe" --force
-  quantkit eval "$WORK/small-$recipe" --baseline ref:small --json "$OUT/quality/eval-$recipe.json"
-done
+if [ "${SKIP_QUALITY:-0}" != 1 ]; then
+  for recipe in w8a16-rtn w4a16-rtn w4a16-rtn-asym; do
+    quantkit quantize ref:small --recipe "$recipe" --out "$WORK/small-$recipe" --force
+    quantkit eval "$WORK/small-$recipe" --baseline ref:small --json "$OUT/quality/eval-$recipe.json"
+  done
+fi
 
-quantkit bench evals/configs/llama-1b-random.json --variants w8a16-rtn,w4a16-rtn --device cpu \
-  --threads "$THREADS" --prompt-lens 16,64,256 --context-lens 128,512,2048 --batch-sizes 1,4 \
-  --warmup 1 --repeats 5 --json "$OUT/bench.json"
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  quantkit bench evals/configs/llama-1b-random.json --variants w8a16-rtn,w4a16-rtn --device cpu \
+    --threads "$THREADS" --prompt-lens 16,64,256 --context-lens 128,512,2048 --batch-sizes 1,4 \
+    --warmup 1 --repeats 5 --json "$OUT/bench.json"
+fi
 
 quantkit report --bench "$OUT/bench.json" \
   --quality "$OUT"/quality/eval-{w8a16-rtn,w4a16-rtn,w4a16-rtn-asym}.json --out "$OUT" --force \
   --title "quantkit on CPU: prefill versus decode, and what it costs in quality" \
-  --note "Speed: a random-initialised Llama-architecture model of 0.85 B parameters (evals/configs/llama-1b-random.json), bf16 against RTN W8 (per channel) and W4 (groups of 128) on PyTorch's weight-only CPU kernels (backend \"torch\"), on a CPU shared with other jobs. Quality: the small reference model (ref:small) quantized with the same recipes, evaluated by \`quantkit eval\` on its whole held-out text (546 windows of 512 tokens)." \
-  --note "Prefill is compute-bound and weight-only quantization cannot speed it up; on this CPU it slows down, because PyTorch's weight-only kernels are tuned for few rows and lose to the bf16 matmul on long prompts (a prefill path that dequantizes once per layer and calls the dense matmul would bring it back to ~1x)." \
+  --note "Speed: a random-initialised Llama-architecture model of 0.85 B parameters (evals/configs/llama-1b-random.json), the float model against RTN W8 (per channel) and W4 (groups of 128) on PyTorch's weight-only CPU kernels (backend \"torch\"), on a CPU shared with other jobs. Quality: the small reference model (ref:small) quantized with the same recipes, evaluated by \`quantkit eval\` on its whole held-out text (546 windows of 512 tokens)." \
+  --note "Prefill is compute-bound and weight-only quantization cannot speed it up; in this run it slows down, because PyTorch's weight-only kernels are tuned for few rows and lose to the dense float matmul on long prompts (a prefill path that dequantizes once per layer and calls the dense matmul would bring it back to ~1x)." \
   --note "Reproduce: \`bash evals/reports/cpu/make_report.sh\`."

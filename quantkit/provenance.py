@@ -1,0 +1,69 @@
+"""How a checkpoint was made: the recipe and calibration data, saved beside the weights as recipe.yaml.
+
+``quantkit.quantize`` records what it applied on the model (``record``); ``quantkit.save`` writes
+it as ``recipe.yaml``: the recipe itself (loadable with ``--recipe DIR/recipe.yaml``), preceded by
+comments naming the source model, the calibration data and the command that repeats the run.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from torch import nn
+
+from .recipe import Recipe
+
+RECIPE_FILE = "recipe.yaml"
+_ATTRIBUTE = "_quantkit_provenance"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """recipe: what quantize applied. calibration: describe_calibration's dict (source, samples,
+    seq_len, seed), or None when the recipe needed no calibration data."""
+
+    recipe: Recipe
+    calibration: dict | None = None
+
+
+def record(model: nn.Module, recipe: Recipe, calibration: dict | None) -> None:
+    """Remember on ``model`` how it was quantized (read back by ``of`` and written by save)."""
+    object.__setattr__(model, _ATTRIBUTE, Provenance(recipe, calibration))
+
+
+def of(model: nn.Module) -> Provenance | None:
+    """How ``model`` was quantized in this process, or None (e.g. a model loaded from a checkpoint)."""
+    return vars(model).get(_ATTRIBUTE)
+
+
+def describe_calibration(calibration: dict | None) -> str:
+    """One line: which calibration data, how many samples of how many tokens, which seed."""
+    if calibration is None:
+        return "none (the recipe needs no calibration data)"
+    source = calibration["source"]
+    source = "ref (the reference models' training text)" if source == "ref" else source
+    seed = "" if calibration["seed"] is None else f", seed {calibration['seed']}"
+    return f"{source}: {calibration['samples']} samples x {calibration['seq_len']} tokens{seed}"
+
+
+def recipe_file_text(provenance: Provenance, source: str | None, checkpoint) -> str:
+    """The text of ``checkpoint``/recipe.yaml: comments (source model, calibration, the command that
+    repeats the run) and the recipe's YAML."""
+    from . import __version__
+
+    command = ["quantkit", "quantize", source or "MODEL", "--recipe", f"{checkpoint}/{RECIPE_FILE}", "--out", "OUT"]
+    calibration = provenance.calibration
+    if calibration is not None and calibration["source"] != "token ids":
+        command += ["--calib", str(calibration["source"]), "--calib-samples", str(calibration["samples"]),
+                    "--calib-seq-len", str(calibration["seq_len"]), "--seed", str(calibration["seed"])]
+    lines = [
+        f"# Written by quantkit {__version__}: the recipe this checkpoint was quantized with.",
+        f"# recipe     : {provenance.recipe.name}",
+        f"# model      : {source or 'unknown'}",
+        f"# calibration: {describe_calibration(calibration)}",
+        f"# reproduce  : {shlex.join(command)}",
+    ]
+    if calibration is not None and calibration["source"] == "token ids":
+        lines.append("#              (calibrated on token ids given in Python: pass the same ids to quantkit.quantize)")
+    return "\n".join(lines) + "\n" + provenance.recipe.to_yaml()
