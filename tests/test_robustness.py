@@ -17,6 +17,18 @@ def cases_root(tmp_path_factory):
     return tmp_path_factory.mktemp("robustness")
 
 
+@pytest.fixture(autouse=True)
+def quiet_transformers():
+    """transformers' logger keeps the stderr of the test that first used it; once that capture is closed,
+    a warning prints a logging traceback that is not quantkit's. Its warnings are not what is tested here."""
+    import transformers
+
+    level = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    yield
+    transformers.logging.set_verbosity(level)
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_bad_input_gets_a_clear_error(case, cases_root, monkeypatch, capsys):
     if case.needs_non_root and os.geteuid() == 0:

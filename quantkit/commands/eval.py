@@ -53,7 +53,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-tokens {args.max_tokens} is less than one window of {window} tokens; "
                          f"give --max-tokens {window} or more, or a smaller --window")
     windows = all_windows[: args.max_tokens // window]  # [N, W]: the first max_tokens tokens, whole windows
-    from quantkit.eval.quality import evaluate_quality
+    from quantkit.eval.quality import check_comparable, evaluate_quality
+
+    check_comparable({"model": model}, baseline, windows)  # before the models run for the time estimate
 
     print(f"eval: {windows.shape[0]} windows of {window} tokens = {windows.numel()} of the text's "
           f"{all_windows.numel()} tokens (--max-tokens {args.max_tokens}); "
