@@ -33,6 +33,7 @@ from .wna16_layout import (
     cpu_int4_supports,
     cpu_int8_supports,
     to_cpu_int4_layout,
+    triton_supports,
     to_cpu_int8_layout,
     to_triton_layout,
 )
@@ -92,7 +93,9 @@ def prepare_wna16(
     """
     shape = check_wna16_weight(weight_packed, weight_scale, weight_zero_point, bits, in_features)
     if backend != "triton":  # the Triton layout may be built on CPU and moved to a GPU afterwards
-        backend = resolve_backend(backend, weight_packed.device, weight_scale.dtype)
+        chosen = resolve_backend(backend, weight_packed.device, weight_scale.dtype)
+        # "auto" never fails on a layer a kernel cannot hold: it keeps the exact reference instead.
+        backend = "reference" if backend == "auto" and chosen == "triton" and not triton_supports(shape) else chosen
     if backend == "triton":
         prepared = to_triton_layout(weight_packed, weight_scale, weight_zero_point, shape)
         probe = weight_scale.new_empty((0, in_features))

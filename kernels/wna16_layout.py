@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .packing import SUPPORTED_BITS, unpack_int32
+from .packing import SUPPORTED_BITS, pack_int32, unpack_int32
 
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # The CPU int4 kernel (_weight_int4pack_mm_for_cpu) accepts exactly these group sizes.
@@ -126,20 +126,58 @@ def unpack_zero_point(weight_zero_point: torch.Tensor, bits: int, out_features: 
 # ----------------------------------------------------------------------------------------------
 # Triton layout
 # ----------------------------------------------------------------------------------------------
+# Word rows per interleave block of the Triton layout (see to_triton_layout); group sizes must be a multiple of it.
+TRITON_WORD_BLOCK = 8
+TRITON_REPACK_ROWS = 1024  # output rows repacked at a time by to_triton_layout
+
+
+def triton_word_rows(in_features: int, bits: int) -> int:
+    """Rows of ``triton_qweight``: ceil(K*bits/32) words, padded up to a whole number of interleave blocks."""
+    words = -(-in_features * bits // 32)
+    return -(-words // TRITON_WORD_BLOCK) * TRITON_WORD_BLOCK
+
+
 def to_triton_layout(
     weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_zero_point: torch.Tensor | None, shape: WNA16Shape
 ) -> dict[str, torch.Tensor]:
-    """On-disk tensors -> the layout the Triton kernels read (N-contiguous, so loads coalesce along N).
+    """On-disk tensors -> the layout the Triton kernels read: N-contiguous words, K interleaved in blocks.
 
-    - ``triton_qweight`` int32 [ceil(K*bits/32), N]: word j of column n holds k = j*(32/bits) + i at bits
-      [i*bits, (i+1)*bits), unsigned (offset 2**(bits-1)): the on-disk words, transposed.
+    With PW = 32 / bits values per word and B = TRITON_WORD_BLOCK (8) word rows per block:
+
+    - ``triton_qweight`` int32 [KW, N], KW = ceil(K*bits/32) rounded up to a multiple of B. Block b
+      (word rows b*B .. b*B + B - 1) holds the values k = b*B*PW .. (b+1)*B*PW - 1, and word row
+      b*B + r holds k = b*B*PW + i*B + r in bits [i*bits, (i+1)*bits) for i = 0 .. PW-1, stored
+      unsigned (offset 2**(bits-1)); values past K are zero (their x is masked to 0).
+      Why: bit field i of the B words a thread loads (one 16-byte load per row: 4 adjacent columns)
+      covers B *consecutive* values of K, so the matching activations are one contiguous 16-byte
+      load of x instead of B strided scalar loads, and the B x PW values of a block, taken bit field by
+      bit field, are the block's K values in order (a plain reshape gives the tile a ``tl.dot`` needs).
+      N stays contiguous so a tile of words is one coalesced load.
     - ``triton_scales`` [G, N] in the scale dtype.
     - ``triton_zeros`` uint8 [G, N] (asymmetric only): the *unsigned* zero zp + 2**(bits-1), so that
       w = (u - zeros) * s exactly, with u the stored unsigned value; symmetric layers subtract the
       constant 2**(bits-1) instead and store no zeros.
+
+    Group sizes must be a multiple of B (so the B consecutive values of one bit field share a scale)
+    or cover the whole row (per channel).
     """
+    n, k, bits = shape.out_features, shape.in_features, shape.bits
+    if not triton_supports(shape):
+        raise ValueError(
+            f"the Triton kernels need a group size that is a multiple of {TRITON_WORD_BLOCK} (or per-channel "
+            f"scales), got {shape.group_size}; use backend='reference' for this layer"
+        )
+    per_word = 32 // bits
+    rows = triton_word_rows(k, bits)
+    words = []
+    for chunk in weight_packed.split(TRITON_REPACK_ROWS):  # bounds the int64 temporaries of pack_int32
+        q = unpack_int32(chunk, bits, k).to(torch.int32)  # [n', K] signed
+        q = torch.nn.functional.pad(q, (0, rows * per_word - k))  # [n', Kp]: padding stored as the value 0
+        # [n', blocks, PW (bit field i), B (row r)] -> [n', blocks, B, PW]: word (b, r) packs k = b*B*PW + i*B + r
+        q = q.view(q.shape[0], rows // TRITON_WORD_BLOCK, per_word, TRITON_WORD_BLOCK).transpose(2, 3)
+        words.append(pack_int32(q.reshape(q.shape[0], -1), bits))  # [n', KW]
     out = {
-        "triton_qweight": weight_packed.t().contiguous(),
+        "triton_qweight": torch.cat(words).t().contiguous(),  # [KW, N]
         "triton_scales": weight_scale.t().contiguous(),
     }
     if weight_zero_point is not None:
@@ -151,6 +189,12 @@ def to_triton_layout(
 # ----------------------------------------------------------------------------------------------
 # CPU layouts (PyTorch's weight-only CPU kernels)
 # ----------------------------------------------------------------------------------------------
+def triton_supports(shape: WNA16Shape) -> bool:
+    """Whether the Triton layout can hold this layer: per-channel scales or a group size that is a
+    multiple of TRITON_WORD_BLOCK (the consecutive K values of one bit field share a scale)."""
+    return shape.per_channel or shape.group_size % TRITON_WORD_BLOCK == 0
+
+
 def cpu_int4_group_size(shape: WNA16Shape) -> int | None:
     """The group size the CPU int4 kernel runs this weight with, or None if it cannot.
 

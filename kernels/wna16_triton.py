@@ -3,34 +3,35 @@
 Registered as ``torch.ops.quantkit.wna16_gemm`` (``torch.library.triton_op``: torch.compile sees
 through it to the kernels; the fake implementation allocates with ``new_empty``).
 
-Weight layout (built once by ``wna16_layout.to_triton_layout``), with PW = 32 / bits:
+Weight layout (built once by ``wna16_layout.to_triton_layout``), with PW = 32 / bits and B =
+``TRITON_WORD_BLOCK`` (8) word rows per interleave block:
 
-- qweight int32 [ceil(K / PW), N]: word j of column n holds k = j*PW + i in bits [i*bits, (i+1)*bits),
-  stored unsigned (value + 2**(bits-1)). N is contiguous, so a tile of words is one coalesced load.
-- scales [G, N] fp16/bf16/fp32, G = K / group_size (1 per channel).
+- qweight int32 [KW, N], KW = ceil(K / PW) rounded up to a multiple of B; N contiguous. Word row
+  b*B + r holds k = b*B*PW + i*B + r in bits [i*bits, (i+1)*bits), stored unsigned (value + 2**(bits-1)):
+  bit field i of a block's B rows is B consecutive values of K.
+- scales [G, N] fp16/bf16/fp32, G = K / group_size (1 per channel); group_size a multiple of B, or K.
 - zeros uint8 [G, N] (asymmetric only): unsigned zero zp + 2**(bits-1).
-- dequant: w = (u - z) * s, z = zeros or the constant 2**(bits-1); an integer subtract and one
-  multiply, exact in fp32 (the reference computes the same in fp32).
+- w = (u - z) * s, z = zeros or the constant 2**(bits-1).
 
-Kernels:
+Kernels (the algorithm is chosen per call by ``wna16_heuristics.choose_config``):
 
-1. ``_wna16_matmul_kernel``, grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), split_k). Program (i, j, s)
-   walks its share of K in tiles of BLOCK_KW words: it loads the [BLOCK_KW, BLOCK_N] words
-   (``evict_first``: streamed once), the scales (one row when a tile lies inside one group, else one
-   row per word), and for each of the PW bit fields i unpacks a [BLOCK_KW, BLOCK_N] slice of W
-   (rows k = word*PW + i), multiplies it with the matching strided columns of x, and accumulates in
-   fp32: with ``tl.dot`` (algo "dot") or as a broadcast multiply and sum (algo "gemv", M <= 4, no
-   tensor-core padding). No reshape or interleave is needed, so the unpacked tile never leaves
-   registers. With split_k == 1 it adds the bias and stores y in x's dtype; else it writes fp32
-   partial sums [split_k, M, N] and
-2. ``_splitk_reduce_kernel`` sums them, adds the bias and casts (deterministic; no atomics).
-3. ``_wna16_dequant_kernel`` writes dequant(W).T [K, N] in x's dtype, for large M (algo "dequant"),
-   followed by a dense ``torch.matmul``.
+1. "gemv" (decode: M <= 2 by rule, up to 4): ``wna16_gemv._wna16_gemv_kernel``, built for bandwidth (16-byte weight
+   loads, int -> float by the 2**23 magic-number trick, scale once per block; see its docstring).
+2. "dot" (M > 4): ``_wna16_matmul_kernel``, grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N), split_k).
+   Each K step is one interleave block: the [B, BLOCK_N] words are unpacked into the [PW, B, BLOCK_N]
+   bit fields, which reshape to the block's [B*PW, BLOCK_N] values *in K order*, so one ``tl.dot``
+   with K = B*PW (64 at int4) takes a contiguous [BLOCK_M, B*PW] tile of x.
+3. Split-K (both): programs write fp32 partial sums [split_k, M, N]; ``_splitk_reduce_kernel`` adds
+   them in a fixed order, adds the bias and casts (deterministic, no atomics: bf16 atomics do not exist).
+   The GEMV can instead let the last program of each column tile add them (config ``reduce="last"``:
+   one launch, plus a memset of the arrival counters); not picked by the rules until measured.
+4. "dequant" (prefill, large M): ``_wna16_dequant_kernel`` writes dequant(W).T [K, N] in x's dtype,
+   then a dense ``torch.matmul`` (the matmul is compute-bound there; see wna16_heuristics).
 
 Interpreter (TRITON_INTERPRET=1, CPU tensors): ``tl.dot`` on bf16 inputs is silently wrong there, so
 both operands are cast to fp32 (``DOT_FP32``); fp32 activations also use fp32 dot operands with
-``input_precision="ieee"`` on GPUs (exact fp32, not TF32). Launch configurations:
-``wna16_heuristics``.
+``input_precision="ieee"`` on GPUs (exact fp32, not TF32). Loop bounds are scalar arguments, not
+``tl.minimum`` results (triton 3.6's interpreter rejects a tensor bound in ``range``).
 """
 
 from __future__ import annotations
@@ -42,18 +43,20 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
 from .packing import SUPPORTED_BITS
+from .wna16_gemv import _wna16_gemv_kernel
 from .wna16_heuristics import DEFAULT_NUM_SMS, WNA16Config, choose_config
+from .wna16_layout import TRITON_WORD_BLOCK, triton_word_rows
 
 KERNELS_INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
 TRITON_X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 REDUCE_BLOCK_N = 256
-DEQUANT_BLOCK = (16, 64)  # (word rows, columns) per program of the dequant kernel
+DEQUANT_BLOCK_N = 64  # columns per program of the dequant kernel (rows: one interleave block)
 
 
 @triton.jit
 def _wna16_matmul_kernel(
     x_ptr,  # [M, K] fp16/bf16/fp32, K contiguous (row stride stride_xm)
-    qweight_ptr,  # int32 [KW, N], KW = cdiv(K, PW)
+    qweight_ptr,  # int32 [KW, N], K interleaved in blocks of BLOCK_KW rows
     scales_ptr,  # [G, N]
     zeros_ptr,  # uint8 [G, N] (read when HAS_ZEROS)
     bias_ptr,  # [N] (read when HAS_BIAS)
@@ -62,72 +65,68 @@ def _wna16_matmul_kernel(
     M,
     N,
     K,
-    group_size,  # K / G
-    k_split_len,  # values of K per split, a multiple of BLOCK_KW * PW
+    group_size,  # K / G: a multiple of BLOCK_KW, or K
+    words_per_split,  # word rows per program along K, a multiple of BLOCK_KW
+    iters,  # words_per_split // BLOCK_KW
     stride_xm,
     stride_om,
     BITS: tl.constexpr,
     HAS_ZEROS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    SCALE_SINGLE: tl.constexpr,  # every K tile lies inside one group: load one scale row per tile
-    USE_DOT: tl.constexpr,
+    SCALE_SINGLE: tl.constexpr,  # every block lies inside one group: one scale row per block
     DOT_FP32: tl.constexpr,
     WRITE_PARTIAL: tl.constexpr,  # split-K > 1: write fp32 partial sums instead of y
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_KW: tl.constexpr,
+    BLOCK_KW: tl.constexpr,  # = the layout's interleave block
 ):
     PER_WORD: tl.constexpr = 32 // BITS
     BLOCK_K: tl.constexpr = BLOCK_KW * PER_WORD
     VALUE_MASK: tl.constexpr = (1 << BITS) - 1
     OFFSET: tl.constexpr = 1 << (BITS - 1)
+    MAGIC_BITS: tl.constexpr = 0x4B000000  # 2**23 as fp32: (u | MAGIC_BITS) read as fp32 = 2**23 + u
+    MAGIC: tl.constexpr = 8388608.0
 
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    offs_n = tl.max_contiguous(tl.multiple_of(offs_n, BLOCK_N), BLOCK_N)
     mask_m = offs_m < M
     mask_n = offs_n < N
-    num_words = tl.cdiv(K, PER_WORD)
+    groups = tl.cdiv(K, group_size)
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm  # [BM, 1]
+    fields = tl.arange(0, PER_WORD)[:, None, None]  # [PW, 1, 1] bit field index i
+    rows = tl.arange(0, BLOCK_KW)[None, :, None]  # [1, BKW, 1]
+    cols3 = offs_n[None, None, :]  # [1, 1, BN]
+    mask_cols3 = mask_n[None, None, :]
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_begin = pid_k * k_split_len
-    k_end = tl.minimum(k_begin + k_split_len, K)
-    for k0 in range(k_begin, k_end, BLOCK_K):
-        offs_w = k0 // PER_WORD + tl.arange(0, BLOCK_KW)  # [BKW] word rows
-        mask_w = offs_w < num_words
-        mask_wn = mask_w[:, None] & mask_n[None, :]  # [BKW, BN]
-        words = tl.load(
-            qweight_ptr + offs_w[:, None] * N + offs_n[None, :], mask=mask_wn, other=0, eviction_policy="evict_first"
-        )  # [BKW, BN] int32
+    w_begin = pid_k * words_per_split
+    for it in range(iters):
+        w0 = w_begin + it * BLOCK_KW
+        k0 = w0 * PER_WORD
+        words = tl.load(qweight_ptr + (w0 + rows) * N + cols3, mask=mask_cols3, other=0,
+                        eviction_policy="evict_first")  # [1, BKW, BN]
         if SCALE_SINGLE:
-            g = k0 // group_size
-            s = tl.load(scales_ptr + g * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]  # [1, BN]
-            if HAS_ZEROS:
-                z = tl.load(zeros_ptr + g * N + offs_n, mask=mask_n, other=0).to(tl.int32)[None, :]  # [1, BN]
-            else:
-                z = OFFSET
+            g = tl.minimum(k0 // group_size, groups - 1)  # scalar
         else:
-            g_w = (offs_w * PER_WORD) // group_size  # [BKW]: a word never straddles two groups
-            s = tl.load(scales_ptr + g_w[:, None] * N + offs_n[None, :], mask=mask_wn, other=0.0).to(tl.float32)
-            if HAS_ZEROS:
-                z = tl.load(zeros_ptr + g_w[:, None] * N + offs_n[None, :], mask=mask_wn, other=0).to(tl.int32)
-            else:
-                z = OFFSET
-        for i in tl.static_range(PER_WORD):
-            u = (words >> (i * BITS)) & VALUE_MASK  # [BKW, BN] unsigned values of rows k = word*PW + i
-            w = (u - z).to(tl.float32) * s  # [BKW, BN]
-            offs_k = offs_w * PER_WORD + i  # [BKW]
-            xi = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)  # [BM, BKW]
-            if USE_DOT:
-                if DOT_FP32:
-                    acc = tl.dot(xi.to(tl.float32), w, acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(xi, w.to(xi.dtype), acc)
-            else:
-                acc += tl.sum(xi.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)  # [BM, BN]
+            g = tl.minimum((k0 + fields * BLOCK_KW) // group_size, groups - 1)  # [PW, 1, 1]: one group per field
+        s = tl.load(scales_ptr + g * N + cols3, mask=mask_cols3, other=0.0).to(tl.float32)  # [1|PW, 1, BN]
+        if HAS_ZEROS:
+            bias_f = tl.load(zeros_ptr + g * N + cols3, mask=mask_cols3, other=0).to(tl.float32) + MAGIC
+        else:
+            bias_f = MAGIC + OFFSET
+        u = (words >> (fields * BITS)) & VALUE_MASK  # [PW, BKW, BN]: value k0 + i*BKW + r at [i, r]
+        w = ((u | MAGIC_BITS).to(tl.float32, bitcast=True) - bias_f) * s  # exact (u - z), one rounding
+        w = tl.reshape(w, (BLOCK_K, BLOCK_N))  # [BK, BN] in K order
+        offs_k = k0 + tl.arange(0, BLOCK_K)  # [BK]
+        xt = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & (offs_k < K)[None, :], other=0.0)  # [BM, BK]
+        if DOT_FP32:
+            acc = tl.dot(xt.to(tl.float32), w, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(xt, w.to(xt.dtype), acc)
 
     mask_mn = mask_m[:, None] & mask_n[None, :]
     if not WRITE_PARTIAL:
@@ -165,7 +164,7 @@ def _splitk_reduce_kernel(
 
 @triton.jit
 def _wna16_dequant_kernel(
-    qweight_ptr,  # int32 [KW, N]
+    qweight_ptr,  # int32 [KW, N], K interleaved in blocks of BLOCK_KW rows
     scales_ptr,  # [G, N]
     zeros_ptr,  # uint8 [G, N] (read when HAS_ZEROS)
     out_ptr,  # [K, N] output dtype: dequant(W).T
@@ -174,28 +173,30 @@ def _wna16_dequant_kernel(
     group_size,
     BITS: tl.constexpr,
     HAS_ZEROS: tl.constexpr,
-    BLOCK_KW: tl.constexpr,
+    BLOCK_KW: tl.constexpr,  # = the layout's interleave block: one block per program
     BLOCK_N: tl.constexpr,
 ):
     PER_WORD: tl.constexpr = 32 // BITS
     VALUE_MASK: tl.constexpr = (1 << BITS) - 1
     OFFSET: tl.constexpr = 1 << (BITS - 1)
-    offs_w = tl.program_id(0) * BLOCK_KW + tl.arange(0, BLOCK_KW)  # [BKW]
+    w0 = tl.program_id(0) * BLOCK_KW
+    offs_r = tl.arange(0, BLOCK_KW)  # [BKW]
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
-    mask_wn = (offs_w < tl.cdiv(K, PER_WORD))[:, None] & (offs_n < N)[None, :]
-    words = tl.load(qweight_ptr + offs_w[:, None] * N + offs_n[None, :], mask=mask_wn, other=0)
-    g_w = (offs_w * PER_WORD) // group_size
-    s = tl.load(scales_ptr + g_w[:, None] * N + offs_n[None, :], mask=mask_wn, other=0.0).to(tl.float32)
-    if HAS_ZEROS:
-        z = tl.load(zeros_ptr + g_w[:, None] * N + offs_n[None, :], mask=mask_wn, other=0).to(tl.int32)
-    else:
-        z = OFFSET
+    mask_n = (offs_n < N)[None, :]
+    groups = tl.cdiv(K, group_size)
+    words = tl.load(qweight_ptr + (w0 + offs_r)[:, None] * N + offs_n[None, :], mask=mask_n, other=0)
     for i in tl.static_range(PER_WORD):
-        u = (words >> (i * BITS)) & VALUE_MASK
-        w = (u - z).to(tl.float32) * s  # [BKW, BN]
-        offs_k = (offs_w * PER_WORD + i).to(tl.int64)
-        mask = mask_wn & (offs_k < K)[:, None]
-        tl.store(out_ptr + offs_k[:, None] * N + offs_n[None, :], w.to(out_ptr.dtype.element_ty), mask=mask)
+        offs_k = w0 * PER_WORD + i * BLOCK_KW + offs_r  # [BKW]: consecutive values of K
+        g = tl.minimum((w0 * PER_WORD + i * BLOCK_KW) // group_size, groups - 1)
+        s = tl.load(scales_ptr + g * N + offs_n[None, :], mask=mask_n, other=0.0).to(tl.float32)  # [1, BN]
+        if HAS_ZEROS:
+            z = tl.load(zeros_ptr + g * N + offs_n[None, :], mask=mask_n, other=0).to(tl.int32)
+        else:
+            z = OFFSET
+        u = (words >> (i * BITS)) & VALUE_MASK  # [BKW, BN]
+        w = (u - z).to(tl.float32) * s
+        mask = mask_n & (offs_k < K)[:, None]
+        tl.store(out_ptr + offs_k.to(tl.int64)[:, None] * N + offs_n[None, :], w.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -231,14 +232,15 @@ def check_triton_operands(
     op = "quantkit::wna16_gemm"
     if bits not in SUPPORTED_BITS:
         raise ValueError(f"{op}: bits must be one of {SUPPORTED_BITS}, got {bits}")
-    per_word = 32 // bits
     if x.dim() != 2 or x.dtype not in TRITON_X_DTYPES:
         raise ValueError(f"{op}: x must be 2-D [M, K] in one of {TRITON_X_DTYPES}, got {x.dtype} {tuple(x.shape)}")
     m, k = x.shape
-    if qweight.dtype != torch.int32 or qweight.dim() != 2 or qweight.shape[0] != -(-k // per_word):
+    rows = triton_word_rows(k, bits)
+    if qweight.dtype != torch.int32 or qweight.dim() != 2 or qweight.shape[0] != rows:
         raise ValueError(
-            f"{op}: qweight must be int32 [ceil(K/{per_word})={-(-k // per_word)}, N] for K={k} at {bits} bits, "
-            f"got {qweight.dtype} {tuple(qweight.shape)}"
+            f"{op}: qweight must be int32 [{rows}, N] for K={k} at {bits} bits (ceil(K*bits/32) words rounded up "
+            f"to a multiple of {TRITON_WORD_BLOCK}: the layout prepare_wna16 builds), got {qweight.dtype} "
+            f"{tuple(qweight.shape)}"
         )
     n = qweight.shape[1]
     if scales.dim() != 2 or scales.shape[1] != n or scales.dtype not in TRITON_X_DTYPES:
@@ -247,10 +249,10 @@ def check_triton_operands(
     if groups < 1 or k % groups:
         raise ValueError(f"{op}: scales has G={groups} groups, which does not divide K={k}")
     group_size = k // groups
-    if groups > 1 and group_size % per_word:
+    if groups > 1 and group_size % TRITON_WORD_BLOCK:
         raise ValueError(
-            f"{op}: group_size={group_size} must be a multiple of {per_word} (values per int32 word at {bits} bits) "
-            "or cover the whole row (per channel); use backend='reference' for other group sizes"
+            f"{op}: group_size={group_size} must be a multiple of {TRITON_WORD_BLOCK} or cover the whole row "
+            "(per channel); use backend='reference' for other group sizes"
         )
     if zeros is not None and (zeros.dtype != torch.uint8 or tuple(zeros.shape) != (groups, n)):
         raise ValueError(f"{op}: zeros must be uint8 [G={groups}, N={n}], got {zeros.dtype} {tuple(zeros.shape)}")
@@ -288,6 +290,8 @@ def wna16_gemm_triton(
             f"imported, to run on CPU); got tensors on {x.device}"
         )
     cfg = config or choose_config(m, n, k, bits, num_sms(x.device))
+    if cfg.algo == "gemv" and m > cfg.block_m:
+        raise ValueError(f"a gemv configuration with block_m={cfg.block_m} cannot run M={m} rows")
     x = x.contiguous()
     if out is None:
         out = x.new_empty((m, n))
@@ -299,20 +303,17 @@ def wna16_gemm_triton(
     has_zeros, has_bias = zeros is not None, bias is not None
     zeros_arg = zeros if has_zeros else scales  # never read
     bias_arg = bias if has_bias else scales  # never read
-
-    block_k = cfg.block_kw * per_word
-    k_tiles = -(-k // block_k)
-    split = min(cfg.split_k, k_tiles)
+    blocks = qweight.shape[0] // TRITON_WORD_BLOCK  # interleave blocks along K
+    split = splits_dividing(blocks, cfg.split_k)
     if workspace is not None:
         need, need_dtype = (k * n, x.dtype) if cfg.algo == "dequant" else (split * m * n, torch.float32)
         if workspace.numel() < need or workspace.dtype != need_dtype or not workspace.is_contiguous():
             raise ValueError(f"workspace must be a contiguous {need_dtype} tensor of at least {need} elements")
     if cfg.algo == "dequant":
         w_t = x.new_empty((k, n)) if workspace is None else workspace[: k * n].view(k, n)  # [K, N]
-        grid = (triton.cdiv(-(-k // per_word), DEQUANT_BLOCK[0]), triton.cdiv(n, DEQUANT_BLOCK[1]))
-        wrap_triton(_wna16_dequant_kernel)[grid](
+        wrap_triton(_wna16_dequant_kernel)[(blocks, triton.cdiv(n, DEQUANT_BLOCK_N))](
             qweight, scales, zeros_arg, w_t, n, k, group_size,
-            BITS=bits, HAS_ZEROS=has_zeros, BLOCK_KW=DEQUANT_BLOCK[0], BLOCK_N=DEQUANT_BLOCK[1],
+            BITS=bits, HAS_ZEROS=has_zeros, BLOCK_KW=TRITON_WORD_BLOCK, BLOCK_N=DEQUANT_BLOCK_N,
         )
         if has_bias:
             torch.addmm(bias.to(x.dtype), x, w_t, out=out)
@@ -320,8 +321,8 @@ def wna16_gemm_triton(
             torch.mm(x, w_t, out=out)
         return out
 
-    k_split_len = -(-k_tiles // split) * block_k
-    scale_single = groups_single(group_size, k, block_k)
+    iters = blocks // split  # blocks per program along K
+    scale_single = groups_single(group_size, k, TRITON_WORD_BLOCK * per_word)
     if split > 1:
         partial = (
             x.new_empty((split, m, n), dtype=torch.float32)
@@ -330,16 +331,23 @@ def wna16_gemm_triton(
         )
     else:
         partial = out  # never written
-    grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), split)
-    wrap_triton(_wna16_matmul_kernel)[grid](
-        x, qweight, scales, zeros_arg, bias_arg, out, partial,
-        m, n, k, group_size, k_split_len, x.stride(0), out.stride(0),
-        BITS=bits, HAS_ZEROS=has_zeros, HAS_BIAS=has_bias, SCALE_SINGLE=scale_single,
-        USE_DOT=cfg.algo == "dot", DOT_FP32=KERNELS_INTERPRETED or x.dtype == torch.float32,
-        WRITE_PARTIAL=split > 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_KW=cfg.block_kw,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    if split > 1:
+    scalars = (m, n, k, group_size, iters * TRITON_WORD_BLOCK, iters, x.stride(0), out.stride(0))
+    flags = dict(BITS=bits, HAS_ZEROS=has_zeros, HAS_BIAS=has_bias, SCALE_SINGLE=scale_single,
+                 WRITE_PARTIAL=split > 1, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_KW=TRITON_WORD_BLOCK,
+                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    reduce_last = split > 1 and cfg.reduce == "last"
+    if cfg.algo == "gemv":
+        tiles = triton.cdiv(n, cfg.block_n)
+        counters = torch.zeros(tiles, dtype=torch.int32, device=x.device) if reduce_last else qweight  # [tiles]
+        wrap_triton(_wna16_gemv_kernel)[(tiles, split)](
+            x, qweight, scales, zeros_arg, bias_arg, out, partial, counters, *scalars,
+            REDUCE_LAST=reduce_last, **flags)
+    else:
+        grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), split)
+        wrap_triton(_wna16_matmul_kernel)[grid](
+            x, qweight, scales, zeros_arg, bias_arg, out, partial, *scalars,
+            DOT_FP32=KERNELS_INTERPRETED or x.dtype == torch.float32, **flags)
+    if split > 1 and not reduce_last:
         wrap_triton(_splitk_reduce_kernel)[(m, triton.cdiv(n, REDUCE_BLOCK_N))](
             partial, bias_arg, out, m, n, out.stride(0), split,
             HAS_BIAS=has_bias, BLOCK_N=REDUCE_BLOCK_N,
@@ -347,8 +355,16 @@ def wna16_gemm_triton(
     return out
 
 
+def splits_dividing(blocks: int, wanted: int) -> int:
+    """The largest split-K <= wanted that divides the K blocks evenly (every program gets the same work)."""
+    split = max(1, min(wanted, blocks))
+    while blocks % split:
+        split -= 1
+    return split
+
+
 def groups_single(group_size: int, k: int, block_k: int) -> bool:
-    """True when every K tile of block_k values lies inside one scale group."""
+    """True when every K block of block_k values lies inside one scale group."""
     return group_size == k or group_size % block_k == 0
 
 
@@ -368,7 +384,8 @@ def wna16_gemm_torch(
     m, n, k, group_size = check_triton_operands(x, qweight, scales, zeros, bias, bits)
     per_word = 32 // bits
     shifts = torch.arange(per_word, device=x.device, dtype=torch.int32) * bits
-    u = (qweight.unsqueeze(1) >> shifts[None, :, None]) & ((1 << bits) - 1)  # [KW, PW, N]
+    u = (qweight.unsqueeze(1) >> shifts[None, :, None]) & ((1 << bits) - 1)  # [KW, PW, N]: word w, field i
+    u = u.view(-1, TRITON_WORD_BLOCK, per_word, n).transpose(1, 2)  # [blocks, PW, B, N]: k = (b*PW + i)*B + r
     u = u.reshape(-1, n)[:k]  # [K, N]
     z = zeros.to(torch.int32) if zeros is not None else torch.full_like(scales, 1 << (bits - 1), dtype=torch.int32)
     z = z.repeat_interleave(group_size, dim=0)  # [K, N]
@@ -393,9 +410,10 @@ def wna16_gemm(
 
     Args:
         x: fp16/bf16/fp32 [M, K], any M (made contiguous).
-        qweight: int32 [ceil(K*bits/32), N]; word j of column n holds k = j*(32/bits) + i at bits
-            [i*bits, (i+1)*bits), unsigned (value + 2**(bits-1)).
-        scales: [G, N] fp16/bf16/fp32, G = K / group_size; group_size a multiple of 32/bits, or G = 1.
+        qweight: int32 [KW, N] in the interleaved layout of ``wna16_layout.to_triton_layout`` (KW =
+            ceil(K*bits/32) rounded up to a multiple of 8; word row b*8 + r holds k = b*8*PW + i*8 + r at
+            bits [i*bits, (i+1)*bits), unsigned (value + 2**(bits-1)), PW = 32/bits).
+        scales: [G, N] fp16/bf16/fp32, G = K / group_size; group_size a multiple of 8, or G = 1.
         zeros: uint8 [G, N] unsigned zero points (zp + 2**(bits-1)) for asymmetric weights, or None.
         bias: optional [N].
         bits: 2, 4 or 8.

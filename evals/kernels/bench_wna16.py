@@ -5,11 +5,14 @@
     python evals/kernels/bench_wna16.py --out DIR --sweep     # GPU: also time alternative launch configs
 
 Shapes are K x N = (in_features, out_features); x is [M, K], W is [N, K]. For each shape, M and
-weight scheme it records the time of the quantized backend with fp16 and bf16 activations next to
-torch.matmul(x, W.t()) in the same dtype (speedup = matmul time / backend time), the achieved
-bandwidth (bytes of packed weights + scales + zeros + activations in and out, divided by the time),
-its share of the copy bandwidth measured in the same run (a device-to-device tensor copy: read +
-write bytes / time), and the relative mean error against the fp32 reference.
+weight scheme it records the time of each backend (quantkit "triton", and on CUDA the peers
+"tinygemm" = ``aten._weight_int4pack_mm`` and "gemlite" when installed, all fed the *same* quantized
+values: ``wna16_peers.py``) next to torch.matmul(x, W.t()) in the same dtype (cuBLAS; speedup =
+matmul time / backend time), the achieved bandwidth (bytes of packed weights + scales + zeros +
+activations in and out, divided by the time), its share of the copy bandwidth measured in the same
+run (a device-to-device tensor copy: read + write bytes / time), and the relative mean error
+against the fp32 dequantization (reference). A backend that cannot run a scheme is listed under
+"skipped" with the reason.
 
 Timing. GPU: every timed call reads a different copy of the weights (enough copies to exceed 4x the
 L2 cache), all copies run back to back inside one captured CUDA graph, replayed between CUDA
@@ -40,11 +43,15 @@ import quantkit.kernels as qk
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_timing import cpu_name, realtime_priority  # noqa: E402
+from wna16_peers import PEERS, PeerUnavailable  # noqa: E402
 
-FULL_SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 8192), (8192, 28672), (28672, 8192)]
-FULL_MS = [1, 2, 4, 8, 16, 64, 256]
-QUICK_SHAPES = [(4096, 4096), (8192, 28672)]
-QUICK_MS = [1, 16, 256]
+# K x N: Llama-3-8B (qkv 4096x6144, o 4096x4096, gate+up 4096x28672, gate 4096x14336, down 14336x4096)
+# and Llama-3-70B-like (8192x8192, gate+up 8192x57344, down 28672x8192)
+FULL_SHAPES = [(8192, 8192), (4096, 4096), (4096, 28672), (14336, 4096), (8192, 57344), (28672, 8192),
+               (4096, 6144), (4096, 14336)]
+FULL_MS = [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048]
+QUICK_SHAPES = [(4096, 4096), (8192, 8192), (4096, 28672)]
+QUICK_MS = [1, 4, 16, 512]
 CPU_SHAPES = [(4096, 4096), (4096, 14336), (14336, 4096)]
 CPU_MS = [1, 4, 16, 64]
 CPU_QUICK_SHAPES = [(4096, 4096)]
@@ -167,23 +174,46 @@ def sweep_configs(m: int, n: int, k: int, bits: int, num_sms: int) -> list[qk.WN
     """Alternatives to the heuristic's pick, for --sweep (the table in wna16_heuristics is refitted from these)."""
     base = qk.choose_config(m, n, k, bits, num_sms)
     out = []
+    splits = sorted({1, max(1, base.split_k // 4), max(1, base.split_k // 2), base.split_k, base.split_k * 2})
     if m <= 4:
-        for bn in (64, 128, 256):
-            for split in sorted({1, max(1, base.split_k // 2), base.split_k, base.split_k * 2}):
-                out.append(qk.WNA16Config("gemv", base.block_m if base.algo == "gemv" else 1, bn, 16, split))
+        bm = 1 << (m - 1).bit_length()
+        for warps, bn in ((1, 128), (1, 256), (2, 256), (2, 512), (4, 512), (4, 1024)):
+            for split in splits:
+                out.append(qk.WNA16Config("gemv", bm, bn, split, num_warps=warps, num_stages=1))
+                if split > 1:  # the same with the single-launch reduction
+                    out.append(qk.WNA16Config("gemv", bm, bn, split, num_warps=warps, num_stages=1, reduce="last"))
     if m <= 64:
         bm = max(16, 1 << (m - 1).bit_length())
-        for bn in (32, 64, 128):
-            for split in sorted({1, max(1, base.split_k // 2), max(base.split_k, 1), max(base.split_k, 1) * 2}):
-                out.append(qk.WNA16Config("dot", bm, bn, 16, split))
+        for bn in (64, 128, 256):
+            for split in splits:
+                out.append(qk.WNA16Config("dot", bm, bn, split))
     else:
-        for bm, bn, warps in ((64, 64, 4), (64, 128, 4), (128, 128, 8), (128, 64, 4)):
-            out.append(qk.WNA16Config("dot", bm, bn, 16, 1, num_warps=warps))
-    out.append(qk.WNA16Config("dequant", 1, 64, 16))
+        for bm, bn, warps, stages in ((64, 128, 4, 3), (128, 128, 8, 3), (128, 256, 8, 3), (128, 128, 4, 4),
+                                      (64, 256, 4, 3)):
+            for split in (1, 2, 4) if m <= 512 else (1,):  # fewer (M, N) tiles than SMs at M = 65..512
+                out.append(qk.WNA16Config("dot", bm, bn, split, num_warps=warps, num_stages=stages))
+    out.append(qk.WNA16Config("dequant", 1, 64))
     return [c for c in out if c != base]
 
 
-def run(args) -> dict:
+QUANTKIT_BACKENDS = ("triton", "torch", "reference")
+
+
+def make_calls(backend, ckpts, scheme, k, n, dtype):
+    """One ``call(x)`` per weight copy, or raises PeerUnavailable. Also returns the quantkit layout name."""
+    if backend in PEERS:
+        return [PEERS[backend](*c, scheme.bits, k, dtype) for c in ckpts], backend
+    prepared = [qk.prepare_wna16(*c, bits=scheme.bits, in_features=k, backend=backend) for c in ckpts]
+
+    def call(x, p):
+        return qk.wna16_linear(x, p, bits=scheme.bits, in_features=k, out_features=n, backend=backend)
+
+    return [lambda x, p=p: call(x, p) for p in prepared], qk.prepared_layout(prepared[0])
+
+
+def run(args, save=None) -> dict:
+    """Time every shape x scheme x backend x M; ``save(result)`` is called after every row (so a run cut
+    short by a time limit keeps what it measured)."""
     device = args.device
     gen = torch.Generator(device=device).manual_seed(args.seed)
     dtypes = [getattr(torch, d) for d in args.dtypes]
@@ -198,7 +228,8 @@ def run(args) -> dict:
     }
     result["copy_bandwidth_GBps"] = copy_bw = copy_bandwidth(device, args.reps, args.realtime)
     print(f"copy bandwidth: {copy_bw:.1f} GB/s", flush=True)
-    rows = []
+    rows, skipped = [], []
+    result["rows"], result["skipped"], result["complete"] = rows, skipped, False
     matmul_cache: dict[tuple, float] = {}
     for k, n in args.shapes:
         dense_bytes = n * k * 2
@@ -216,18 +247,23 @@ def run(args) -> dict:
                 if backend == "reference":  # dequantizes the whole weight per call: slow, cache-insensitive
                     copies, reps = 1, min(reps, 3)
                 ckpts = {dt: [random_checkpoint(scheme, k, n, dt, device, gen) for _ in range(copies)] for dt in dtypes}
-                prepared = {
-                    dt: [qk.prepare_wna16(*c, bits=scheme.bits, in_features=k, backend=backend) for c in ckpts[dt]]
-                    for dt in dtypes
-                }
+                calls, layout = {}, None
+                for dt in dtypes:
+                    try:
+                        calls[dt], layout = make_calls(backend, ckpts[dt], scheme, k, n, dt)
+                    except PeerUnavailable as exc:
+                        skipped.append({"K": k, "N": n, "scheme": scheme.name, "backend": backend,
+                                        "dtype": str(dt).removeprefix("torch."), "reason": str(exc)})
+                        print(f"skip {backend} {scheme.name} {dt}: {exc}", flush=True)
+                if not calls:
+                    continue
                 for m in args.ms:
-                    row = {"K": k, "N": n, "M": m, "scheme": scheme.name, "backend": backend,
-                           "layout": qk.prepared_layout(prepared[dtypes[0]][0]),
+                    row = {"K": k, "N": n, "M": m, "scheme": scheme.name, "backend": backend, "layout": layout,
                            "bytes": moved_bytes(scheme, m, k, n)}
                     if backend == "triton":
                         sms = qk.wna16_triton.num_sms(torch.device(device))
                         row["config"] = qk.choose_config(m, n, k, scheme.bits, sms).as_dict()
-                    for dt in dtypes:
+                    for dt, fns in calls.items():
                         tag = str(dt).removeprefix("torch.")
                         x = torch.randn(m, k, generator=gen, device=device, dtype=dt)
                         key = (k, n, m, dt)
@@ -236,16 +272,10 @@ def run(args) -> dict:
                                 [lambda w=w: torch.matmul(x, w.t()) for w in dense[dt]], device, args.reps, args.timer,
                                 args.realtime)
                         t_mm = matmul_cache[key]
-
-                        def call(p, backend=backend, x=x, m=m):
-                            return qk.wna16_linear(x, p, bits=scheme.bits, in_features=k, out_features=n,
-                                                   backend=backend)
-
-                        t = time_rotating([lambda p=p: call(p) for p in prepared[dt]], device, reps, args.timer,
-                                          args.realtime)
+                        t = time_rotating([lambda f=f: f(x) for f in fns], device, reps, args.timer, args.realtime)
                         packed, scale, zero = ckpts[dt][0]
                         ref = qk.wna16_linear_reference(x.float(), packed, scale.float(), zero, scheme.bits, k)
-                        y = call(prepared[dt][0]).float()
+                        y = fns[0](x).float()
                         err = ((y - ref).abs().mean() / ref.abs().mean()).item()
                         row.update({
                             f"us_{tag}": t * 1e6, f"matmul_us_{tag}": t_mm * 1e6, f"speedup_{tag}": t_mm / t,
@@ -255,12 +285,16 @@ def run(args) -> dict:
                             f"rel_err_{tag}": err,
                         })
                         if backend == "triton" and args.sweep and dt == dtypes[0]:
-                            row["sweep"] = sweep(prepared[dt], x, scheme, m, n, k, device, args)
+                            prepared = [qk.prepare_wna16(*c, bits=scheme.bits, in_features=k, backend="triton")
+                                        for c in ckpts[dt]]
+                            row["sweep"] = sweep(prepared, x, scheme, m, n, k, device, args)
                     rows.append(row)
-                    print(format_row(row, dtypes), flush=True)
-                del ckpts, prepared
+                    if save:
+                        save(result)
+                    print(format_row(row, [dt for dt in dtypes if dt in calls]), flush=True)
+                del ckpts, calls
         del dense
-    result["rows"] = rows
+    result["complete"] = True
     return result
 
 
@@ -302,6 +336,9 @@ def to_markdown(result: dict, dtypes: list[str]) -> str:
         f"Command: `python evals/kernels/bench_wna16.py {' '.join(result['argv'])}`",
         "",
     ]
+    if not result.get("complete", True):
+        lines += ["**Incomplete run** (stopped before the end, e.g. by a time limit): only the rows below were "
+                  "measured.", ""]
     head = "| K x N | M | scheme | backend |"
     rule = "|---|---:|---|---|"
     for tag in dtypes:
@@ -313,10 +350,18 @@ def to_markdown(result: dict, dtypes: list[str]) -> str:
     for r in result["rows"]:
         line = f"| {r['K']}x{r['N']} | {r['M']} | {r['scheme']} | {r['backend']} ({r['layout']}) |"
         for tag in dtypes:
-            line += (f" {r[f'us_{tag}']:.1f} | {r[f'matmul_us_{tag}']:.1f} | {r[f'speedup_{tag}']:.2f}x |"
-                     f" {r[f'GBps_{tag}']:.1f} | {r[f'pct_copy_bw_{tag}']:.1f} |")
-        line += " " + ", ".join(f"{r[f'rel_err_{tag}']:.1e}" for tag in dtypes) + " |"
+            if f"us_{tag}" in r:
+                line += (f" {r[f'us_{tag}']:.1f} | {r[f'matmul_us_{tag}']:.1f} | {r[f'speedup_{tag}']:.2f}x |"
+                         f" {r[f'GBps_{tag}']:.1f} | {r[f'pct_copy_bw_{tag}']:.1f} |")
+            else:
+                line += " – | – | – | – | – |"
+        line += " " + ", ".join(f"{r[f'rel_err_{tag}']:.1e}" for tag in dtypes if f"rel_err_{tag}" in r) + " |"
         lines.append(line)
+    lines += side_by_side(result, dtypes[0])
+    if result.get("skipped"):
+        lines += ["", "## Skipped", ""]
+        lines += [f"- {s['backend']} {s['scheme']} {s['dtype']} at {s['K']}x{s['N']}: {s['reason']}"
+                  for s in result["skipped"]]
     swept = [r for r in result["rows"] if r.get("sweep")]
     if swept:
         lines += ["", "## Sweep (first dtype): best alternative vs the heuristic's pick", "",
@@ -331,18 +376,39 @@ def to_markdown(result: dict, dtypes: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def side_by_side(result: dict, tag: str) -> list[str]:
+    """One line per (shape, scheme, M): the cuBLAS time and every backend's speedup over it and % copy BW."""
+    backends = list(dict.fromkeys(r["backend"] for r in result["rows"]))
+    if len(backends) < 2:
+        return []
+    lines = ["", f"## Side by side ({tag}): speedup over cuBLAS / torch.matmul, and % of copy bandwidth", "",
+             "| K x N | scheme | M | matmul us | " + " | ".join(backends) + " |",
+             "|---|---|---:|---:|" + "---:|" * len(backends)]
+    groups: dict[tuple, dict] = {}
+    for r in result["rows"]:
+        if f"us_{tag}" in r:
+            groups.setdefault((r["K"], r["N"], r["scheme"], r["M"]), {})[r["backend"]] = r
+    for (k, n, scheme, m), by in groups.items():
+        mm = next(iter(by.values()))[f"matmul_us_{tag}"]
+        cells = [f"{by[b][f'speedup_{tag}']:.2f}x / {by[b][f'pct_copy_bw_{tag}']:.0f}%" if b in by else "–"
+                 for b in backends]
+        lines.append(f"| {k}x{n} | {scheme} | {m} | {mm:.1f} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="WNA16 linear roofline benchmark (see the module docstring).")
     p.add_argument("--out", required=True, type=Path, help="folder for bench_wna16.json and bench_wna16.md")
     p.add_argument("--quick", action="store_true", help="fewer shapes, M values and schemes")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--backends", default=None,
-                   help="comma-separated; default triton on CUDA, torch,reference on CPU")
+                   help="comma-separated, from triton,torch,reference (quantkit) and tinygemm,gemlite (peers); "
+                        "default triton,tinygemm,gemlite on CUDA, torch,reference on CPU")
     p.add_argument("--shapes", default=None, help="comma-separated KxN list, e.g. 4096x4096,8192x28672")
     p.add_argument("--ms", default=None, help="comma-separated M values")
     p.add_argument("--schemes", default=None, help=f"comma-separated, from {sorted(SCHEMES)}")
     p.add_argument("--dtypes", default=None,
-                   help="activation dtypes; default float16,bfloat16 on CUDA, bfloat16 on CPU")
+                   help="activation dtypes; default bfloat16 (the measured decode dtype; tinygemm takes only bf16)")
     p.add_argument("--reps", type=int, default=None, help="timed repetitions (default 40 on CUDA, 9 on CPU)")
     p.add_argument("--timer", choices=("graph", "do_bench"), default="graph", help="GPU timing method")
     p.add_argument("--sweep", action="store_true", help="GPU: also time alternative launch configurations")
@@ -355,7 +421,10 @@ def parse_args(argv=None):
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
         p.error("--device cuda but no CUDA device is available")
-    args.backends = (args.backends or ("triton" if cuda else "torch,reference")).split(",")
+    args.backends = (args.backends or ("triton,tinygemm,gemlite" if cuda else "torch,reference")).split(",")
+    unknown = [b for b in args.backends if b not in QUANTKIT_BACKENDS and b not in PEERS]
+    if unknown:
+        p.error(f"unknown backends {unknown}; choose from {list(QUANTKIT_BACKENDS) + list(PEERS)}")
     if args.shapes:
         args.shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",")]
     else:
@@ -367,7 +436,7 @@ def parse_args(argv=None):
     unknown = [s for s in args.schemes if s not in SCHEMES]
     if unknown:
         p.error(f"unknown schemes {unknown}; choose from {sorted(SCHEMES)}")
-    args.dtypes = (args.dtypes or ("float16,bfloat16" if cuda else "bfloat16")).split(",")
+    args.dtypes = (args.dtypes or "bfloat16").split(",")
     args.reps = args.reps or (40 if cuda else 9)
     return args
 
@@ -377,11 +446,15 @@ def main(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    result = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bench_wna16.json").write_text(json.dumps(result, indent=1))
     tags = [str(getattr(torch, d)).removeprefix("torch.") for d in args.dtypes]
-    (args.out / "bench_wna16.md").write_text(to_markdown(result, tags))
+
+    def save(result):
+        (args.out / "bench_wna16.json").write_text(json.dumps(result, indent=1))
+        (args.out / "bench_wna16.md").write_text(to_markdown(result, tags))
+
+    result = run(args, save)
+    save(result)
     print(f"wrote {args.out / 'bench_wna16.json'} and {args.out / 'bench_wna16.md'}")
     return result
 

@@ -34,6 +34,7 @@ def test_bench_runs_every_cpu_backend_and_reports_consistently(tmp_path):
                          "--max-copies", "1", "--dtypes", "float16,bfloat16"])
     saved = json.loads((out / "bench_wna16.json").read_text())
     assert saved["rows"] == json.loads(json.dumps(result["rows"]))
+    assert saved["complete"] is True  # written after every row, marked complete at the end
     assert len(saved["rows"]) == 2 * len(BACKENDS) * 2  # schemes x backends x M
     assert saved["copy_bandwidth_GBps"] > 0
     for row in saved["rows"]:
@@ -44,8 +45,23 @@ def test_bench_runs_every_cpu_backend_and_reports_consistently(tmp_path):
             # the torch backend computes in bf16 whatever the dtype
             assert row[f"rel_err_{tag}"] <= tolerance(torch.bfloat16), row
     markdown = (out / "bench_wna16.md").read_text()
-    assert markdown.count("| 256x64 |") == len(saved["rows"])
+    side_by_side = {(r["scheme"], r["M"]) for r in saved["rows"]}  # one line per scheme x M comparing backends
+    assert markdown.count("| 256x64 |") == len(saved["rows"]) + len(side_by_side)
     assert "Measured copy bandwidth" in markdown
+    assert "## Side by side (float16)" in markdown
+
+
+def test_bench_reports_peers_it_cannot_run(tmp_path):
+    """tinygemm and gemlite are timed on CUDA only: elsewhere (or without gemlite) each is listed as skipped
+    with its reason, never silently dropped."""
+    bench = _load_bench()
+    result = bench.main(["--out", str(tmp_path), "--device", DEVICE, "--backends", "triton,tinygemm,gemlite",
+                         "--shapes", "256x64", "--ms", "1", "--schemes", "w8ch", "--reps", "1", "--max-copies", "1"])
+    assert [r["backend"] for r in result["rows"]] == ["triton"]  # int8: no peer runs it
+    reasons = {s["backend"]: s["reason"] for s in result["skipped"]}
+    assert set(reasons) == {"tinygemm", "gemlite"}
+    assert "int4 only" in reasons["tinygemm"]
+    assert "## Skipped" in (tmp_path / "bench_wna16.md").read_text()
 
 
 def test_bench_sweep_times_alternative_configs(tmp_path):

@@ -1,9 +1,10 @@
 """Triton WNA16 kernels (interpreted on CPU without a GPU) against the reference from the dequantized weight.
 
 Every scheme (int4 g32/g64/g128/per-channel, int8 per-channel/g64, int2 g64; symmetric and asymmetric)
-in fp16, bf16 and fp32, M from 1 to 33, N ragged (80: not a multiple of any BLOCK_N), fresh random
-inputs each run; every algorithm forced once with NaN-poisoned output and workspace buffers; ragged K;
-invalid operands; opcheck and torch.compile of the op.
+in fp16, bf16 and fp32, M from 1 to 8 and a few larger (each M through the algorithm the rules pick
+for it), N ragged (80: not a multiple of any BLOCK_N), fresh random inputs each run; every algorithm
+(GEMV at each BLOCK_M, split-K, dot, dequant) forced with NaN-poisoned output and workspace buffers
+on every scheme; ragged K; invalid operands; opcheck and torch.compile of the op.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from .wna16_cases import TRITON_SCHEMES, Scheme, random_weight, reference_output
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 N, K = 80, 256
-M_ALL = (1, 2, 3, 8, 16, 33)
-M_SOME = (1, 8, 33)
+M_ALL = (1, 2, 3, 4, 5, 6, 7, 8, 16, 33)
+M_SOME = (1, 2, 5, 8, 33)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -62,20 +63,28 @@ def test_matches_reference(scheme: Scheme, dtype, gen):
 
 
 FORCED = [
-    WNA16Config("gemv", 1, 32, 16, split_k=1),
-    WNA16Config("gemv", 4, 64, 16, split_k=3),
-    WNA16Config("dot", 16, 32, 16, split_k=1),
-    WNA16Config("dot", 16, 64, 16, split_k=2),
-    WNA16Config("dot", 32, 16, 32, split_k=1),
-    WNA16Config("dequant", 1, 64, 16),
+    WNA16Config("gemv", 1, 128, split_k=1, num_warps=1),
+    WNA16Config("gemv", 2, 256, split_k=2, num_warps=1),
+    WNA16Config("gemv", 4, 128, split_k=3, num_warps=1),
+    WNA16Config("gemv", 2, 128, split_k=4, num_warps=1, reduce="last"),
+    WNA16Config("dot", 16, 32, split_k=1),
+    WNA16Config("dot", 16, 64, split_k=2),
+    WNA16Config("dot", 32, 16, split_k=1),
+    WNA16Config("dequant", 1, 64),
 ]
 
 
+# one scheme per bit width x scale mode (block-wide scale, per-field scale, per channel), both zero modes
+FORCED_SCHEMES = [Scheme(4, 32, False), Scheme(4, 128, True), Scheme(4, None, False), Scheme(8, None, True),
+                  Scheme(8, 64, False), Scheme(2, 64, False)]
+
+
 @pytest.mark.parametrize("config", FORCED, ids=lambda c: f"{c.algo}-m{c.block_m}-n{c.block_n}-s{c.split_k}")
-@pytest.mark.parametrize("scheme", [Scheme(4, 32, False), Scheme(8, None, True)], ids=lambda s: s.id)
+@pytest.mark.parametrize("scheme", FORCED_SCHEMES, ids=lambda s: s.id)
 def test_every_algorithm_writes_every_output(scheme, config, gen):
     """Output and workspace poisoned with NaN: any element a kernel fails to write shows up."""
-    dtype, m = torch.float16, 5
+    dtype = torch.float16
+    m = min(config.block_m, 4) if config.algo == "gemv" else 5
     weight = random_weight(scheme, N, K, dtype, gen)
     prep = _prepared(weight)
     x = torch.randn(m, K, generator=gen).to(dtype)
@@ -143,8 +152,10 @@ def test_invalid_operands_raise(gen):
     with pytest.raises(ValueError, match="out must be a row-major"):
         qk.wna16_gemm_triton(x, qw, sc, zr, None, 4, out=torch.empty(2, N, device=DEVICE))
     with pytest.raises(ValueError, match="workspace must be a contiguous torch.float32"):
-        qk.wna16_gemm_triton(x, qw, sc, zr, None, 4, config=WNA16Config("gemv", 2, 64, 16, split_k=2),
+        qk.wna16_gemm_triton(x, qw, sc, zr, None, 4, config=WNA16Config("gemv", 2, 128, split_k=2, num_warps=1),
                              workspace=torch.empty(N, device=DEVICE))
+    with pytest.raises(ValueError, match="cannot run M=2 rows"):
+        qk.wna16_gemm_triton(x, qw, sc, zr, None, 4, config=WNA16Config("gemv", 1, 128, num_warps=1))
     with pytest.raises(ValueError, match="in_features=256"):
         qk.wna16_linear(x[:, :100], prep, bits=4, in_features=K, out_features=N, backend="triton")
     with pytest.raises(ValueError, match="does not read"):
@@ -185,3 +196,16 @@ def test_torch_compile_fullgraph(gen):
     x = torch.randn(4, K, generator=gen).to(dtype)
     y = compiled(x.to(DEVICE))
     assert rel_mean_error(y.cpu(), 2 * reference_output(x, weight)) <= tolerance(dtype)
+
+
+def test_auto_keeps_the_reference_for_groups_triton_cannot_hold(gen, monkeypatch):
+    """On CUDA "auto" picks Triton; a layer whose group size the Triton layout cannot hold (int8 in
+    groups of 4) must then keep the exact reference layout instead of failing at load time, while
+    an explicit backend="triton" still refuses it with a message naming the fix."""
+    scheme = Scheme(bits=8, group_size=4, symmetric=True)
+    w = random_weight(scheme, 64, 64, torch.float32, gen)
+    monkeypatch.setattr(qk.wna16, "resolve_backend", lambda backend, device, dtype=None: "triton")
+    prep = qk.prepare_wna16(w.weight_packed, w.weight_scale, None, bits=8, in_features=64, backend="auto")
+    assert qk.prepared_layout(prep) == "reference"
+    with pytest.raises(ValueError, match="use backend='reference' for this layer"):
+        qk.prepare_wna16(w.weight_packed, w.weight_scale, None, bits=8, in_features=64, backend="triton")
