@@ -17,9 +17,14 @@ from .algorithms import CALIBRATED_ALGORITHMS, rtn_quantize
 from .calibration.kv_scales import attach_kv_scales, pop_kv_scales
 from .device import resolve_device
 from .errors import CheckpointError, QuantizationError
-from .formats.compressed_tensors import build_quantization_config, parse_quantization_config
-from .formats.safetensors_io import read_state_dict, write_state_dict
-from .loading import copy_tokenizer_files, is_quantized_checkpoint, load_float_model, read_config_json, resolve_model_source
+from .finite import describe_nonfinite, nonfinite_tensors
+from .formats.compressed_tensors import build_quantization_config
+from .formats.shapes import raise_on_mismatch, shape_mismatches, weight_shape_values
+from .formats.safetensors_io import read_state_dict, stored_float_dtype, write_state_dict
+from .loading import (
+    SOURCE_DTYPE_ATTRIBUTE, copy_tokenizer_files, empty_quantized_model, is_quantized_checkpoint, load_float_model,
+    read_config_json, resolve_model_source, source_dtype,
+)
 from .outputs import atomic_output_dir
 from .modules.kv_cache import enable_fp8_kv_cache
 from .modules.quant_linear import QuantLinear
@@ -27,12 +32,14 @@ from .recipe import Recipe, load_recipe
 from .targets import select_linears, set_submodule
 
 
-def _check_finite(name: str, weight: torch.Tensor) -> None:
-    if not torch.isfinite(weight).all():
-        bad = int((~torch.isfinite(weight)).sum())
+def _check_finite(model: nn.Module) -> None:
+    """Refuse a model with NaN/Inf in any float parameter or buffer (norm weights included)."""
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    found = nonfinite_tensors(named)
+    if found:
         raise QuantizationError(
-            f"{name}.weight has {bad} NaN/Inf value(s); quantizing it would corrupt the model: "
-            f"fix or re-download the source weights"
+            f"{describe_nonfinite(found)}: a model with NaN/Inf weights cannot be quantized (its outputs would be "
+            f"NaN or wrong); fix or re-download the source weights"
         )
 
 
@@ -64,6 +71,7 @@ def quantize(
     recipe = load_recipe(recipe)
     if device is not None:
         device = resolve_device(device)
+    _check_finite(model)
     calibrated = recipe.kv_cache is not None or (
         recipe.weights is not None and recipe.algorithm.name in CALIBRATED_ALGORITHMS
     )
@@ -89,14 +97,15 @@ def quantize(
             raise QuantizationError(f"algorithm {recipe.algorithm.name!r} is not available in this build")
         for name in tqdm(names, desc=f"quantize {recipe.name}", unit="layer", disable=not progress or not names):
             linear = model.get_submodule(name)
-            _check_finite(name, linear.weight)
             qweight = rtn_quantize(linear.weight.detach(), recipe.weights)
+            qweight.scale = _round_scale(qweight.scale, source_dtype(model))  # what the checkpoint will hold
             set_submodule(model, name, QuantLinear.from_quantized(qweight, linear.bias, dtype=linear.weight.dtype))
     if recipe.kv_cache is not None:
         from .calibration import calibration_batches
         from .calibration.kv_scales import quantize_kv_cache
 
         quantize_kv_cache(model, calibration_batches(calibration_data, model, tokenizer), progress=progress)
+        enable_fp8_kv_cache(model)  # generate() and forward passes now run with the calibrated FP8 cache
     model.config.quantization_config = build_quantization_config(model, recipe.kv_cache)
     from .calibration.data import describe_calibration
 
@@ -106,12 +115,16 @@ def quantize(
 
 def save(
     model: nn.Module, out_dir: "str | os.PathLike", *, tokenizer_source: str | None = None, force: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> Path:
     """Write a quantized model as a compressed-tensors checkpoint folder, atomically, with
     ``recipe.yaml`` (the recipe and calibration data quantize used) when this process quantized it.
 
     tokenizer_source: folder or hub id whose tokenizer files are copied beside the weights
     (default: where the model was loaded from).
+    dtype: the dtype of every floating tensor written (embeddings, norms, scales, KV scales); default:
+    the dtype the source weights were stored in (a bf16 model stays bf16 even when it was loaded
+    in fp32 to compute), or the model's dtype for a model quantkit did not load.
     """
     quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
     if not quantized and not getattr(model.config, "quantization_config", None):
@@ -121,7 +134,7 @@ def save(
             "this model's layers released their checkpoint tensors for a faster backend; "
             "load it with quantkit.load(path, backend='reference') to save it again"
         )
-    state = _deduplicated_state_dict(model)
+    state = _in_dtype(_deduplicated_state_dict(model), dtype or source_dtype(model))
     config = model.config.to_dict()
     config["quantization_config"] = build_quantization_config(model, _kv_scheme(model))
     source = tokenizer_source or getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
@@ -136,6 +149,27 @@ def save(
             (tmp / provenance.RECIPE_FILE).write_text(
                 provenance.recipe_file_text(made, source, Path(out_dir).expanduser().resolve()))
     return Path(out_dir).expanduser().resolve()
+
+
+def _round_scale(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp32 scales rounded to `dtype` (kept above its smallest normal number), back in fp32."""
+    return scale.clamp(min=torch.finfo(dtype).tiny).to(dtype).float()
+
+
+def _in_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Floating tensors cast to `dtype`; scales kept above its smallest normal number (never 0)."""
+    out = {}
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and tensor.dtype != dtype:
+            if name.endswith("_scale"):
+                tensor = tensor.clamp(min=torch.finfo(dtype).tiny)
+            tensor = tensor.to(dtype)
+        out[name] = tensor
+    found = nonfinite_tensors(out.items())
+    if found:
+        raise QuantizationError(f"{describe_nonfinite(found)} after conversion to {dtype}: the values do not fit; "
+                                f"save in a wider dtype (dtype=torch.float32 / --dtype float32)")
+    return out
 
 
 def _kv_scheme(model: nn.Module):
@@ -179,31 +213,17 @@ def load(
 
 
 def _load_quantized(folder: Path, *, backend: str, device, dtype, trust_remote_code: bool) -> nn.Module:
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    raw = read_config_json(folder)
-    qcfg = parse_quantization_config(raw["quantization_config"], str(folder / "config.json"))
-    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    quantization_config = raw["quantization_config"]
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    dtype = dtype or getattr(config, "dtype", None) or torch.float32
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
-    try:
-        with init_empty_weights():
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
-    except ValueError as e:
-        raise CheckpointError(f"{folder}: unsupported architecture ({str(e).splitlines()[0]})") from None
-    for name, module in list(model.named_modules()):
-        if isinstance(module, nn.Linear):
-            scheme = qcfg.scheme_for(name, module)
-            if scheme is not None:
-                q = QuantLinear(module.in_features, module.out_features, scheme, bias=module.bias is not None,
-                                dtype=dtype, device="meta")
-                set_submodule(model, name, q)
+    model, qcfg, dtype = empty_quantized_model(folder, dtype=dtype, trust_remote_code=trust_remote_code)
+    quantization_config = read_config_json(folder)["quantization_config"]
     state = read_state_dict(folder)
+    found = nonfinite_tensors(state.items())
+    if found:
+        raise CheckpointError(
+            f"{folder}: {describe_nonfinite(found)}; the checkpoint is corrupt (it would evaluate to NaN or "
+            f"wrong outputs): re-create it from the source model"
+        )
+    raise_on_mismatch(folder, shape_mismatches(model, {k: tuple(v.shape) for k, v in state.items()},
+                                               weight_shape_values(state)))
     state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
     kv_scales = pop_kv_scales(model, state)
     result = model.load_state_dict(state, strict=False, assign=True)
@@ -231,4 +251,5 @@ def _load_quantized(folder: Path, *, backend: str, device, dtype, trust_remote_c
         enable_fp8_kv_cache(model)
     model.config.quantization_config = quantization_config
     model.name_or_path = str(folder)
+    setattr(model, SOURCE_DTYPE_ATTRIBUTE, stored_float_dtype(folder) or dtype)
     return model.eval()

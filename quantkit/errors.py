@@ -30,6 +30,10 @@ class QuantizationError(QuantkitError, ValueError):
     """The model or data cannot be quantized as asked (NaN weights, bad shapes, unsupported model)."""
 
 
+class EvaluationError(QuantkitError, ValueError):
+    """An evaluation cannot run as asked (window longer than the model's context, too little text)."""
+
+
 class OutputExistsError(QuantkitError, FileExistsError):
     """The output path already exists and replacing it was not asked for.
 
@@ -45,6 +49,6 @@ class OutputExistsError(QuantkitError, FileExistsError):
 
 
 __all__ = [
-    "CheckpointError", "ConfigError", "OutputExistsError", "QuantizationError", "QuantkitError",
+    "CheckpointError", "ConfigError", "EvaluationError", "OutputExistsError", "QuantizationError", "QuantkitError",
     "UsageError",
 ]

@@ -12,12 +12,27 @@ import torch
 from torch import nn
 
 from .errors import CheckpointError
-from .formats.safetensors_io import check_complete, safetensors_files
+from .formats.safetensors_io import check_complete, safetensors_files, stored_float_dtype
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
     "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "chat_template.json",
 )
+
+
+#: Attribute that load_float_model sets on a model: the floating dtype its source weights are stored in
+#: on disk (the dtype quantkit.save writes by default), which may differ from the dtype it runs in.
+SOURCE_DTYPE_ATTRIBUTE = "quantkit_source_dtype"
+
+
+def source_dtype(model: nn.Module) -> torch.dtype:
+    """The floating dtype a model's source weights were stored in (see SOURCE_DTYPE_ATTRIBUTE); for a
+    model quantkit did not load, the dtype it holds."""
+    stored = getattr(model, SOURCE_DTYPE_ATTRIBUTE, None)
+    if isinstance(stored, torch.dtype):
+        return stored
+    dtype = getattr(model, "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
 
 
 # A hub id: "name" or "owner/name" of letters, digits, "-", "_", "."; anything else can only be a local path.
@@ -73,7 +88,11 @@ def load_float_model(
     source: str, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
     trust_remote_code: bool = False,
 ) -> nn.Module:
-    """A transformers causal LM from a local folder or hub id, weights from safetensors only."""
+    """A transformers causal LM from a local folder or hub id, weights from safetensors only.
+
+    dtype: the dtype to run in (default: config.json's). For a local folder the dtype its weights
+    are stored in is recorded on the model (source_dtype(model)): checkpoints are saved in it.
+    """
     from transformers import AutoModelForCausalLM
 
     from .device import resolve_device
@@ -81,6 +100,7 @@ def load_float_model(
     device = resolve_device(device)
     source = resolve_model_source(source)
     local = Path(source)
+    stored = None
     if local.exists():
         if not local.is_dir():
             raise CheckpointError(f"{source} is a file; pass the model folder (with config.json and *.safetensors)")
@@ -91,6 +111,7 @@ def load_float_model(
             )
         for f in safetensors_files(local):
             check_complete(f)
+        stored = stored_float_dtype(local)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype or "auto", use_safetensors=True, trust_remote_code=trust_remote_code,
@@ -105,7 +126,45 @@ def load_float_model(
         raise
     except OSError as e:
         raise CheckpointError(f"could not load {source!r}: {e}") from None
+    if stored is not None:
+        setattr(model, SOURCE_DTYPE_ATTRIBUTE, stored)
     return model.to(device).eval()
+
+
+def empty_quantized_model(folder: Path, *, dtype: torch.dtype | None = None, trust_remote_code: bool = False):
+    """The model a quantized checkpoint's config.json describes, on the meta device, its quantized linears
+    replaced by QuantLinear layers: (model, parsed quantization config, dtype it is built in).
+
+    dtype: default config.json's dtype (float32 if it has none).
+    """
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from .formats.compressed_tensors import parse_quantization_config
+    from .modules.quant_linear import QuantLinear
+    from .targets import set_submodule
+
+    raw = read_config_json(folder)
+    qcfg = parse_quantization_config(raw["quantization_config"], str(folder / "config.json"))
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    dtype = dtype or getattr(config, "dtype", None) or torch.float32
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    try:
+        with init_empty_weights():
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        raise CheckpointError(f"{folder}: unsupported architecture ({str(e).splitlines()[0]})") from None
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.Linear):
+            scheme = qcfg.scheme_for(name, module)
+            if scheme is not None:
+                q = QuantLinear(module.in_features, module.out_features, scheme, bias=module.bias is not None,
+                                dtype=dtype, device="meta")
+                set_submodule(model, name, q)
+    return model, qcfg, dtype
 
 
 def copy_tokenizer_files(source: str | None, dest: Path) -> list[str]:

@@ -69,6 +69,9 @@ class Recipe:
             raise ConfigError("a recipe must quantize something: give `weights`, `kv_cache`, or both")
         if self.weights is not None and self.weights.type != "int":
             raise ConfigError("weights: only int weight schemes are supported (type: int)")
+        if self.weights is not None and self.weights.actorder is not None:
+            raise ConfigError("weights: actorder is recorded by the algorithm (gptq's act_order option), not set "
+                              "in a recipe: remove it")
         if self.weights is not None and self.weights.strategy == "tensor":
             raise ConfigError("weights: strategy must be 'channel' or 'group' (per-tensor int weights are unsupported)")
         if self.kv_cache is not None and (self.kv_cache.type != "float" or self.kv_cache.strategy not in ("tensor",)):
@@ -79,7 +82,7 @@ class Recipe:
             if s is None:
                 return None
             d = dataclasses.asdict(s)
-            return {k: v for k, v in d.items() if not (k == "group_size" and v is None)}
+            return {k: v for k, v in d.items() if not (k in ("group_size", "actorder") and v is None)}
 
         return {
             "version": self.version,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from .modules.quant_linear import QuantLinear
@@ -30,31 +32,51 @@ def state_bytes(model: nn.Module) -> int:
     return total
 
 
-def quantized_bits_per_weight(model: nn.Module) -> tuple[float, int]:
-    """Stored bits per weight over the quantized linears (packed weights + scales + zero points), and their count."""
+def quantized_bits_per_weight(model: nn.Module, scale_dtype: torch.dtype | None = None) -> tuple[float, int]:
+    """Stored bits per weight over the quantized linears (packed weights + scales + zero points), and their count.
+
+    scale_dtype: the dtype the scales are saved in (default: as held in memory).
+    """
     bits = weights = 0
     for m in model.modules():
         if isinstance(m, QuantLinear):
             for t in (m.weight_packed, m.weight_scale, m.weight_zero_point):
                 if t is not None:
-                    bits += t.numel() * t.element_size() * 8
+                    size = scale_dtype.itemsize if scale_dtype is not None and t.is_floating_point() else t.element_size()
+                    bits += t.numel() * size * 8
             weights += m.in_features * m.out_features
     return (bits / weights if weights else float("nan")), weights
 
 
-def dtype_name(model: nn.Module) -> str:
-    return str(getattr(model, "dtype", "")).replace("torch.", "")
+def dtype_name(model_or_dtype: "nn.Module | torch.dtype") -> str:
+    """'bfloat16' for torch.bfloat16 or for a model in bf16."""
+    dtype = model_or_dtype if isinstance(model_or_dtype, torch.dtype) else getattr(model_or_dtype, "dtype", "")
+    return str(dtype).replace("torch.", "")
 
 
-def quantization_summary(model, recipe, source, out: Path, size_before, size_after, seconds: float) -> str:
-    bpw, n = quantized_bits_per_weight(model)
+@dataclass(frozen=True)
+class SizeOnDisk:
+    """A model's size for the quantize summary: bytes, the dtype of its floating tensors, and what was
+    measured ("on disk": the safetensors files; "as loaded": tensors in memory, for hub models)."""
+
+    bytes: int
+    dtype: str
+    measured: str
+
+
+def quantization_summary(model, recipe, source, out: Path, before: SizeOnDisk, after: SizeOnDisk,
+                         seconds: float) -> str:
+    bpw, n = quantized_bits_per_weight(model, getattr(torch, after.dtype))
     layers = sum(isinstance(m, QuantLinear) for m in model.modules())
-    ratio = f" ({size_before / size_after:.2f}x smaller)" if size_before and size_after else ""
+    ratio = f", {before.bytes / after.bytes:.2f}x smaller" if before.bytes and after.bytes else ""
+    quantized = (f"{layers} ({n / 1e6:.2f}M weights, {bpw:.3f} bits/weight stored)" if layers
+                 else "none (weights kept as they are)")
     return "\n".join([
         f"quantized {source} with {recipe.name} ({recipe.weights.describe() if recipe.weights else 'no weights'}"
         f"{', kv ' + recipe.kv_cache.describe() if recipe.kv_cache else ''})",
-        f"  layers quantized : {layers} ({n / 1e6:.2f}M weights, {bpw:.3f} bits/weight stored)",
-        f"  size             : {human_bytes(size_before)} ({dtype_name(model)}) -> {human_bytes(size_after)} checkpoint{ratio}",
+        f"  layers quantized : {quantized}",
+        f"  size             : {human_bytes(before.bytes)} source ({before.dtype}, {before.measured}) -> "
+        f"{human_bytes(after.bytes)} checkpoint ({after.dtype}, {after.measured}){ratio}",
         f"  time             : {seconds:.1f} s",
         f"  checkpoint       : {out}",
     ])

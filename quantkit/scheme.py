@@ -21,6 +21,9 @@ class QuantScheme:
     strategy: "channel" (one scale per output row), "group" (one per `group_size` inputs of a row),
       "tensor" (one scale for the whole tensor; FP8 KV cache).
     symmetric: zero point fixed at 0; asymmetric int schemes store an int zero point per scale.
+    actorder: how the weights were calibrated, as compressed-tensors records it: None, or "weight"
+      (GPTQ visited the columns by activation order with static groups: the layout and the
+      inference are unchanged, no g_idx). Set by the algorithm, not by recipes.
     """
 
     num_bits: int = 4
@@ -28,6 +31,7 @@ class QuantScheme:
     symmetric: bool = True
     strategy: Literal["channel", "group", "tensor"] = "group"
     group_size: int | None = None
+    actorder: Literal["weight"] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.num_bits, bool) or not isinstance(self.num_bits, int):
@@ -55,6 +59,11 @@ class QuantScheme:
                 f"group_size is only used with strategy 'group' (got strategy {self.strategy!r}, "
                 f"group_size {self.group_size}): remove it or use strategy: group"
             )
+        if self.actorder not in (None, "weight"):
+            raise ValueError(f"actorder must be None or 'weight' (static groups), got {self.actorder!r}")
+        if self.actorder is not None and self.strategy != "group":
+            # compressed-tensors < 0.16 refuses any actorder without strategy 'group'
+            raise ValueError(f"actorder {self.actorder!r} is only recorded with strategy 'group'")
 
     # -- integer range ---------------------------------------------------------------------------
     @property
@@ -90,7 +99,7 @@ class QuantScheme:
     def to_dict(self) -> dict[str, Any]:
         """compressed-tensors `QuantizationArgs` dict (weights or kv_cache_scheme)."""
         d = asdict(self)
-        d.update(dynamic=False, actorder=None, observer="minmax")
+        d.update(dynamic=False, observer="minmax")
         if self.type == "float":
             d.pop("actorder")
         return d
@@ -100,8 +109,12 @@ class QuantScheme:
         """Read a compressed-tensors `QuantizationArgs` dict (extra reader-only keys are tolerated)."""
         if d.get("dynamic") not in (None, False):
             raise ValueError("dynamic quantization args are not supported (weights and KV scales are static)")
-        if d.get("actorder") not in (None, False, "static", "group"):
-            raise ValueError(f"actorder {d.get('actorder')!r} needs runtime reordering, which is unsupported")
+        actorder = d.get("actorder")
+        if actorder not in (None, False, "weight", "static"):
+            raise ValueError(
+                f"actorder {actorder!r} stores permuted groups (a g_idx) that need reordering at inference, which "
+                f"quantkit does not do; re-quantize with static groups (actorder 'weight')"
+            )
         strategy = d.get("strategy") or "tensor"
         return cls(
             num_bits=d["num_bits"],
@@ -109,6 +122,7 @@ class QuantScheme:
             symmetric=d.get("symmetric", True),
             strategy=strategy,
             group_size=d.get("group_size") if strategy == "group" else None,
+            actorder="weight" if actorder in ("weight", "static") and strategy == "group" else None,
         )
 
     def describe(self) -> str:

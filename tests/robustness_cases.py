@@ -272,7 +272,7 @@ CASES = [
     Case("out-read-only", "`--out` in a read-only folder (checked before any work)", _read_only_out,
          "is not writable", needs_non_root=True),
     Case("bench-unknown-gpu", "`bench --gpu rtx9999`", _unknown_gpu, "unknown GPU 'rtx9999'"),
-    Case("bench-repeats-zero", "`bench --repeats 0`", _repeats_zero, "--repeats: must be >= 1"),
+    Case("bench-repeats-zero", "`bench --repeats 0`", _repeats_zero, "--repeats: must be an integer >= 1"),
     Case("advise-negative-memory", "`advise --memory -1`", _memory_negative, "--memory: must be > 0"),
     Case("eval-binary-data", "binary `--data` file", _binary_data, "could not be read as UTF-8 text"),
     Case("eval-data-unknown-type", "`--data` of an unknown file type", _data_unknown_type,

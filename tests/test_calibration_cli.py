@@ -24,7 +24,7 @@ def test_quantize_with_a_text_calibration_file(tmp_path, capsys):
     assert main(args) == 0
     assert "layers quantized : 7" in capsys.readouterr().out
     weights = json.loads((out / "config.json").read_text())["quantization_config"]["config_groups"]["group_0"]["weights"]
-    assert weights["symmetric"] is False and weights["actorder"] is None  # static groups: nothing to reorder
+    assert weights["symmetric"] is False and weights["actorder"] == "weight"  # act-order with static groups
 
 
 def test_calibration_errors_exit_2_before_writing(tmp_path, capsys):

@@ -138,15 +138,15 @@ def test_unknown_family_is_a_clear_error():
 
 def test_nan_activations_are_a_clear_error():
     model = tiny_model("llama", layers=2)
-    with torch.no_grad():
-        model.model.layers[1].post_attention_layernorm.weight[3] = float("inf")
+    with torch.no_grad():  # finite weights whose activations overflow, as fp16 models can
+        model.model.layers[1].post_attention_layernorm.weight[3] = torch.finfo(torch.float32).max
     with pytest.raises(QuantizationError, match=r"NaN/Inf value\(s\) in the calibration activations at the input of "
                                                 r"model\.layers\.1\.mlp\.gate_proj"):
         quantkit.quantize(model, "w4a16-gptq", calibration_data=token_batches(320), progress=False)
     model = tiny_model("llama", layers=1)
     with torch.no_grad():
         model.model.embed_tokens.weight[:] = float("nan")
-    with pytest.raises(QuantizationError, match="input of decoder block 0"):
+    with pytest.raises(QuantizationError, match=r"model\.embed_tokens\.weight \(\d+ NaN/Inf values\)"):
         quantkit.quantize(model, "w4a16-awq", calibration_data=token_batches(320), progress=False)
 
 

@@ -13,7 +13,8 @@ Algorithm (Frantar et al., "GPTQ", 2022), with the fixes later implementations c
   Cholesky factorisation fails;
 - act-order with *static groups*: columns are visited by decreasing diag(H), but each group's scale and
   zero point are computed up front from the columns of that group in the original order, so the
-  checkpoint needs no reordering and no `g_idx` at inference;
+  checkpoint needs no reordering and no `g_idx` at inference (compressed-tensors records this as
+  ``actorder: "weight"``, its alias "static"; its "group" ordering is the other kind, with a g_idx);
 - lazy batch updates: the error of a block of ``block_size`` columns is applied to the rest of the
   matrix in one matmul.
 
@@ -24,6 +25,7 @@ inside a lazy block; we read the updated ones, so results do not depend on ``blo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
@@ -222,6 +224,9 @@ def gptq_quantize(
 
     if perm is not None:
         q_int = q_int[:, torch.argsort(perm)]
+    if options.act_order and scheme.strategy == "group":
+        # recorded as compressed-tensors does; per-channel stays null (compressed-tensors < 0.16 refuses it there)
+        scheme = dataclasses.replace(scheme, actorder="weight")
     return QuantizedWeight(
         q=q_int.to(torch.int8),
         scale=scales.float(),

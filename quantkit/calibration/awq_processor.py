@@ -59,8 +59,9 @@ def fold_scales(prev: nn.Module, linears: list[nn.Linear], s: torch.Tensor) -> N
 class AWQProcessor:
     """Quantizes a block's targeted linears with AWQ (scale search and folding, clipping search, rounding)."""
 
-    def __init__(self, scheme: QuantScheme, options: AWQOptions) -> None:
-        self.scheme, self.options = scheme, options
+    def __init__(self, scheme: QuantScheme, options: AWQOptions, scale_dtype=None) -> None:
+        """scale_dtype: the dtype the checkpoint stores scales in (default: each weight's dtype)."""
+        self.scheme, self.options, self.scale_dtype = scheme, options, scale_dtype
 
     # -- capture -------------------------------------------------------------------------------------
     def _capture(self, ctx: BlockContext, name: str, max_tokens: int, with_mean: bool):
@@ -136,6 +137,6 @@ class AWQProcessor:
                 if x is not None:
                     ratio = search_clip(
                         w, x, self.scheme, grid=self.options.clip_grid, max_shrink=self.options.max_shrink,
-                        scale_dtype=w.dtype,
+                        scale_dtype=self.scale_dtype or w.dtype,
                     )
-                ctx.set_quantized(name, awq_quantize(w, self.scheme, ratio, scale_dtype=w.dtype))
+                ctx.set_quantized(name, awq_quantize(w, self.scheme, ratio, scale_dtype=self.scale_dtype or w.dtype))

@@ -14,8 +14,9 @@ class GPTQProcessor:
     on the compute device at a time.
     """
 
-    def __init__(self, scheme: QuantScheme, options: GPTQOptions) -> None:
-        self.scheme, self.options = scheme, options
+    def __init__(self, scheme: QuantScheme, options: GPTQOptions, scale_dtype=None) -> None:
+        """scale_dtype: the dtype the checkpoint stores scales in (default: each weight's dtype)."""
+        self.scheme, self.options, self.scale_dtype = scheme, options, scale_dtype
 
     def process_block(self, ctx: BlockContext) -> None:
         for step in ctx.steps:
@@ -32,7 +33,7 @@ class GPTQProcessor:
                 linear = ctx.module(name)
                 qweight = gptq_quantize(
                     linear.weight, acc["h"], self.scheme, self.options,
-                    scale_dtype=linear.weight.dtype, name=f"{ctx.name}.{name}",
+                    scale_dtype=self.scale_dtype or linear.weight.dtype, name=f"{ctx.name}.{name}",
                 )
                 ctx.set_quantized(name, qweight)
             del acc

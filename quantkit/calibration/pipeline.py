@@ -9,26 +9,31 @@ import torch
 from torch import nn
 
 from ..errors import QuantizationError
+from ..loading import source_dtype
 from ..recipe import Recipe
 from .adapters import adapter_for
 from .data import calibration_batches
 from .runner import BlockProcessor, run_blockwise
 
 
-def make_processor(recipe: Recipe) -> BlockProcessor:
-    """The block processor running `recipe`'s calibrated algorithm on its weight scheme."""
+def make_processor(recipe: Recipe, scale_dtype: torch.dtype | None = None) -> BlockProcessor:
+    """The block processor running `recipe`'s calibrated algorithm on its weight scheme.
+
+    scale_dtype: the dtype the checkpoint will store scales in; the algorithms round scales to it
+    before use, so the error they compensate is the one the checkpoint has.
+    """
     assert recipe.weights is not None
     name, options = recipe.algorithm.name, recipe.algorithm.options
     if name == "gptq":
         from ..algorithms.gptq import GPTQOptions
         from .gptq_processor import GPTQProcessor
 
-        return GPTQProcessor(recipe.weights, options or GPTQOptions())
+        return GPTQProcessor(recipe.weights, options or GPTQOptions(), scale_dtype)
     if name == "awq":
         from ..algorithms.awq import AWQOptions
         from .awq_processor import AWQProcessor
 
-        return AWQProcessor(recipe.weights, options or AWQOptions())
+        return AWQProcessor(recipe.weights, options or AWQOptions(), scale_dtype)
     raise QuantizationError(f"algorithm {name!r} does not use calibration")
 
 
@@ -43,7 +48,7 @@ def quantize_blockwise(
     """
     adapter_for(model)
     batches = calibration_batches(calibration_data, model, tokenizer)
-    processor = make_processor(recipe)
+    processor = make_processor(recipe, source_dtype(model))
     return run_blockwise(
         model, batches, targets, [processor], device=device, progress=progress,
         desc=f"{recipe.algorithm.name} {recipe.name}",

@@ -34,6 +34,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import QuantizationError
+from ..finite import describe_nonfinite, nonfinite_tensors
 from ..modules.quant_linear import QuantLinear
 from ..quantized_weight import QuantizedWeight
 from .adapters import FamilyAdapter, LinearGroup, adapter_for
@@ -277,13 +278,12 @@ def run_blockwise(
             materialize_(block, device)
             adapter.check_block(block, name)
             local_targets = per_block.get(i, [])
-            for t in local_targets:
-                weight = block.get_submodule(t).weight
-                if not torch.isfinite(weight).all():
-                    raise QuantizationError(
-                        f"{name}.{t}.weight has NaN/Inf values; quantizing it would corrupt the model: "
-                        f"fix or re-download the source weights"
-                    )
+            found = nonfinite_tensors((f"{name}.{n}", t) for n, t in block.state_dict().items())
+            if found:  # offloaded blocks are only seen here, once materialized
+                raise QuantizationError(
+                    f"{describe_nonfinite(found)}: a model with NaN/Inf weights cannot be quantized; "
+                    f"fix or re-download the source weights"
+                )
             ctx = BlockContext(
                 index=i, name=name, block=block, adapter=adapter, steps=_block_steps(adapter, block, local_targets),
                 inputs=inputs, kwargs=kwargs[i], device=device,

@@ -18,46 +18,54 @@ def torch_dtype(name: str):
     return None if name == "auto" else getattr(torch, name)
 
 
-def add_model_options(parser: argparse.ArgumentParser) -> None:
+def int_at_least(minimum: int, why: str = ""):
+    """An argparse `type`: an integer >= minimum, else argparse's usage error naming the flag (exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}{why}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def add_model_options(parser: argparse.ArgumentParser, *,
+                      dtype_help: str = "compute dtype (default: the checkpoint's)") -> None:
     """Options shared by commands that load models."""
-    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="auto", help="compute dtype (default: the checkpoint's)")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="auto", help=dtype_help)
     parser.add_argument("--device", default="cpu", help="torch device to run on (default: cpu)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow model code from the model folder / hub (only for sources you trust)")
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (bad values exit 2 with the option named)."""
-    return _number(text, int, minimum=1)
-
-
-def nonnegative_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    return _number(text, int, minimum=0)
-
-
 def positive_float(text: str) -> float:
-    """argparse type: a number > 0."""
-    value = _number(text, float)
+    """An argparse `type`: a finite number > 0."""
+    value = _finite_float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
 
 
 def nonnegative_float(text: str) -> float:
-    """argparse type: a number >= 0."""
-    return _number(text, float, minimum=0)
+    """An argparse `type`: a finite number >= 0."""
+    value = _finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
 
 
-def _number(text: str, kind: type, minimum: float | None = None):
+def _finite_float(text: str) -> float:
     try:
-        value = kind(text)
+        value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
-    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    if minimum is not None and value < minimum:
-        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
     return value
 
 

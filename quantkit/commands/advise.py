@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from . import nonnegative_float, positive_float, positive_int
+from . import int_at_least, nonnegative_float, positive_float
 
 
 def register(subparsers) -> None:
@@ -20,9 +20,9 @@ def register(subparsers) -> None:
     p.add_argument("model", help="model folder, hub id, ref:NAME or config.json (only the config is read)")
     p.add_argument("--gpu", required=True, help="known GPU (h200, h100-sxm, h100-pcie, a100, a100-40gb, a10, l4, "
                                                 "rtx4090) or 'probe' to measure this machine")
-    p.add_argument("--prompt-len", type=positive_int, required=True)
-    p.add_argument("--output-len", type=positive_int, required=True)
-    p.add_argument("--batch", type=positive_int, default=1)
+    p.add_argument("--prompt-len", type=int_at_least(1), required=True)
+    p.add_argument("--output-len", type=int_at_least(1), required=True)
+    p.add_argument("--batch", type=int_at_least(1), default=1)
     p.add_argument("--memory", type=positive_float, help="memory budget in GB (default: the device's memory)")
     p.add_argument("--quality", nargs="+", default=[], metavar="FILE",
                    help="`quantkit eval` JSON files; each is matched to a scheme by its recipe / name")

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import check_backend, nonnegative_int, positive_float, positive_int
+from . import check_backend, int_at_least, positive_float
 
 GPU_DEFAULTS = {"prompt_lens": "128,512,1024,2048,4096", "context_lens": "128,512,1024,2048,4096",
                 "batch_sizes": "1,4,16,64"}
@@ -52,14 +52,14 @@ def register(subparsers) -> None:
     p.add_argument("--batch-sizes", type=int_list, help=f"TPOT batch sizes (GPU default {GPU_DEFAULTS['batch_sizes']}; "
                                                         f"CPU {CPU_DEFAULTS['batch_sizes']})")
     p.add_argument("--prefill-batch-sizes", type=int_list, default=[1], help="TTFT batch sizes (default 1)")
-    p.add_argument("--warmup", type=nonnegative_int, default=2, help="untimed runs per shape (default 2)")
-    p.add_argument("--repeats", type=positive_int, default=5, help="timed runs per shape; the median is reported (default 5)")
+    p.add_argument("--warmup", type=int_at_least(0), default=2, help="untimed runs per shape (default 2)")
+    p.add_argument("--repeats", type=int_at_least(1), default=5, help="timed runs per shape; the median is reported (default 5)")
     p.add_argument("--gpu", default="probe", help="roofline device: a known GPU name (h200, h100-sxm, a100, ...) or "
                                                   "'probe' to measure this device (default)")
     p.add_argument("--max-cache-gb", type=positive_float, help="skip decode shapes whose KV cache exceeds this (default: "
                                                       "a quarter of the device memory)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="time eager decode steps on GPU")
-    p.add_argument("--threads", type=positive_int, help="CPU threads (torch.set_num_threads)")
+    p.add_argument("--threads", type=int_at_least(1), help="CPU threads (torch.set_num_threads)")
     p.add_argument("--seed", type=int, default=0, help="seed of random models, prompts and caches")
     p.add_argument("--quiet", action="store_true", help="no progress lines (by default each step and each "
                                                         "measured shape is announced on stderr as it starts)")

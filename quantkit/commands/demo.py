@@ -12,6 +12,8 @@ import json
 import time
 from pathlib import Path
 
+from . import int_at_least
+
 DEFAULT_RECIPES = "w8a16-rtn,w4a16-rtn,w4a16-rtn-asym"
 
 
@@ -20,7 +22,7 @@ def register(sub) -> None:
     p.add_argument("--model", default="ref:small", help="model to demonstrate on (default: ref:small)")
     p.add_argument("--recipes", default=DEFAULT_RECIPES, help=f"comma-separated recipes (default: {DEFAULT_RECIPES})")
     p.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")
-    p.add_argument("--max-tokens", type=int, default=32768, help="evaluation tokens (default: 32768)")
+    p.add_argument("--max-tokens", type=int_at_least(2, " (at least one window of 2 tokens)"), default=32768, help="evaluation tokens (default: 32768)")
     p.add_argument("--no-bench", action="store_true", help="skip the prefill/decode timing")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
     p.set_defaults(func=run)
@@ -30,10 +32,10 @@ def run(args: argparse.Namespace) -> int:
     import quantkit
     from quantkit.eval.data import eval_token_windows
     from quantkit.eval.quality import evaluate_variants
-    from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source
+    from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source, source_dtype
     from quantkit.outputs import atomic_output_dir
     from quantkit.eval.report import load_quality, render_report
-    from quantkit.report_text import dtype_name, quantized_bits_per_weight, state_bytes
+    from quantkit.report_text import dtype_name, quantized_bits_per_weight
 
     recipes = [quantkit.load_recipe(r.strip()) for r in args.recipes.split(",") if r.strip()]
     out = Path(args.out)
@@ -53,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
             models[recipe.name] = quantkit.load(ckpt)
             rows.append(dict(recipe=recipe.name, scheme=recipe.weights.describe() if recipe.weights else "-",
                              quantize_seconds=quantize_seconds, checkpoint_bytes=folder_size_bytes(ckpt),
-                             linear_bits_per_weight=quantized_bits_per_weight(model)[0]))
+                             linear_bits_per_weight=quantized_bits_per_weight(model, source_dtype(model))[0]))
         print(f"[3/{steps}] evaluate {len(models)} variants against the baseline on {windows.numel()} tokens")
         results = evaluate_variants(models, baseline, windows)
         for row in rows:
@@ -69,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
             bench["bench_command"] = bench["command"].replace(str(tmp), str(out))
             bench["command"] = _demo_command(args)
             (tmp / "bench.json").write_text(json.dumps(bench, indent=1) + "\n")
-        table = _markdown(args.model, source, rows, state_bytes(baseline), dtype_name(baseline))
+        on_disk = folder_size_bytes(Path(source)) if Path(source).is_dir() else None  # a hub model: unknown here
+        table = _markdown(args.model, source, rows, on_disk, dtype_name(baseline),
+                          dtype_name(source_dtype(baseline)))
         render_report(bench, load_quality([tmp / "quality.json"]), tmp, title=f"quantkit demo: {args.model}",
                       notes=table.split("\n\n")[1:])
         report = table
@@ -101,7 +105,10 @@ def _bench(model: str, recipes: list[str], out: Path, max_context: int | None) -
     return json.loads(out.read_text())
 
 
-def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int, dtype: str) -> str:
+def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int | None, dtype: str,
+              stored_dtype: str) -> str:
+    """The demo's summary table. dtype: what the models ran in; stored_dtype: what the source's weights
+    (and so the checkpoints' float tensors) are stored in; baseline_bytes: the source folder on disk."""
     from quantkit.eval.report import fmt_perplexity_change
     from quantkit.report_text import human_bytes
 
@@ -115,7 +122,7 @@ def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int, dty
         "",
         "| variant | scheme | perplexity | Δ ppl | KL | top-1 agreement | bits/weight (linears) | size | quantize time |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-        f"| baseline | {dtype} | {r0['baseline_perplexity']:.3f} | - | 0 | 1 | {_BITS.get(dtype, '?')} | "
+        f"| baseline | {stored_dtype} | {r0['baseline_perplexity']:.3f} | - | 0 | 1 | {_BITS.get(stored_dtype, '?')} | "
         f"{human_bytes(baseline_bytes)} | - |",
     ]
     for r in rows:
@@ -126,9 +133,10 @@ def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int, dty
             f"{r['top1_agreement']:.4f} | {r['linear_bits_per_weight']:.3f} | {human_bytes(r['checkpoint_bytes'])} | "
             f"{r['quantize_seconds']:.1f} s |"
         )
-    lines += ["", "Size: the baseline's parameters in memory; the quantized checkpoints on disk (unquantized tensors "
-              "such as embeddings, norms and lm_head stay in the model dtype). Δ ppl ± two standard errors of the "
-              "per-window change in log-perplexity: a change within them is noise."]
+    lines += ["", f"Size: on disk, the baseline's folder and each quantized checkpoint (unquantized tensors such as "
+              f"embeddings, norms and lm_head, and the scales, stay in the source's {stored_dtype}); every model "
+              f"ran in {dtype} for the evaluation. Δ ppl ± two standard errors of the per-window change in "
+              f"log-perplexity: a change within them is noise."]
     return "\n".join(lines) + "\n"
 
 

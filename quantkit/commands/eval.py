@@ -7,8 +7,9 @@ import json
 import sys
 import time
 
-from . import add_model_options, check_backend, positive_int, torch_dtype
+from . import add_model_options, check_backend, int_at_least, torch_dtype
 
+WINDOW_WHY = " (a window of W tokens predicts its tokens 2..W)"
 # Tokens evaluated unless --max-tokens says otherwise: minutes on a CPU for a small model, not the whole text.
 DEFAULT_MAX_TOKENS = 32768
 
@@ -20,12 +21,14 @@ def register(sub) -> None:
     p.add_argument("--baseline", required=True, help="the unquantized model (folder, hub id, ref:NAME)")
     p.add_argument("--data", default=None,
                    help="evaluation text: a .txt/.jsonl/.parquet file or folder, or hub:NAME[:CONFIG]:SPLIT:COLUMN (default: the reference models' held-out text)")
-    p.add_argument("--window", type=int, default=None, help="tokens per window (default: min(context, 2048))")
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+    p.add_argument("--window", type=int_at_least(2, WINDOW_WHY), default=None,
+                   help="tokens per window, 2 to the model's context (default: min(context, 2048))")
+    p.add_argument("--max-tokens", type=int_at_least(2, " (at least one window of 2 tokens)"),
+                   default=DEFAULT_MAX_TOKENS,
                    help=f"evaluate the first N tokens of the text (default: {DEFAULT_MAX_TOKENS}, e.g. 16 windows of "
                         f"2048, enough to separate W8 from W4 by KL and top-1 agreement; eval says how many tokens "
                         f"the text has, give a larger N to read more)")
-    p.add_argument("--batch-size", type=positive_int, default=8, help="windows per forward pass (default 8)")
+    p.add_argument("--batch-size", type=int_at_least(1), default=8, help="windows per forward pass (default: 8)")
     p.add_argument("--backend", default="auto", help="kernel backend for quantized layers (auto, triton, torch, reference)")
     p.add_argument("--json", default=None, help="write the results as JSON to this file")
     add_model_options(p)

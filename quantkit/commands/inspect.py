@@ -26,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
     qcfg = config.get("quantization_config")
     parsed = parse_quantization_config(qcfg, str(folder)) if qcfg else None
     layers: dict[str, dict[str, tuple]] = defaultdict(dict)  # module -> tensor name -> (shape, dtype, bytes)
+    shapes, weight_shapes = {}, {}  # every tensor's shape; the values of each weight_shape
     for path in safetensors_files(folder):
         check_complete(path)
         with safe_open(str(path), framework="pt") as f:
@@ -34,9 +35,12 @@ def run(args: argparse.Namespace) -> int:
                 shape, dtype = tuple(sl.get_shape()), sl.get_dtype()
                 nbytes = _numel(shape) * _DTYPE_BYTES.get(dtype, 4)
                 module, _, tensor = key.rpartition(".")
+                shapes[key] = shape
                 if tensor == "weight_shape":
-                    shape = tuple(int(v) for v in f.get_tensor(key))  # the true (out, in)
+                    shape = tuple(int(v) for v in f.get_tensor(key).reshape(-1))  # (out, in), checked below
+                    weight_shapes[key] = list(shape)
                 layers[module][tensor] = (shape, dtype, nbytes)
+    validated = _validate_shapes(folder, shapes, weight_shapes) if parsed else None
     print(f"{folder}  ({config.get('model_type', '?')}, {', '.join(config.get('architectures') or [])})")
     if parsed:
         for i, (targets, scheme) in enumerate(parsed.groups):
@@ -44,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  group {i}: {scheme.describe()} ({scheme.bits_per_weight:.3f} bits/weight) targets {shown}")
         print(f"  ignored: {', '.join(parsed.ignore) or 'none'}")
         print(f"  kv cache: {parsed.kv_cache.describe() if parsed.kv_cache else 'not quantized'}")
+        print(f"  shapes: {validated}")
     else:
         print("  not quantized")
     total = quantized = weights = 0
@@ -66,6 +71,21 @@ def run(args: argparse.Namespace) -> int:
           + (f" = {quantized * 8 / weights:.3f} bits/weight" if weights else ""))
     print("\n".join(size_summary_lines(size_by_kind(layers))))
     return 0
+
+
+def _validate_shapes(folder: Path, shapes: dict, weight_shapes: dict) -> str:
+    """Check every tensor's shape (and weight_shape's values) against the model config.json describes;
+    raises CheckpointError on a mismatch. Returns what was checked, for the printout."""
+    from quantkit.errors import CheckpointError
+    from quantkit.formats.shapes import raise_on_mismatch, shape_mismatches
+    from quantkit.loading import empty_quantized_model
+
+    try:
+        model, _, _ = empty_quantized_model(folder)
+    except CheckpointError as e:  # an architecture this transformers does not know: nothing to check against
+        return f"not checked ({e})"
+    raise_on_mismatch(folder, shape_mismatches(model, shapes, weight_shapes))
+    return "every tensor matches config.json"
 
 
 # What each kind of tensor is, in the order the summary lists them.

@@ -15,7 +15,9 @@ def register(sub) -> None:
     p.add_argument("--recipe", required=True, help="built-in recipe name (e.g. w4a16-rtn) or a YAML file")
     p.add_argument("--out", required=True, help="output folder (must not exist unless --force)")
     p.add_argument("--force", action="store_true", help="replace an existing output folder")
-    add_model_options(p)
+    add_model_options(p, dtype_help="dtype to load the model in and to write the checkpoint's float tensors in "
+                                    "(default: load in config.json's dtype, write in the dtype the source weights "
+                                    "are stored in, e.g. bfloat16 stays bfloat16)")
     add_calibration_options(p)
     p.set_defaults(func=run)
 
@@ -52,8 +54,8 @@ def calibration_config(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import quantkit
     from quantkit import provenance
-    from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source
-    from quantkit.report_text import quantization_summary, state_bytes
+    from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source, source_dtype
+    from quantkit.report_text import SizeOnDisk, dtype_name, quantization_summary, state_bytes
 
     from quantkit.algorithms import CALIBRATED_ALGORITHMS
     from quantkit.device import resolve_device
@@ -71,17 +73,23 @@ def run(args: argparse.Namespace) -> int:
     calibration = calibration_config(args) if calibrated else None
     source = resolve_model_source(args.model)
     start = time.perf_counter()
-    model = load_float_model(source, dtype=torch_dtype(args.dtype), device=args.device, trust_remote_code=args.trust_remote_code)
-    size_before = state_bytes(model)  # at the dtype the model runs in
+    dtype = torch_dtype(args.dtype)
+    model = load_float_model(source, dtype=dtype, device=args.device, trust_remote_code=args.trust_remote_code)
+    if Path(source).is_dir():
+        size_before = SizeOnDisk(folder_size_bytes(Path(source)), dtype_name(source_dtype(model)), "on disk")
+    else:  # a hub model: its tensors as loaded
+        size_before = SizeOnDisk(state_bytes(model), dtype_name(model.dtype), "as loaded")
     if calibrated:
         quantkit.quantize(model, recipe, calibration, device=args.calib_device)
     else:
         if args.calib is not None:
             print(f"note: --calib is ignored: {recipe.name} uses {recipe.algorithm.name}, which needs no calibration")
         quantkit.quantize(model, recipe)
-    path = quantkit.save(model, out, tokenizer_source=source, force=args.force)
+    saved_dtype = dtype or source_dtype(model)  # the source's dtype unless --dtype asks for another
+    path = quantkit.save(model, out, tokenizer_source=source, force=args.force, dtype=saved_dtype)
     elapsed = time.perf_counter() - start
-    print(quantization_summary(model, recipe, source, path, size_before, folder_size_bytes(path), elapsed))
+    size_after = SizeOnDisk(folder_size_bytes(path), dtype_name(saved_dtype), "on disk")
+    print(quantization_summary(model, recipe, source, path, size_before, size_after, elapsed))
     made = provenance.of(model)
     print(f"  calibration      : {provenance.describe_calibration(made.calibration if made else None)}")
     print(f"  recipe saved as  : {path / provenance.RECIPE_FILE} (repeat the run with --recipe on it)")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, EvaluationError
 from ..loading import resolve_model_source
-from .quality import token_windows
+from .quality import model_context, token_windows
 
 
 def read_eval_text(data: str | None) -> str:
@@ -37,11 +37,21 @@ def eval_token_windows(
     tokenizer_source: str, data: str | None, *, window: int | None = None, max_tokens: int | None = None,
     model_config=None,
 ) -> torch.Tensor:
-    """[num_windows, window] int64 token windows of the evaluation text."""
+    """[num_windows, window] int64 token windows of the evaluation text.
+
+    window: default min(context, 2048); a window longer than the model's context (model_config's
+    max_position_embeddings) is an EvaluationError: positions the model was never trained on give
+    a perplexity that means nothing, and attention over them can take very long.
+    """
+    context = model_context(model_config)
+    if window is None:
+        window = min(context or 2048, 2048)
+    elif context is not None and window > context:
+        raise EvaluationError(
+            f"--window {window} is longer than the model's context of {context} tokens (max_position_embeddings): "
+            f"use --window {context} or less"
+        )
     tokenizer = load_tokenizer(tokenizer_source)
     text = read_eval_text(data)
-    if window is None:
-        context = getattr(model_config, "max_position_embeddings", 2048) or 2048
-        window = min(context, 2048)
     ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.int64)
     return token_windows(ids, window, max_tokens)

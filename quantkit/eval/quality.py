@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..errors import EvaluationError
+
 
 @dataclass
 class QualityResult:
@@ -37,15 +39,22 @@ class QualityResult:
 
 
 def token_windows(ids: torch.Tensor, window: int, max_tokens: int | None = None) -> torch.Tensor:
-    """ids: int64 [T] -> [num_windows, window] non-overlapping windows (tail dropped)."""
+    """ids: int64 [T] -> [num_windows, window] non-overlapping windows (tail dropped).
+
+    window: >= 2 (a window predicts its tokens 2..W); max_tokens: None (all) or >= 1.
+    """
     if ids.dim() != 1:
         raise ValueError(f"expected a 1-D token stream, got shape {tuple(ids.shape)}")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 2:
+        raise EvaluationError(f"the window must be an integer >= 2 (a window predicts its tokens 2..W), got {window!r}")
     if max_tokens is not None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise EvaluationError(f"max_tokens must be None (all) or an integer >= 1, got {max_tokens!r}")
         ids = ids[:max_tokens]
     n = ids.numel() // window
     if n == 0:
-        raise ValueError(f"the evaluation text has {ids.numel()} tokens, fewer than one window of {window}; "
-                         f"give more text or a shorter --window")
+        raise EvaluationError(f"the evaluation text has {ids.numel()} tokens, fewer than one window of {window}; "
+                              f"give more text (or a larger --max-tokens) or a shorter --window")
     return ids[: n * window].reshape(n, window)  # [num_windows, window]
 
 
@@ -86,20 +95,22 @@ def evaluate_variants(
 ) -> dict[str, QualityResult]:
     """Compare several models with one baseline; the baseline runs once per batch for all of them."""
     check_comparable(models, baseline, windows)
+    context = model_context(getattr(baseline, "config", None))
+    if context is not None and windows.shape[1] > context:
+        raise EvaluationError(f"windows of {windows.shape[1]} tokens are longer than the model's context of {context} "
+                              f"tokens (max_position_embeddings): use windows of {context} tokens or fewer")
     sums = {name: {"nll": 0.0, "kl": 0.0, "agree": 0.0} for name in models}
     window_deltas: dict[str, list[torch.Tensor]] = {name: [] for name in models}  # per-window change in mean NLL
     base_nll, count = 0.0, 0
-    base_device = next(baseline.parameters()).device
-    for batch in tqdm(windows.split(batch_size), desc="eval", unit="batch", disable=not progress):
+    for index, batch in enumerate(tqdm(windows.split(batch_size), desc="eval", unit="batch", disable=not progress)):
         target = batch[:, 1:].unsqueeze(-1)  # [B, W-1, 1]
-        base_logp = torch.log_softmax(baseline(batch.to(base_device)).logits[:, :-1].float(), dim=-1).cpu()  # [B, W-1, V]
+        base_logp = _log_probs(baseline, batch, "the baseline", index * batch_size)  # [B, W-1, V]
         base_p = base_logp.exp()
         base_top1 = base_logp.argmax(-1)
         base_window_nll = -base_logp.gather(-1, target).squeeze(-1).mean(-1)  # [B]
         base_nll += -base_logp.gather(-1, target).sum().item()
         for name, model in models.items():
-            device = next(model.parameters()).device
-            logp = torch.log_softmax(model(batch.to(device)).logits[:, :-1].float(), dim=-1).cpu()  # [B, W-1, V]
+            logp = _log_probs(model, batch, repr(name), index * batch_size)  # [B, W-1, V]
             acc = sums[name]
             acc["nll"] += -logp.gather(-1, target).sum().item()
             window_deltas[name].append(-logp.gather(-1, target).squeeze(-1).mean(-1) - base_window_nll)
@@ -120,6 +131,30 @@ def evaluate_variants(
         )
         for name, acc in sums.items()
     }
+
+
+def _log_probs(model: nn.Module, batch: torch.Tensor, what: str, first_window: int) -> torch.Tensor:
+    """[B, W] token ids -> fp32 log-probabilities of the next token [B, W-1, V] on the CPU; NaN/Inf logits
+    are an EvaluationError (a perplexity of nan, or a wrong finite one, must not be printed)."""
+    device = next(model.parameters()).device
+    logits = model(batch.to(device)).logits[:, :-1].float()  # [B, W-1, V]
+    if not torch.isfinite(logits).all():
+        raise EvaluationError(
+            f"{what} produced NaN/Inf logits on windows {first_window}..{first_window + batch.shape[0] - 1}: its "
+            f"weights or activations overflow (fp16?); evaluate it in bfloat16 or float32 (--dtype), or check the "
+            f"checkpoint"
+        )
+    return torch.log_softmax(logits, dim=-1).cpu()
+
+
+def model_context(model_config) -> int | None:
+    """The longest sequence the model was built for (max_position_embeddings), or None if unknown."""
+    if model_config is None:
+        return None
+    if hasattr(model_config, "get_text_config"):
+        model_config = model_config.get_text_config(decoder=True)
+    context = getattr(model_config, "max_position_embeddings", None)
+    return int(context) if isinstance(context, int) and context > 0 else None
 
 
 def _stderr(values: torch.Tensor) -> float | None:

@@ -75,6 +75,28 @@ def safetensors_files(folder: Path) -> list[Path]:
 # Bytes per element of each safetensors dtype.
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4,
                "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+#: safetensors dtype names of the floating types, and their torch dtypes.
+FLOAT_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def stored_float_dtype(folder: Path) -> torch.dtype | None:
+    """The floating dtype holding most floating-point bytes of a model folder's weights as stored on
+    disk (e.g. bfloat16 for weights saved in bf16, whatever config.json's dtype says); None when
+    the folder has no floating tensors."""
+    bytes_by_dtype: dict[str, int] = {}
+    for path in safetensors_files(Path(folder)):
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                sl = f.get_slice(key)
+                name = sl.get_dtype()
+                if name in FLOAT_DTYPES:
+                    numel = 1
+                    for d in sl.get_shape():
+                        numel *= d
+                    bytes_by_dtype[name] = bytes_by_dtype.get(name, 0) + numel * FLOAT_DTYPES[name].itemsize
+    if not bytes_by_dtype:
+        return None
+    return FLOAT_DTYPES[max(bytes_by_dtype, key=bytes_by_dtype.get)]
 
 
 def check_complete(path: Path) -> None:

@@ -15,11 +15,17 @@ Two ways for attention to read the cache:
 
     cache = fp8_cache_for(model)                 # from the model's k_scale / v_scale buffers
     out = model.generate(ids, cache=cache)       # explicit
-    enable_fp8_kv_cache(model)                   # or: every generate() call uses a fresh FP8 cache
+    enable_fp8_kv_cache(model)                   # or: every generate() and forward call uses a fresh FP8 cache
+
+With enable_fp8_kv_cache, a forward pass given no cache (a perplexity window, a prefill) also
+runs with a fresh FP8 cache, so attention reads K/V quantized and dequantized exactly as the
+cache stores them, as an engine with an FP8 cache does for prefill.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import types
 import warnings
 from collections.abc import Mapping
@@ -319,11 +325,13 @@ def _resolve_attention(model: nn.Module, attention: str) -> str:
 
 
 def enable_fp8_kv_cache(model: nn.Module, *, attention: str = "auto") -> nn.Module:
-    """Make every `model.generate()` call store its KV cache in FP8 (scales from the model's buffers).
+    """Make every `model.generate()` and `model(...)` call store its KV cache in FP8 (scales from the model's buffers).
 
     Overrides `_prepare_cache_for_generation` on this instance only: where transformers would
     create its default DynamicCache, a fresh FP8KVCache (fp8_cache_for) takes its place. A cache
-    passed explicitly to generate(), or another `cache_implementation`, is left alone.
+    passed explicitly to generate(), or another `cache_implementation`, is left alone. `forward`
+    is wrapped likewise: a call given no cache gets a fresh FP8KVCache, so full forward passes
+    (perplexity windows, prefill) see K/V as the FP8 cache stores them.
     attention: "dequantize", "kernel" (decode steps through torch.ops.quantkit.decode_attention_fp8;
     sets the model's attention implementation to "quantkit_fp8") or "auto" (kernel on CUDA).
     Returns the model. Undo with disable_fp8_kv_cache(model).
@@ -346,14 +354,36 @@ def enable_fp8_kv_cache(model: nn.Module, *, attention: str = "auto") -> nn.Modu
         return result
 
     model._prepare_cache_for_generation = types.MethodType(_prepare_cache_for_generation, model)
+    model.forward = _forward_with_fp8_cache(model, attention)
     model._quantkit_fp8_kv_attention = attention
     return model
 
 
+def _forward_with_fp8_cache(model: nn.Module, attention: str):
+    """The model's forward as a method of this instance, given a fresh FP8KVCache whenever the caller
+    passes no cache (bound to the instance, so that a deep copy of the model calls its own forward)."""
+    class_forward = type(model).forward
+    names = list(inspect.signature(class_forward).parameters)[1:]  # without self
+    cache_names = [n for n in ("cache", "past_key_values") if n in names]
+    if not cache_names:
+        raise QuantizationError(f"{type(model).__name__}.forward takes no cache: the FP8 KV cache cannot be used")
+    position = names.index(cache_names[0])
+
+    @functools.wraps(class_forward)
+    def forward(self, *args, **kwargs):
+        given = len(args) > position and args[position] is not None
+        if not given and all(kwargs.get(n) is None for n in ("cache", "past_key_values")):
+            kwargs[cache_names[0]] = fp8_cache_for(self, attention=attention)
+        return class_forward(self, *args, **kwargs)
+
+    return types.MethodType(forward, model)
+
+
 def disable_fp8_kv_cache(model: nn.Module) -> nn.Module:
     """Undo enable_fp8_kv_cache: generate() creates transformers' default cache again."""
-    if "_prepare_cache_for_generation" in vars(model):
-        del model._prepare_cache_for_generation
+    for name in ("_prepare_cache_for_generation", "forward"):
+        if name in vars(model):
+            delattr(model, name)
     previous = vars(model).pop("_quantkit_previous_attn_implementation", None)
     if previous is not None:
         model.set_attn_implementation(previous)
