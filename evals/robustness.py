@@ -53,10 +53,14 @@ def run_cases(root: Path) -> list[str]:
 
 
 def other_tables() -> list[str]:
-    """The tables of evals/robustness-*.md, under their file names."""
+    """The contents of evals/robustness-*.md, each under a heading naming its file (its own title, if it
+    starts with one, goes into that heading; its other headings move two levels down)."""
     out = []
     for path in sorted(Path(__file__).parent.glob("robustness-*.md")):
-        out += ["", f"### From `{path.relative_to(ROOT)}`", "", *path.read_text().rstrip().splitlines()]
+        lines = path.read_text().rstrip().splitlines()
+        title = lines.pop(0)[2:] if lines and lines[0].startswith("# ") else path.stem
+        body = ["##" + line if line.startswith("#") else line for line in lines]
+        out += ["", f"## {title} (from `{path.relative_to(ROOT)}`)", *body]
     return out
 
 
