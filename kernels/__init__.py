@@ -12,7 +12,8 @@ Contract used by quantkit.modules.QuantLinear:
 
 Ops (``torch.ops.quantkit.*``, usable without the rest of quantkit, with fake implementations for
 torch.compile): ``wna16_gemm`` (Triton), ``wna16_int4_cpu`` and ``wna16_int8_cpu`` (PyTorch's CPU
-weight-only kernels), ``decode_attention_fp8`` (FP8/bf16 KV-cache decode attention). Backends,
+weight-only kernels), ``decode_attention_fp8`` (FP8/bf16 KV-cache decode attention),
+``fp8_kv_cache_write`` (quantize-on-write into a static FP8 KV cache). Backends,
 layouts and numerics: README.md here, ``wna16``, ``wna16_layout``, ``wna16_triton``.
 Set TRITON_INTERPRET=1 before importing this package to run the Triton kernels on CPU tensors.
 """
@@ -27,6 +28,7 @@ else:
     from .decode_attention import decode_attention_fp8, decode_attention_triton
     from .decode_attention_reference import decode_attention_reference
     from .fusion import concat_wna16_weights
+    from .kv_cache_write import fp8_kv_cache_write, fp8_kv_cache_write_reference
     from .packing import pack_int32, unpack_int32
     from .reference import dequantize_wna16, wna16_linear_reference
     from .wna16 import BACKENDS, prepare_wna16, prepared_layout, resolve_backend, wna16_linear
@@ -42,6 +44,8 @@ else:
         "decode_attention_reference",
         "decode_attention_triton",
         "dequantize_wna16",
+        "fp8_kv_cache_write",
+        "fp8_kv_cache_write_reference",
         "pack_int32",
         "prepare_wna16",
         "prepared_layout",

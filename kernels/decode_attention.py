@@ -9,19 +9,24 @@ cache. The same kernel reads bf16/fp16/fp32 caches (scales omitted), which gives
 Algorithm (two launches):
 
 1. ``_decode_attention_split_kernel``, grid (B * Hkv, S): program (b, kv head, split s) reads
-   the keys [s * split_len, (s+1) * split_len) of one KV head in tiles of BLOCK_N, for all the
+   the keys [s * split_len, (s+1) * split_len) of one KV head in tiles of BLOCK_N (split_len
+   from the length the cache holds, read on the device for a static cache), for all the
    Hq / Hkv query heads that share it (GQA: each K/V tile is loaded once per group), and keeps an
    online softmax (running max m, running sum l, unnormalised accumulator acc) in base 2.
-   It writes (acc, m, l) per query head and split to fp32 workspaces.
+   It writes (acc, m, l) per query head and split to fp32 workspaces. K/V tiles are read as
+   16-byte vectors (16 fp8 codes; the PTX test checks it), converted to bf16/fp16 in registers.
 2. ``_decode_attention_reduce_kernel``, grid (B * Hq,): merges the S partial softmaxes:
    out = v_scale * sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s.
 
+Launch parameters (splits, tile, warps, stages): ``decode_attention_heuristics``, by rule.
 Depends on torch and triton only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 
 import torch
 import triton
@@ -29,6 +34,7 @@ import triton.language as tl
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
+from .decode_attention_heuristics import DecodeAttentionLaunch, choose_launch
 from .decode_attention_reference import decode_attention_reference
 
 
@@ -37,7 +43,6 @@ FP8_DTYPE = torch.float8_e4m3fn
 QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 KV_DTYPES = (FP8_DTYPE, torch.float16, torch.bfloat16, torch.float32)
 MAX_HEAD_DIM = 256
-BLOCK_N = 64  # keys per tile
 MIN_BLOCK_G = 16  # tl.dot needs M >= 16 on GPUs: query heads of a group are padded to this
 LOG2E = 1.4426950408889634
 # Initial running max: finite, so a tile whose keys are all masked gives 2^(-inf - m) = 0, never NaN.
@@ -52,12 +57,12 @@ def _decode_attention_split_kernel(
     k_scale_ptr,  # fp32 [1] or [Hkv]
     v_scale_ptr,  # unused here (applied in the reduce kernel); kept for a uniform signature
     mask_ptr,  # uint8 [B, T] (1 = attend), read only when HAS_MASK
+    kv_len_ptr,  # int32/int64, one element: keys at positions >= it are not read (HAS_KV_LEN)
     part_acc_ptr,  # fp32 [B, Hq, S, D] unnormalised partial outputs
     part_m_ptr,  # fp32 [B, Hq, S] running max (base 2)
     part_l_ptr,  # fp32 [B, Hq, S] running sum
     qk_scale,  # fp32: sm_scale * log2(e)
     seq_len,  # T
-    split_len,  # keys per split, a multiple of BLOCK_N
     num_kv_heads,
     k_scale_stride,  # 0 (per tensor) or 1 (per KV head)
     stride_qb,
@@ -75,6 +80,7 @@ def _decode_attention_split_kernel(
     BLOCK_D: tl.constexpr,  # power of two >= HEAD_DIM
     BLOCK_N: tl.constexpr,
     HAS_MASK: tl.constexpr,
+    HAS_KV_LEN: tl.constexpr,
     DOT_FP32: tl.constexpr,  # dot products in fp32 (interpreter, fp32 queries) or in q's dtype
 ):
     pid_bh = tl.program_id(0)
@@ -103,13 +109,20 @@ def _decode_attention_split_kernel(
 
     k_base = k_ptr + b * stride_kb + kv_head * stride_kh
     v_base = v_ptr + b * stride_vb + kv_head * stride_vh
+    kv_end = seq_len
+    if HAS_KV_LEN:  # a static cache: only the written positions are split and read
+        kv_end = tl.minimum(kv_end, tl.load(kv_len_ptr).to(tl.int32))
+    # keys per split: a multiple of BLOCK_N, from the length on the device (a CUDA graph replays it)
+    split_len = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
     split_start = split * split_len
-    split_end = tl.minimum(split_start + split_len, seq_len)
+    split_end = tl.minimum(split_start + split_len, kv_end)
     for start_n in range(split_start, split_end, BLOCK_N):
         keys = start_n + offs_n  # [BLOCK_N]
         n_valid = keys < split_end
         kv_load_mask = n_valid[:, None] & d_valid[None, :]
         k = tl.load(k_base + keys[:, None] * stride_kt + offs_d[None, :], mask=kv_load_mask, other=0.0)
+        # V is issued here, before the scores need K, so that its latency overlaps the QK product
+        v = tl.load(v_base + keys[:, None] * stride_vt + offs_d[None, :], mask=kv_load_mask, other=0.0)
         # fp8 -> q dtype is exact; the scale is applied to the scores
         if DOT_FP32:
             k = k.to(tl.float32)
@@ -128,11 +141,12 @@ def _decode_attention_split_kernel(
         p = tl.exp2(scores - m_new[:, None])  # [BLOCK_G, BLOCK_N]
         l_i = l_i * alpha + tl.sum(p, axis=1)
 
-        v = tl.load(v_base + keys[:, None] * stride_vt + offs_d[None, :], mask=kv_load_mask, other=0.0)
         if DOT_FP32:
             pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")  # [BLOCK_G, BLOCK_D]
         else:
-            pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
+            # (V^T P^T)^T: V as the A operand, read straight from global memory in 16-byte vectors
+            # (as the B operand of P V the compiler copies it in 8-byte pieces)
+            pv = tl.trans(tl.dot(tl.trans(v.to(q.dtype)), tl.trans(p.to(q.dtype))))
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
@@ -200,6 +214,7 @@ def check_decode_attention_args(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     kv_mask: torch.Tensor | None,
+    kv_len: torch.Tensor | None = None,
 ) -> None:
     """Raise a ValueError naming the problem if the arguments break the contract of decode_attention_fp8."""
     if q.dim() != 3:
@@ -243,16 +258,17 @@ def check_decode_attention_args(
             )
         if kv_mask.device != q.device:
             raise ValueError(f"kv_mask is on {kv_mask.device}, q on {q.device}: use one device")
+    if kv_len is not None:
+        if kv_len.numel() != 1 or kv_len.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"kv_len must be one int32/int64 length, got {kv_len.dtype} {tuple(kv_len.shape)}")
+        if kv_len.device != q.device:
+            raise ValueError(f"kv_len is on {kv_len.device}, q on {q.device}: use one device")
 
 
-def default_num_splits(batch: int, num_kv_heads: int, seq_len: int, device: torch.device) -> int:
-    """Splits of the KV length so that B * Hkv * S programs fill the GPU (about 2 per SM)."""
-    if device.type == "cuda":
-        target_programs = 2 * torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        target_programs = 8
-    max_splits = triton.cdiv(seq_len, BLOCK_N)
-    return max(1, min(max_splits, triton.cdiv(target_programs, batch * num_kv_heads)))
+def default_launch(batch: int, num_kv_heads: int, seq_len: int, device: torch.device) -> DecodeAttentionLaunch:
+    """The launch rule of decode_attention_heuristics for this device."""
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
+    return choose_launch(batch, num_kv_heads, seq_len, num_sms)
 
 
 def kernels_interpreted() -> bool:
@@ -277,9 +293,12 @@ def decode_attention_triton(
     kv_mask: torch.Tensor | None = None,
     sm_scale: float | None = None,
     num_splits: int = 0,
+    kv_len: torch.Tensor | None = None,
+    launch: DecodeAttentionLaunch | None = None,
 ) -> torch.Tensor:
-    """Run the Triton kernels (no fallback). Arguments as ``decode_attention_fp8``."""
-    check_decode_attention_args(q, k_cache, v_cache, kv_mask)
+    """Run the Triton kernels (no fallback). Arguments as ``decode_attention_fp8``; ``launch``
+    overrides the whole launch rule (benchmark sweeps), ``num_splits`` > 0 only the split count."""
+    check_decode_attention_args(q, k_cache, v_cache, kv_mask, kv_len)
     if not triton_can_run_on(q.device):
         raise RuntimeError(
             f"the Triton decode-attention kernel cannot run on {q.device}: use CUDA tensors, or set "
@@ -296,11 +315,11 @@ def decode_attention_triton(
         sm_scale = head_dim**-0.5
     if num_splits < 0:
         raise ValueError(f"num_splits must be >= 0 (0 = automatic), got {num_splits}")
-    if num_splits == 0:
-        num_splits = default_num_splits(batch, num_kv_heads, seq_len, q.device)
-    num_splits = min(num_splits, triton.cdiv(seq_len, BLOCK_N))
-    split_len = triton.cdiv(triton.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    num_splits = triton.cdiv(seq_len, split_len)  # no split left without keys
+    launch = launch or default_launch(batch, num_kv_heads, seq_len, q.device)
+    if num_splits:
+        launch = dataclasses.replace(launch, num_splits=num_splits)
+    # never more splits than tiles (a split past the written length of a static cache reads nothing)
+    num_splits = min(launch.num_splits, triton.cdiv(seq_len, launch.block_n))
 
     if kv_mask is not None:
         mask_u8 = kv_mask.contiguous().view(torch.uint8)  # [B, T]
@@ -308,6 +327,7 @@ def decode_attention_triton(
     else:
         mask_u8 = torch.empty(1, dtype=torch.uint8, device=q.device)  # never read
         stride_mb = 0
+    kv_len_arg = kv_len if kv_len is not None else mask_u8  # never read without HAS_KV_LEN
 
     part_acc = q.new_empty((batch, num_q_heads, num_splits, head_dim), dtype=torch.float32)
     part_m = q.new_empty((batch, num_q_heads, num_splits), dtype=torch.float32)
@@ -321,9 +341,9 @@ def decode_attention_triton(
     # fp32 dot products: in the interpreter (its bf16 tl.dot is wrong), for fp32 queries or an fp32 cache
     dot_fp32 = interpreted or q.dtype == torch.float32 or k_cache.dtype == torch.float32
     wrap_triton(_decode_attention_split_kernel)[(batch * num_kv_heads, num_splits)](
-        q, k_cache, v_cache, k_scale, v_scale, mask_u8,
+        q, k_cache, v_cache, k_scale, v_scale, mask_u8, kv_len_arg,
         part_acc, part_m, part_l,
-        sm_scale * LOG2E, seq_len, split_len, num_kv_heads, 0 if k_scale.numel() == 1 else 1,
+        sm_scale * LOG2E, seq_len, num_kv_heads, 0 if k_scale.numel() == 1 else 1,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -332,9 +352,12 @@ def decode_attention_triton(
         BLOCK_G=max(MIN_BLOCK_G, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
-        BLOCK_N=BLOCK_N,
+        BLOCK_N=launch.block_n,
         HAS_MASK=kv_mask is not None,
+        HAS_KV_LEN=kv_len is not None,
         DOT_FP32=dot_fp32,
+        num_warps=launch.num_warps,
+        num_stages=launch.num_stages,
     )  # fmt: skip
     wrap_triton(_decode_attention_reduce_kernel)[(batch * num_q_heads,)](
         part_acc, part_m, part_l, v_scale, out,
@@ -357,18 +380,19 @@ def _decode_attention_fp8_op(
     kv_mask: torch.Tensor | None,
     sm_scale: float,
     num_splits: int,
+    kv_len: torch.Tensor | None = None,
 ) -> torch.Tensor:
     # Triton's interpreter needs real CPU memory: when the op is traced on CPU (fake/functional
     # tensors, e.g. torch.compile or export), the reference's torch ops are traced instead.
     if triton_can_run_on(q.device) and (q.is_cuda or not is_fake(q)):
-        return decode_attention_triton(q, k_cache, v_cache, k_scale, v_scale, kv_mask, sm_scale, num_splits)
-    check_decode_attention_args(q, k_cache, v_cache, kv_mask)
-    return decode_attention_reference(q, k_cache, v_cache, k_scale, v_scale, kv_mask, sm_scale)
+        return decode_attention_triton(q, k_cache, v_cache, k_scale, v_scale, kv_mask, sm_scale, num_splits, kv_len)
+    check_decode_attention_args(q, k_cache, v_cache, kv_mask, kv_len)
+    return decode_attention_reference(q, k_cache, v_cache, k_scale, v_scale, kv_mask, sm_scale, kv_len)
 
 
 @_decode_attention_fp8_op.register_fake
-def _decode_attention_fp8_fake(q, k_cache, v_cache, k_scale, v_scale, kv_mask, sm_scale, num_splits):
-    check_decode_attention_args(q, k_cache, v_cache, kv_mask)
+def _decode_attention_fp8_fake(q, k_cache, v_cache, k_scale, v_scale, kv_mask, sm_scale, num_splits, kv_len=None):
+    check_decode_attention_args(q, k_cache, v_cache, kv_mask, kv_len)
     return q.new_empty(q.shape)
 
 
@@ -381,6 +405,7 @@ def decode_attention_fp8(
     kv_mask: torch.Tensor | None = None,
     sm_scale: float | None = None,
     num_splits: int = 0,
+    kv_len: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query token per sequence over a (FP8) KV cache.
 
@@ -396,7 +421,11 @@ def decode_attention_fp8(
             None to attend to all T keys. A sequence with every key masked gets zeros.
         sm_scale: softmax scale; None means D ** -0.5.
         num_splits: number of programs the KV length is split across per (sequence, KV head);
-            0 picks one that fills the GPU. Any value gives the same result up to rounding.
+            0 picks one by the rule of decode_attention_heuristics. Any value gives the same
+            result up to rounding.
+        kv_len: None, or an int32/int64 tensor of one element on the cache's device: only the
+            first kv_len positions are attended (a static cache's written length; read on the
+            device, so a CUDA graph replays it). Positions past it are neither read nor attended.
 
     Returns:
         [B, Hq, D] in q's dtype (contiguous).
@@ -410,36 +439,55 @@ def decode_attention_fp8(
         sm_scale = q.shape[-1] ** -0.5
     if not math.isfinite(sm_scale):
         raise ValueError(f"sm_scale must be finite, got {sm_scale}")
-    return torch.ops.quantkit.decode_attention_fp8(q, k_cache, v_cache, k_scale, v_scale, kv_mask, sm_scale, num_splits)
+    return torch.ops.quantkit.decode_attention_fp8(
+        q, k_cache, v_cache, k_scale, v_scale, kv_mask, sm_scale, num_splits, kv_len
+    )
 
 
 # -- ahead-of-time compile check ------------------------------------------------------------------
 
-#: (kv dtype, q dtype, GQA group, head_dim, has_mask) variants compiled by compile_kernels.
+#: (kv dtype, q dtype, GQA group, head_dim, has_mask, has_kv_len) variants compiled by compile_kernels.
 COMPILE_VARIANTS = (
-    ("fp8e4nv", "bf16", 4, 128, True),
-    ("fp8e4nv", "fp16", 6, 80, False),
-    ("fp8e4nv", "fp32", 1, 64, True),
-    ("bf16", "bf16", 8, 128, True),
+    ("fp8e4nv", "bf16", 4, 128, True, True),
+    ("fp8e4nv", "bf16", 4, 128, False, False),
+    ("fp8e4nv", "fp16", 6, 80, False, False),
+    ("fp8e4nv", "fp32", 1, 64, True, False),
+    ("bf16", "bf16", 8, 128, True, True),
 )
 _SPLIT_POINTER_TYPES = {
-    "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "mask_ptr": "*u8", "part_acc_ptr": "*fp32",
-    "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "qk_scale": "fp32",
+    "k_scale_ptr": "*fp32", "v_scale_ptr": "*fp32", "mask_ptr": "*u8", "kv_len_ptr": "*i64",
+    "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "qk_scale": "fp32",
 }
+_GLOBAL_READ = re.compile(
+    r"ld\.global(?:\.\w+)*?(?:\.v(\d))?\.[bfsu](\d+)\s|cp\.async\.c[ag]\.shared\.global[^,]*,[^,]*,\s*(0x[0-9a-f]+|\d+)"
+)
 
 
-def _compile(kernel, types: dict[str, str], constexprs: dict, target):
+def global_read_bytes(ptx: str) -> list[int]:
+    """Bytes moved by each global-memory read instruction of a PTX listing (ld.global, cp.async)."""
+    sizes = []
+    for vec, bits, copy_size in _GLOBAL_READ.findall(ptx):
+        sizes.append(int(copy_size, 0) if copy_size else int(vec or 1) * int(bits) // 8)
+    return sizes
+
+
+def _compile(kernel, types: dict[str, str], constexprs: dict, target, aligned=(), **options):
+    """Compile ``kernel`` for ``target``. ``aligned``: arguments declared multiples of 16 (bytes for
+    pointers), as Triton's launcher specializes them at run time when they are."""
     signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in kernel.arg_names}
-    source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    return triton.compile(source, target=target)
+    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=target, options=options or None)
 
 
 def compile_kernels(target=None, variants=COMPILE_VARIANTS) -> dict[str, dict]:
     """Compile both kernels with the real Triton compiler for `target` (default: Hopper, sm_90).
 
     Needs no GPU, but Triton's interpreter must be off (TRITON_INTERPRET unset when triton was
-    imported). Returns {variant name: {"cubin_bytes", "shared_bytes", "fp8_converts"}}; raises
-    the compiler's error if a variant does not compile.
+    imported). Pointers and K/V strides are declared 16-aligned, as they are at run time for a
+    cache with head_dim % 16 == 0 (Triton specializes such arguments). Returns {variant name:
+    {"cubin_bytes", "shared_bytes", "fp8_converts", "global_read_bytes"}} (the last: the sorted
+    distinct sizes of the kernel's global reads); raises the compiler's error if a variant fails.
     """
     from triton.backends.compiler import GPUTarget
 
@@ -448,20 +496,27 @@ def compile_kernels(target=None, variants=COMPILE_VARIANTS) -> dict[str, dict]:
             "compile_kernels needs triton imported without TRITON_INTERPRET=1 (run it in a fresh process)"
         )
     target = target or GPUTarget("cuda", 90, 32)
+    launch = choose_launch(1, 8, 32768, 132)  # the tile and options of the H200 rule
     results = {}
-    for kv_type, q_type, group, head_dim, has_mask in variants:
+    split_kernel = _decode_attention_split_kernel
+    aligned = [n for n in split_kernel.arg_names if n.endswith("_ptr") or n.startswith(("stride_q", "stride_k", "stride_v"))]
+    for kv_type, q_type, group, head_dim, has_mask, has_kv_len in variants:
         block_d = max(16, triton.next_power_of_2(head_dim))
         compiled = _compile(
-            _decode_attention_split_kernel,
+            split_kernel,
             {**_SPLIT_POINTER_TYPES, "q_ptr": f"*{q_type}", "k_ptr": f"*{kv_type}", "v_ptr": f"*{kv_type}"},
             dict(GROUP=group, BLOCK_G=max(MIN_BLOCK_G, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-                 BLOCK_D=block_d, BLOCK_N=BLOCK_N, HAS_MASK=has_mask, DOT_FP32=q_type == "fp32"),
-            target,
+                 BLOCK_D=block_d, BLOCK_N=launch.block_n, HAS_MASK=has_mask, HAS_KV_LEN=has_kv_len,
+                 DOT_FP32=q_type == "fp32"),
+            target, aligned, num_warps=launch.num_warps, num_stages=launch.num_stages,
         )
-        results[f"split/{kv_type}/{q_type}/g{group}/d{head_dim}/mask{int(has_mask)}"] = {
+        ptx = compiled.asm.get("ptx", "")
+        name = f"split/{kv_type}/{q_type}/g{group}/d{head_dim}/mask{int(has_mask)}/len{int(has_kv_len)}"
+        results[name] = {
             "cubin_bytes": len(compiled.asm.get("cubin", b"")),
             "shared_bytes": compiled.metadata.shared,
-            "fp8_converts": "e4m3" in compiled.asm.get("ptx", ""),
+            "fp8_converts": "e4m3" in ptx,
+            "global_read_bytes": sorted(set(global_read_bytes(ptx))),
         }
         block_s = 1 if has_mask else 64  # one split, and many
         compiled = _compile(
@@ -475,6 +530,7 @@ def compile_kernels(target=None, variants=COMPILE_VARIANTS) -> dict[str, dict]:
             "cubin_bytes": len(compiled.asm.get("cubin", b"")),
             "shared_bytes": compiled.metadata.shared,
             "fp8_converts": False,
+            "global_read_bytes": sorted(set(global_read_bytes(compiled.asm.get("ptx", "")))),
         }
     return results
 

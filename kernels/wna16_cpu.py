@@ -10,11 +10,17 @@ measured 40-60x slower on this machine), so these ops always compute in bf16: x 
 scales are stored in bf16, and the result is cast back to x's dtype. For fp32 or fp16 models this
 trades precision (about bf16's: relative error ~2^-9) for speed; backend "reference" keeps full
 precision. Layouts: quantkit.kernels.wna16_layout.
+
+Both ops switch by the number of rows: below ``DEQUANT_MIN_ROWS`` rows (decode) they run the fused aten
+kernels above; from it on (prefill) they dequantize the weight once into a scratch and run the dense
+matmul (quantkit.kernels.wna16_cpu_dequant, where the rule and its reasoning are written down).
 """
 
 from __future__ import annotations
 
 import torch
+
+from .wna16_cpu_dequant import int4_linear_dequantized, int8_linear_dequantized, use_dequantized
 
 COMPUTE_DTYPE = torch.bfloat16
 _X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -92,7 +98,8 @@ def wna16_int4_cpu(
     """y = x @ W.T (+ bias) with W in PyTorch's CPU int4 layout (one or two int4 halves), computed in bf16.
 
     Args:
-        x: fp16/bf16/fp32 [M, K], any M. Cast to bf16 for the product.
+        x: fp16/bf16/fp32 [M, K], any M. Cast to bf16 for the fused product; from
+            ``DEQUANT_MIN_ROWS`` rows on, W is dequantized once and multiplied in ``compute_dtype(x.dtype)``.
         weight: uint8 [N, K/2], the output of ``aten._convert_weight_to_int4pack_for_cpu(u, 1)`` where u
             is int32 [N, K] of unsigned values in [0, 15]. N % 16 == 0.
         scales_zeros: bf16 [K/gc, N, 2], gc = K / scales_zeros.shape[0] in {32, 64, 128, 256}:
@@ -109,6 +116,8 @@ def wna16_int4_cpu(
         and weight_lo is None and scales_zeros_lo is None and (bias is None or bias.shape == (weight.shape[0],))
     ):
         _check_int4_operands(x, weight, scales_zeros, weight_lo, scales_zeros_lo, bias)
+    if use_dequantized(x.shape[0], "int4"):
+        return int4_linear_dequantized(x, weight, scales_zeros, weight_lo, scales_zeros_lo, bias)
     group = x.shape[1] // scales_zeros.shape[0]
     xb = _as_compute(x)
     mm = torch.ops.aten._weight_int4pack_mm_for_cpu
@@ -154,7 +163,8 @@ def wna16_int8_cpu(
     """y = x @ W.T (+ bias) with W int8 per output channel, computed in bf16 (``aten._weight_int8pack_mm``).
 
     Args:
-        x: fp16/bf16/fp32 [M, K], any M. Cast to bf16 for the product.
+        x: fp16/bf16/fp32 [M, K], any M. Cast to bf16 for the fused product; from
+            ``DEQUANT_MIN_ROWS`` rows on, q is converted once and multiplied in ``compute_dtype(x.dtype)``.
         weight: int8 [N, K], signed q (row-major, K contiguous).
         scale: bf16 [N]; w[n, k] = (q[n, k] - zp[n]) * scale[n].
         zero_scale: fp32 [N] = zp * scale for asymmetric weights (y -= sum_k x[m, k] * zero_scale[n]), or None.
@@ -168,6 +178,8 @@ def wna16_int8_cpu(
         and (bias is None or bias.shape == (weight.shape[0],))
     ):
         _check_int8_operands(x, weight, scale, zero_scale, bias)
+    if use_dequantized(x.shape[0], "int8"):
+        return int8_linear_dequantized(x, weight, scale, zero_scale, bias)
     xb = _as_compute(x)
     y = torch.ops.aten._weight_int8pack_mm(xb, weight, scale)
     if zero_scale is None and bias is None:

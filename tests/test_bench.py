@@ -182,9 +182,9 @@ def test_fp8_kv_variant_decodes_with_half_the_cache_bytes(tmp_path):
     cpu = torch.device("cpu")
     fp8 = time_decode(both, shape, 2, 40, settings, cpu)
     bf16 = time_decode(base, shape, 2, 40, settings, cpu)
-    assert fp8["cache"] == "FP8KVCache" and bf16["cache"] == "StaticCache"
-    # fp8 stores 1 byte per value: 40 positions vs the static cache's 41 bf16 positions
+    assert fp8["cache"] == "StaticFP8KVCache" and bf16["cache"] == "StaticCache"
+    # fp8 stores 1 byte per value: 41 positions (one free slot) as the bf16 static cache's 41
     # (+ per-layer scales and dequantization tables)
-    expected = kv_cache_bytes(shape, both.scheme, 40, 2)
+    expected = kv_cache_bytes(shape, both.scheme, 41, 2)
     assert expected <= fp8["memory"]["kv_cache_bytes"] < expected + 2048 * shape.layers
     assert fp8["memory"]["kv_cache_bytes"] < 0.55 * bf16["memory"]["kv_cache_bytes"]

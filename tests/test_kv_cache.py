@@ -13,7 +13,9 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer  # noqa: E402
 
-from quantkit.calibration.kv_scales import attach_kv_scales, quantize_kv_cache, read_kv_scales  # noqa: E402
+from quantkit.calibration.kv_scales import (  # noqa: E402
+    attach_kv_scales, cache_keyword, quantize_kv_cache, read_kv_scales,
+)
 from quantkit.kernels import decode_attention as decode_attention_module  # noqa: E402
 from quantkit.modules.kv_cache import (  # noqa: E402
     FP8KVCache, FP8SlidingWindowKVLayer, disable_fp8_kv_cache, enable_fp8_kv_cache, fp8_cache_for,
@@ -64,9 +66,19 @@ def left_padded_batch(lengths=(20, 13)):
     return ids, mask
 
 
+def cache_arg(model, cache) -> dict:
+    """The forward/generate keyword for a cache: `cache` (transformers >= 5.24) or `past_key_values`."""
+    return {cache_keyword(model): cache}
+
+
+def generated_cache(out):
+    """The cache generate() returned (`cache` from transformers 5.24, `past_key_values` before)."""
+    return out.cache if hasattr(out, "cache") else out.past_key_values
+
+
 def greedy(model, ids, mask, cache=None, new_tokens=12, with_logits=False):
     """Greedy generation: token ids [B, T + new_tokens] (and the logits of each step [steps, B, V])."""
-    kwargs = {"cache": cache} if cache is not None else {}
+    kwargs = cache_arg(model, cache) if cache is not None else {}
     out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
                          return_dict_in_generate=True, output_logits=True, **kwargs)
     return (out.sequences, torch.stack(out.logits)) if with_logits else out.sequences
@@ -93,14 +105,14 @@ def test_logits_match_reference_step_by_step():
     ids, mask = left_padded_batch((16, 9))
     fp8, ref = fp8_cache_for(model), reference_cache(scales)
     with torch.no_grad():
-        a = model(input_ids=ids, attention_mask=mask, cache=fp8)
-        b = model(input_ids=ids, attention_mask=mask, cache=ref)
+        a = model(input_ids=ids, attention_mask=mask, **cache_arg(model, fp8))
+        b = model(input_ids=ids, attention_mask=mask, **cache_arg(model, ref))
         torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=0)
         for _ in range(3):
             token = a.logits[:, -1:].argmax(-1)
             mask = torch.cat([mask, torch.ones_like(token)], dim=1)
-            a = model(input_ids=token, attention_mask=mask, cache=fp8)
-            b = model(input_ids=token, attention_mask=mask, cache=ref)
+            a = model(input_ids=token, attention_mask=mask, **cache_arg(model, fp8))
+            b = model(input_ids=token, attention_mask=mask, **cache_arg(model, ref))
             torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=0)
 
 
@@ -109,8 +121,8 @@ def test_cache_holds_half_the_bytes_of_bf16():
     ids = torch.randint(0, VOCAB, (2, 40))
     fp8, bf16 = fp8_cache_for(model), DynamicCache(config=model.config)
     with torch.no_grad():
-        model(input_ids=ids, cache=fp8)
-        model(input_ids=ids, cache=bf16)
+        model(input_ids=ids, **cache_arg(model, fp8))
+        model(input_ids=ids, **cache_arg(model, bf16))
     bf16_bytes = sum(t.numel() * t.element_size() for layer in bf16.layers for t in (layer.keys, layer.values))
     assert bf16_bytes == 2 * 2 * 2 * 40 * 32 * 2 * 2  # layers * (K, V) * B * T * D * Hkv * 2 bytes
     assert fp8.nbytes * 2 == bf16_bytes
@@ -123,7 +135,7 @@ def test_values_beyond_range_saturate_instead_of_nan():
     cache = fp8_cache_for(model)
     ids = torch.randint(0, VOCAB, (2, 10))
     with torch.no_grad():
-        logits = model(input_ids=ids, cache=cache).logits
+        logits = model(input_ids=ids, **cache_arg(model, cache)).logits
     keys = cache.layers[0].keys.float()
     assert torch.isfinite(keys).all() and torch.isfinite(logits).all()
     assert keys.abs().max() == 448 and (keys.abs() == 448).float().mean() > 0.1
@@ -177,7 +189,7 @@ def test_enable_fp8_kv_cache_hooks_generate():
     assert fp8_kv_cache_enabled(model) == "dequantize"
     out = model.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0,
                          return_dict_in_generate=True)
-    assert isinstance(out.cache, FP8KVCache)
+    assert isinstance(generated_cache(out), FP8KVCache)
     assert torch.equal(out.sequences, expected)
     # An explicit cache still wins.
     explicit = DynamicCache(config=model.config)
@@ -187,7 +199,7 @@ def test_enable_fp8_kv_cache_hooks_generate():
     assert fp8_kv_cache_enabled(model) is None
     out = model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False, pad_token_id=0,
                          return_dict_in_generate=True)
-    assert type(out.cache) is DynamicCache
+    assert type(generated_cache(out)) is DynamicCache
 
 
 def test_kernel_attention_path_matches_dequantize_path(monkeypatch):
@@ -229,7 +241,7 @@ def test_per_head_scale_of_wrong_size_is_rejected():
     attach_kv_scales(model, {i: (torch.ones(3), torch.ones(3)) for i in range(2)})  # 2 KV heads, 3 scales
     with pytest.raises(ValueError, match="3 entries but the layer caches 2 KV heads"):
         with torch.no_grad():
-            model(input_ids=torch.randint(0, VOCAB, (1, 4)), cache=fp8_cache_for(model))
+            model(input_ids=torch.randint(0, VOCAB, (1, 4)), **cache_arg(model, fp8_cache_for(model)))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -38,13 +38,13 @@ def test_bench_float_w4_and_fp8_kv(checkpoints, tmp_path):
     data = json.loads(out.read_text())
     assert len(data["variants"]) == 3 and len(data["prefill"]) == 3 and len(data["decode"]) == 3
     caches = {r["variant"]: r["cache"] for r in data["decode"]}
-    assert caches[data["baseline"]] == "StaticCache" and caches["kv"] == "FP8KVCache"
+    assert caches[data["baseline"]] == "StaticCache" and caches["kv"] == "StaticFP8KVCache"
     assert all(r["median_s"] > 0 for r in data["prefill"] + data["decode"])
 
 
 def test_load_and_generate(checkpoints):
     import quantkit
-    from quantkit.modules.kv_cache import FP8KVCache
+    from quantkit.modules.kv_cache import FP8KVCache, StaticFP8KVCache
 
     ids = torch.randint(0, 4096, (1, 12), generator=torch.Generator().manual_seed(0))
     w4 = quantkit.load(checkpoints / "w4")
@@ -55,3 +55,7 @@ def test_load_and_generate(checkpoints):
     generated = kv.generate(ids, max_new_tokens=4, do_sample=False, return_dict_in_generate=True)
     assert isinstance(generated.past_key_values, FP8KVCache), "generate() must store the KV cache in FP8"
     assert generated.sequences.shape == (1, 16)
+    static = kv.generate(ids, max_new_tokens=4, do_sample=False, return_dict_in_generate=True,
+                         cache_implementation="static")
+    assert isinstance(static.past_key_values, StaticFP8KVCache), "a static cache must be the static FP8 cache"
+    assert torch.equal(static.sequences, generated.sequences)

@@ -1,6 +1,7 @@
-"""End-to-end CPU decode speed at batch 1: bf16 vs W8 (per channel) vs W4 (g128) on a random ~1.1B Llama.
+"""End-to-end CPU prefill and decode speed at batch 1: bf16 vs W8 (per channel) vs W4 (g128) on a random ~1.1B Llama.
 
     python evals/kernels/bench_decode_cpu.py --out evals/kernels            # writes decode_cpu.{json,md}
+    python evals/kernels/bench_decode_cpu.py --out evals/kernels --prompt 512 --stem prefill_decode_cpu
 
 The model is random-initialised (speed does not depend on the values) with TinyLlama-1.1B's
 dimensions by default: hidden 2048, intermediate 5632, 22 layers, 32 heads, 4 KV heads, vocab
@@ -9,11 +10,13 @@ dimensions by default: hidden 2048, intermediate 5632, 22 layers, 32 heads, 4 KV
 and run on the "torch" backend (``QuantLinear.prepare("torch")``: PyTorch's CPU weight-only
 kernels through torch.ops.quantkit.*).
 
-Measurement: prefill a fixed prompt, then greedy-decode ``--new-tokens`` tokens one forward at a time
-through a DynamicCache, timing every step. The variants run in turn, round after round
+Measurement: prefill a fixed prompt (timed: TTFT), then greedy-decode ``--new-tokens`` tokens one
+forward at a time through a DynamicCache, timing every step. The variants run in turn, round after round
 (interleaved, so a slower or busier machine slows all of them alike); a variant's speed is
-1 / median step time over all its rounds after the warm-up round. Only the ratios to bf16 are
-meaningful across machines.
+1 / median step time over all its rounds after the warm-up round; its prefill time is the median over
+those rounds. Only the ratios to the baseline are meaningful across machines. ``--dtype fp32`` builds
+the float model in fp32 (the baseline variant is then called "fp32"): on CPUs without native bf16
+(no avx512_bf16 / AMX) bf16 GEMMs are emulated and a bf16 prefill baseline is meaningless there.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from cpu_timing import cpu_name, realtime_priority  # noqa: E402
 # quantize_() does by default, instead of keeping lm_head in bf16 as the recipes (and vLLM checkpoints) do.
 VARIANTS = {
     "bf16": (None, False),
+    "fp32": (None, False),
     "w8": ("w8a16-rtn", False),
     "w4": ("w4a16-rtn", False),
     "w4-asym": ("w4a16-rtn-asym", False),
@@ -56,7 +60,7 @@ def build_model(args):
     torch.manual_seed(args.seed)
     with torch.device("cpu"):
         model = transformers.LlamaForCausalLM(config)
-    return model.to(torch.bfloat16).eval()
+    return model.to(getattr(torch, {"bf16": "bfloat16", "fp32": "float32"}[getattr(args, "dtype", "bf16")])).eval()
 
 
 class FusedProjections(torch.nn.Module):
@@ -150,13 +154,15 @@ def weight_bytes(model) -> int:
 
 
 @torch.inference_mode()
-def decode_steps(model, prompt: torch.Tensor, new_tokens: int) -> tuple[list[float], torch.Tensor]:
-    """Seconds of each of `new_tokens` single-token forwards after a prefill; and the tokens."""
+def decode_steps(model, prompt: torch.Tensor, new_tokens: int) -> tuple[float, list[float], torch.Tensor]:
+    """Seconds of the prefill, of each of `new_tokens` single-token forwards after it; and the tokens."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
+    t0 = time.perf_counter()
     out = model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
     token = out.logits[:, -1:].argmax(-1)  # [1, 1]
+    prefill = time.perf_counter() - t0
     tokens, times = [token], []
     for _ in range(new_tokens):
         t0 = time.perf_counter()
@@ -164,7 +170,7 @@ def decode_steps(model, prompt: torch.Tensor, new_tokens: int) -> tuple[list[flo
         token = out.logits[:, -1:].argmax(-1)
         times.append(time.perf_counter() - t0)
         tokens.append(token)
-    return times, torch.cat(tokens, dim=1)
+    return prefill, times, torch.cat(tokens, dim=1)
 
 
 def profile_step(model, prompt: torch.Tensor, rows: int = 15) -> str:
@@ -179,7 +185,9 @@ def profile_step(model, prompt: torch.Tensor, rows: int = 15) -> str:
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="folder for decode_cpu.json / decode_cpu.md")
+    p.add_argument("--out", type=Path, required=True, help="folder for STEM.json / STEM.md")
+    p.add_argument("--stem", default="decode_cpu", help="output file name without suffix (default decode_cpu)")
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="float dtype of the model")
     p.add_argument("--variants", default="bf16,w8,w4",
                    help=f"comma-separated, from {sorted(VARIANTS)}; append {FUSED} to a quantized one to fuse "
                         "its projections")
@@ -218,14 +226,16 @@ def main(argv=None) -> dict:
     prompt = torch.randint(0, args.vocab, (1, args.prompt), generator=torch.Generator().manual_seed(args.seed))
 
     steps: dict[str, list[float]] = {n: [] for n in names}
+    prefills: dict[str, list[float]] = {n: [] for n in names}
     tokens = {}
     decode_steps(models[names[0]], prompt, 1)  # the thread pool exists before priorities are set
     with realtime_priority(args.realtime):
         for r in range(args.rounds):
             for name in names:
-                times, toks = decode_steps(models[name], prompt, args.new_tokens)
+                prefill, times, toks = decode_steps(models[name], prompt, args.new_tokens)
                 if r > 0:
                     steps[name].extend(times)
+                    prefills[name].append(prefill)
                 tokens[name] = toks
             print(f"round {r}: " + ", ".join(f"{n} {statistics.median(steps[n] or [float('nan')]) * 1e3:.1f} ms/token"
                                              for n in names), flush=True)
@@ -236,12 +246,15 @@ def main(argv=None) -> dict:
         "torch": torch.__version__,
         "model": {k: getattr(args, k) for k in ("hidden", "intermediate", "layers", "heads", "kv_heads", "vocab")},
         "prompt_tokens": args.prompt, "new_tokens": args.new_tokens, "rounds": args.rounds,
+        "dtype": args.dtype,
         "backend": args.backend, "fused_projections": args.fuse, "realtime_priority": args.realtime,
         "variants": {},
     }
     ref = statistics.median(steps[names[0]])
+    ref_prefill = statistics.median(prefills[names[0]])
     for name in names:
         med = statistics.median(steps[name])
+        med_prefill = statistics.median(prefills[name])
         result["variants"][name] = {
             "recipe": VARIANTS[name.removesuffix(FUSED)][0],
             "lm_head_quantized": VARIANTS[name.removesuffix(FUSED)][1],
@@ -250,6 +263,8 @@ def main(argv=None) -> dict:
             "median_ms_per_token": med * 1e3,
             "tokens_per_s": 1 / med,
             f"speedup_vs_{names[0]}": ref / med,
+            "median_prefill_ms": med_prefill * 1e3,
+            f"prefill_speedup_vs_{names[0]}": ref_prefill / med_prefill,
             "steps_timed": len(steps[name]),
             "same_tokens_as_first": bool(torch.equal(tokens[name], tokens[names[0]])),
         }
@@ -257,8 +272,8 @@ def main(argv=None) -> dict:
         for name in names:
             print(f"== {name}\n{profile_step(models[name], prompt)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "decode_cpu.json").write_text(json.dumps(result, indent=1))
-    (args.out / "decode_cpu.md").write_text(to_markdown(result, names))
+    (args.out / f"{args.stem}.json").write_text(json.dumps(result, indent=1))
+    (args.out / f"{args.stem}.md").write_text(to_markdown(result, names))
     print(to_markdown(result, names))
     return result
 
@@ -266,7 +281,7 @@ def main(argv=None) -> dict:
 def to_markdown(result: dict, names: list[str]) -> str:
     m = result["model"]
     lines = [
-        "# CPU decode speed, batch 1: bf16 vs quantkit W8 / W4",
+        f"# CPU prefill and decode speed, batch 1: {names[0]} vs quantkit W8 / W4",
         "",
         f"Random-initialised Llama: hidden {m['hidden']}, intermediate {m['intermediate']}, {m['layers']} layers, "
         f"{m['heads']} heads / {m['kv_heads']} KV heads, vocab {m['vocab']}. "
@@ -278,20 +293,26 @@ def to_markdown(result: dict, names: list[str]) -> str:
         "",
         f"Command: `{result['command']}`",
         "",
-        f"| variant | recipe | weights (GB) | ms / token | tokens / s | speedup vs {names[0]} |",
-        "|---|---|---:|---:|---:|---:|",
+        f"| variant | recipe | weights (GB) | prefill ms | prefill speedup | decode ms / token | tokens / s "
+        f"| decode speedup vs {names[0]} |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name in names:
         v = result["variants"][name]
-        lines.append(f"| {name} | {v['recipe'] or '-'} | {v['weight_GB']:.2f} | {v['median_ms_per_token']:.1f} | "
-                     f"{v['tokens_per_s']:.2f} | {v[f'speedup_vs_{names[0]}']:.2f}x |")
+        prefill = (f"{v['median_prefill_ms']:.0f} | {v[f'prefill_speedup_vs_{names[0]}']:.2f}x"
+                   if "median_prefill_ms" in v else "- | -")
+        lines.append(f"| {name} | {v['recipe'] or '-'} | {v['weight_GB']:.2f} | {prefill} | "
+                     f"{v['median_ms_per_token']:.1f} | {v['tokens_per_s']:.2f} | {v[f'speedup_vs_{names[0]}']:.2f}x |")
     if any(result["variants"][n]["lm_head_quantized"] for n in names):
         lines += ["", "Variants ending in `-all` also quantize lm_head (every linear, as torchao's quantize_ does by "
                   "default); the others keep it in bf16 as the recipes do."]
     if any(result["variants"][n].get("fused_projections") for n in names):
         lines += ["", f"Variants ending in `{FUSED}` run q/k/v and gate/up as one linear each over weights "
                   "concatenated along N (quantkit.kernels.concat_wna16_weights)."]
-    lines += ["", "Absolute times depend on the machine and its load; the ratios were measured side by side in "
+    lines += ["", f"Prefill: one forward over the {result['prompt_tokens']}-token prompt (the quantized linears take "
+              "the dequantize-once path from 128 rows for int4, 32 for int8: quantkit/kernels/wna16_cpu_dequant.py); "
+              "decode: the steps after it.",
+              "", "Absolute times depend on the machine and its load; the ratios were measured side by side in "
               "one run."]
     return "\n".join(lines) + "\n"
 

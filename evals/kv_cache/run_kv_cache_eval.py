@@ -2,7 +2,7 @@
 
     python evals/kv_cache/run_kv_cache_eval.py                       # reference model, CPU
     python evals/kv_cache/run_kv_cache_eval.py --model random        # random small Llama (no quality meaning)
-    python evals/kv_cache/run_kv_cache_eval.py --gpu                 # + decode attention at 4k/16k/32k on CUDA
+    python evals/kv_cache/run_kv_cache_eval.py --gpu                 # + decode attention at 1k-128k on CUDA
 
 Writes <out>/kv_cache_eval.json and <out>/kv_cache_eval.md (default out: evals/kv_cache/results).
 

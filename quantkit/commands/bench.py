@@ -59,6 +59,12 @@ def register(subparsers) -> None:
     p.add_argument("--max-cache-gb", type=positive_float, help="skip decode shapes whose KV cache exceeds this (default: "
                                                       "a quarter of the device memory)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="time eager decode steps on GPU")
+    p.add_argument("--compile", nargs="?", const="all", choices=("all", "decode"),
+                   help="run every variant's forward (baseline included) through torch.compile, in both phases "
+                        "(all, the default) or in decode only; on GPU the compiled decode step is replayed as a "
+                        "CUDA graph")
+    p.add_argument("--compile-backend", default="inductor",
+                   help="torch.compile backend for --compile (default inductor; aot_eager/eager only trace)")
     p.add_argument("--threads", type=int_at_least(1), help="CPU threads (torch.set_num_threads)")
     p.add_argument("--seed", type=int, default=0, help="seed of random models, prompts and caches")
     p.add_argument("--quiet", action="store_true", help="no progress lines (by default each step and each "
@@ -91,6 +97,10 @@ def _command_line(args: argparse.Namespace, variants: list[str], device, setting
         parts += ["--max-cache-gb", str(args.max_cache_gb)]
     if args.no_cuda_graphs:
         parts.append("--no-cuda-graphs")
+    if args.compile:
+        parts += ["--compile", args.compile]
+        if args.compile_backend != "inductor":
+            parts += ["--compile-backend", args.compile_backend]
     if args.threads:
         parts += ["--threads", str(args.threads)]
     if args.json_out:
@@ -152,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
         batch_sizes=args.batch_sizes or int_list(defaults["batch_sizes"]),
         prefill_batch_sizes=args.prefill_batch_sizes, warmup=args.warmup, repeats=args.repeats,
         cuda_graphs=not args.no_cuda_graphs, max_cache_bytes=max_cache, seed=args.seed,
+        compile_backend=args.compile_backend if args.compile else None,
+        compile_prefill=args.compile == "all",
     )
     variant_specs = _split(args.variants)
     model_is_checkpoint = not args.model.endswith(".json") and is_quantized_checkpoint(resolve_model_source(args.model))

@@ -3,11 +3,19 @@
 - Prefill: one forward over ``batch`` random prompts of ``prompt_len`` tokens into an empty cache,
   logits of the last position only (what generation does before its first token).
 - Decode: ONE step at a given context length, timed on its own: a ``StaticCache`` sized exactly
-  ``context_len + 1`` (or the variant's FP8 KV cache) is filled with random keys and values
+  ``context_len + 1`` (a ``StaticFP8KVCache`` for FP8-KV variants) is filled with random keys and values
   (timing does not depend on their values, and this skips a costly prefill), then each timed call
   feeds one token per sequence and crops the cache back to ``context_len`` so every repeat sees
-  the same context. On CUDA a static-cache step is captured in a CUDA graph when possible (eager
-  launches would dominate a small model's step); a growing cache runs eagerly.
+  the same context. On CUDA the step is captured in a CUDA graph when possible (eager launches
+  would dominate a small model's step).
+- Compiled (``BenchSettings.compile_backend``, ``quantkit bench --compile [all|decode]``): every
+  variant alike, baseline included, runs its forward through ``torch.compile`` (one compiled forward
+  per model, reused by every shape; prefill too unless ``compile_prefill`` is off). Decode on CUDA
+  then captures compiled step + cache rewind in a CUDA graph (compiled during the warm-up calls,
+  captured by hand after them: the same capture as the eager path, so the two differ only in the
+  kernels). A compiled prefill reuses one static cache, reset (untimed) between calls, so the graph
+  is not retraced for every fresh cache object. Graph breaks seen while warming up are counted in
+  each record (``graph_breaks``).
 
 Timers: CUDA events on GPU, ``time.perf_counter`` on CPU; warm-up runs, then the median of
 repeats. On CPU the repeats of all variants at one shape are interleaved (A B C A B C ...) so that
@@ -22,6 +30,7 @@ from __future__ import annotations
 import re
 import statistics
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -48,6 +57,8 @@ class BenchSettings:
     cuda_graphs: bool = True
     max_cache_bytes: float | None = None  # skip decode shapes whose KV cache would exceed this
     seed: int = 0
+    compile_backend: str | None = None  # torch.compile backend ("inductor"); None: eager forward
+    compile_prefill: bool = True  # with compile_backend: compile prefill too (else decode only)
 
     def __post_init__(self):
         for name in ("prompt_lens", "context_lens", "batch_sizes", "prefill_batch_sizes"):
@@ -158,7 +169,7 @@ def cache_tensor_bytes(cache) -> int:
 
 def make_decode_cache(variant: Variant, max_cache_len: int):
     """A cache for ``variant``: a transformers StaticCache of ``max_cache_len`` positions, or the
-    FP8 KV cache its recipe asks for."""
+    static FP8 KV cache of that length when its recipe asks for one."""
     if variant.kv_cache is not None:
         return _quantized_kv_cache(variant, max_cache_len)
     from transformers import StaticCache
@@ -171,20 +182,21 @@ def make_prefill_cache(variant: Variant, shape: ModelShape, batch: int, prompt_l
     """An empty cache for a prompt, allocated up front (as an engine's would be) so the timed
     prefill pays for writing the cache, not for allocating it."""
     cache = make_decode_cache(variant, prompt_len)
-    if hasattr(cache, "early_initialization") and variant.kv_cache is None:
+    if hasattr(cache, "early_initialization"):
         cache.early_initialization(batch, shape.kv_heads, shape.head_dim, dtype, device)
     return cache
 
 
 def _quantized_kv_cache(variant: Variant, max_cache_len: int):
-    """The FP8 KV cache of ``variant`` (a growing cache: ``max_cache_len`` is not preallocated)."""
+    """The static FP8 KV cache of ``variant``: ``max_cache_len`` positions preallocated."""
     import warnings
 
     from quantkit.modules import kv_cache
 
     with warnings.catch_warnings():  # uncalibrated scales are fine for timing
         warnings.simplefilter("ignore")
-        return kv_cache.fp8_cache_for(variant.model, attention=variant.info.get("kv_attention", "dequantize"))
+        return kv_cache.fp8_cache_for(variant.model, attention=variant.info.get("kv_attention", "dequantize"),
+                                      max_cache_len=max_cache_len)
 
 
 def fill_cache(cache, shape: ModelShape, batch: int, context_len: int, *, dtype: torch.dtype,
@@ -211,14 +223,43 @@ def rewind(cache, tokens: int) -> None:
 
 
 def _is_static(cache) -> bool:
-    """Whether the cache writes in place (CUDA graphs can replay it); a growing cache cannot."""
-    from transformers import StaticCache
-
-    return isinstance(cache, StaticCache)
+    """Whether the cache writes in place (CUDA graphs can replay it; transformers calls such caches
+    compileable): StaticCache, StaticFP8KVCache; a growing cache cannot."""
+    return bool(getattr(cache, "is_compileable", False))
 
 
 def _seq_length(cache) -> int:
     return int(cache.get_seq_length())
+
+
+# -- compiled forwards ------------------------------------------------------------------------------
+
+_COMPILED: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def model_forward(model: nn.Module, settings: BenchSettings, phase: str) -> Callable[..., object]:
+    """``model`` itself, or (``settings.compile_backend`` set, and ``phase`` "decode" or prefill compiled
+    too) its forward through ``torch.compile``, compiled once per model and backend for every shape."""
+    if not settings.compile_backend or (phase == "prefill" and not settings.compile_prefill):
+        return model
+    per_model = _COMPILED.setdefault(model, {})
+    if settings.compile_backend not in per_model:
+        per_model[settings.compile_backend] = torch.compile(model, backend=settings.compile_backend)
+    return per_model[settings.compile_backend]
+
+
+def graph_break_count() -> int:
+    """Graph breaks dynamo has recorded in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
+
+
+def _mode(settings: BenchSettings, graph: bool) -> str:
+    """"eager", "cuda_graph", "compiled (inductor)" or "compiled (inductor) + cuda_graph"."""
+    if not settings.compile_backend:
+        return "cuda_graph" if graph else "eager"
+    return f"compiled ({settings.compile_backend})" + (" + cuda_graph" if graph else "")
 
 
 # -- one measurement --------------------------------------------------------------------------------
@@ -252,11 +293,14 @@ class TimedRun:
 
     @torch.inference_mode()
     def warm(self, n: int) -> None:
+        breaks = graph_break_count()
         for _ in range(n):
             if self.before:
                 self.before()
             self.run()
         _sync(self.device)
+        if "graph_breaks" in self.info:  # compiled runs: breaks seen while (re)compiling for this shape
+            self.info["graph_breaks"] += graph_break_count() - breaks
 
     @torch.inference_mode()
     def time(self) -> None:
@@ -283,22 +327,33 @@ class TimedRun:
 
 def prefill_run(variant: Variant, shape: ModelShape, batch: int, prompt_len: int, settings: BenchSettings,
                 device: torch.device) -> TimedRun:
-    """Prefill of ``batch`` random prompts of ``prompt_len`` tokens into a fresh (preallocated) cache."""
+    """Prefill of ``batch`` random prompts of ``prompt_len`` tokens into a fresh (preallocated) cache;
+    compiled: into one static cache reset between calls (see the module docstring)."""
     model = variant.model
+    forward = model_forward(model, settings, "prefill")
+    compiled = forward is not model
     dtype = next(model.parameters()).dtype
     ids = _random_ids(shape.vocab, batch, prompt_len, device, settings.seed)  # [B, P]
     kw = cache_kwarg(model)
     holder = {}
 
-    def reset():
+    def new_cache():
         holder.clear()  # free the previous cache before allocating the next
         holder["cache"] = make_prefill_cache(variant, shape, batch, prompt_len, dtype=dtype, device=device)
 
-    def run():
-        model(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: holder["cache"]})
+    reset = new_cache
+    new_cache()
+    if compiled and _is_static(holder["cache"]):
+        reset = holder["cache"].reset  # zeroes in place: the same tensors every call
 
-    reset()
-    return TimedRun(variant, device, run, before=reset, cache=lambda: holder["cache"], cache_allocated_before=False)
+    def run():
+        forward(input_ids=ids, use_cache=True, logits_to_keep=1, **{kw: holder["cache"]})
+
+    info = {"mode": _mode(settings, graph=False) if compiled else "eager"}
+    if compiled:
+        info["graph_breaks"] = 0
+    return TimedRun(variant, device, run, before=reset, cache=lambda: holder["cache"], cache_allocated_before=False,
+                    info=info)
 
 
 def _capture_graph(step: Callable[[], object]) -> Callable[[], object]:
@@ -327,23 +382,27 @@ def decode_run(variant: Variant, shape: ModelShape, batch: int, context_len: int
         raise RuntimeError(f"cache holds {_seq_length(cache)} positions after filling {context_len}")
     ids = _random_ids(shape.vocab, batch, 1, device, settings.seed + 1)  # [B, 1]
     kw = cache_kwarg(model)
+    forward = model_forward(model, settings, "decode")
 
     def step():
-        model(input_ids=ids, use_cache=True, **{kw: cache})
+        forward(input_ids=ids, use_cache=True, **{kw: cache})
         rewind(cache, 1)  # back to context_len: every repeat decodes at the same context
 
-    mode, run = "eager", step
+    breaks = graph_break_count()
+    mode, run = _mode(settings, graph=False), step
     if device.type == "cuda" and settings.cuda_graphs and _is_static(cache):
-        try:
-            run, mode = _capture_graph(step), "cuda_graph"
-        except Exception as e:  # capture fails on ops that synchronise; fall back to eager
+        try:  # the warm-up calls inside compile the step (when compiled) before the capture
+            run, mode = _capture_graph(step), _mode(settings, graph=True)
+        except Exception as e:  # capture fails on ops that synchronise; fall back to eager launches
             torch.cuda.synchronize(device)
-            mode = f"eager (CUDA graph capture failed: {type(e).__name__})"
+            mode = f"{mode} (CUDA graph capture failed: {type(e).__name__})"
             if _seq_length(cache) != context_len:
                 raise RuntimeError("a failed CUDA graph capture left the cache at another length") from e
-
+    info = {"mode": mode, "cache": type(cache).__name__}
+    if settings.compile_backend:
+        info["graph_breaks"] = graph_break_count() - breaks
     return TimedRun(variant, device, run, cache=lambda: cache, cache_allocated_before=True,
-                    info={"mode": mode, "cache": type(cache).__name__}, context_len=context_len)
+                    info=info, context_len=context_len)
 
 
 def measure(runs: Sequence[TimedRun], settings: BenchSettings) -> list[dict]:
@@ -378,7 +437,8 @@ def _record(variant: Variant, shape: ModelShape, spec: DeviceSpec, cost, measure
                         "measured_over_predicted": median / pred.seconds}}
     tokens = keys.get("batch", 1) * keys.get("prompt_len", 1)
     rec["tokens_per_s"] = tokens / median
-    rec["achieved_bandwidth"] = cost.total_bytes / median
+    rec["achieved_bandwidth"] = cost.total_bytes / median  # bytes the step must read / its time
+    rec["bandwidth_fraction"] = rec["achieved_bandwidth"] / spec.memory_bandwidth  # of the roofline device's
     rec["achieved_flops"] = cost.total_flops / median
     return rec
 

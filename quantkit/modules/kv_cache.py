@@ -13,9 +13,15 @@ Two ways for attention to read the cache:
   ``torch.ops.quantkit.decode_attention_fp8`` (Triton, dequantization in registers) through the
   attention implementation registered here as ``"quantkit_fp8"``; prefill still dequantizes.
 
+Two caches, as in transformers: ``FP8KVCache`` grows with every step (like ``DynamicCache``);
+``StaticFP8KVCache`` preallocates [B, Hkv, max_cache_len, D] fp8 per layer and writes each step in
+place (like ``StaticCache``): no allocation per step, so a decode step captures in a CUDA graph
+and compiles with ``torch.compile`` (which ``generate`` does by itself on CUDA for static caches).
+
     cache = fp8_cache_for(model)                 # from the model's k_scale / v_scale buffers
     out = model.generate(ids, cache=cache)       # explicit
-    enable_fp8_kv_cache(model)                   # or: every generate() and forward call uses a fresh FP8 cache
+    enable_fp8_kv_cache(model)                   # or: every generate() and forward call uses a fresh FP8 cache,
+    model.generate(ids, cache_implementation="static")   # a static one where transformers would use StaticCache
 
 With enable_fp8_kv_cache, a forward pass given no cache (a perplexity window, a prefill) also
 runs with a fresh FP8 cache, so attention reads K/V quantized and dequantized exactly as the
@@ -33,7 +39,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 from transformers.cache_utils import (
-    Cache, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs,
+    Cache, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer, StaticCache, StaticLayer, get_layer_types_and_kwargs,
 )
 
 from ..calibration.kv_scales import KVScales, num_cache_layers, read_kv_scales
@@ -46,6 +52,8 @@ ATTENTION_MODES = ("auto", "dequantize", "kernel")
 KERNEL_ATTENTION_NAME = "quantkit_fp8"
 #: Attribute carrying the fp32 scale on the fp8 tensors handed to the "quantkit_fp8" attention.
 SCALE_ATTRIBUTE = "quantkit_fp8_scale"
+#: Attribute carrying the number of written positions (a device tensor) on a static cache's fp8 tensors.
+LENGTH_ATTRIBUTE = "quantkit_fp8_length"
 
 
 def _layer_types_and_kwargs(config) -> list[tuple[str, dict]]:
@@ -201,6 +209,12 @@ class FP8SlidingWindowKVLayer(_FP8KVStorage, DynamicSlidingWindowLayer):
         return self._for_attention(full_keys, full_values, key_states.shape[-2])
 
 
+def _check_scales_cover(scales: Mapping[int, tuple], num_layers: int) -> None:
+    missing = [i for i in range(num_layers) if i not in scales]
+    if missing:
+        raise ValueError(f"no KV scales for layers {missing}: give (k_scale, v_scale) for all {num_layers} layers")
+
+
 class FP8KVCache(Cache):
     """A `transformers` Cache of FP8 layers, one per decoder layer (full or sliding-window attention).
 
@@ -213,11 +227,7 @@ class FP8KVCache(Cache):
         if attention not in ("dequantize", "kernel"):
             raise ValueError(f"attention must be 'dequantize' or 'kernel', got {attention!r}")
         layer_types = _layer_types_and_kwargs(config)
-        missing = [i for i in range(len(layer_types)) if i not in scales]
-        if missing:
-            raise ValueError(
-                f"no KV scales for layers {missing}: give (k_scale, v_scale) for all {len(layer_types)} layers"
-            )
+        _check_scales_cover(scales, len(layer_types))
         fp8 = attention == "kernel"
         layers = []
         for i, (layer_type, kwargs) in enumerate(layer_types):
@@ -238,8 +248,163 @@ class FP8KVCache(Cache):
         return sum(layer.nbytes for layer in self.layers)
 
 
-def fp8_cache_for(model: nn.Module, *, attention: str = "dequantize") -> FP8KVCache:
-    """A fresh FP8KVCache with the scales of the model's ``k_scale`` / ``v_scale`` buffers.
+class StaticFP8KVLayer(StaticLayer):
+    """A full-attention layer's static cache in float8_e4m3fn: preallocated, written in place.
+
+    keys / values: float8_e4m3fn [B, Hkv, max_cache_len, D], allocated at the first update (or by
+    ``Cache.early_initialization``) and never reallocated; ``cumulative_length`` (int64 0-d tensor
+    on the cache's device) counts the written positions. A step writes its K/V at positions
+    cumulative_length ... with ``torch.ops.quantkit.fp8_kv_cache_write`` on CUDA (one fused Triton
+    launch) and its pure-torch reference on CPU (the same codes), so nothing in a step depends on
+    host values.
+
+    Attention reads all max_cache_len positions, the unwritten ones masked, as with StaticCache
+    (on CPU outside torch.compile only the written ones): "dequantize" returns them in the model
+    dtype; with return_fp8_on_decode a one-token step returns the fp8 buffers themselves, which
+    carry their scale (``quantkit_fp8_scale``) and the written length (``quantkit_fp8_length``, so
+    the kernel skips the unwritten tail) as attributes set once at allocation.
+    """
+
+    def __init__(self, max_cache_len: int, k_scale: torch.Tensor | float, v_scale: torch.Tensor | float, *,
+                 return_fp8_on_decode: bool = False):
+        super().__init__(max_cache_len=max_cache_len)
+        self.k_scale = _as_scale(k_scale, "k_scale")
+        self.v_scale = _as_scale(v_scale, "v_scale")
+        self.return_fp8_on_decode = return_fp8_on_decode
+        self.dtype: torch.dtype | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.batch_size, self.num_heads, _, head_dim = key_states.shape
+        if value_states.shape[-1] != head_dim:
+            raise QuantizationError("the static FP8 KV cache needs keys and values of one head_dim")
+        self.k_head_dim = self.v_head_dim = head_dim
+        shape = (self.batch_size, self.num_heads, self.max_cache_len, head_dim)
+        self.keys = torch.zeros(shape, dtype=FP8_DTYPE, device=self.device)
+        self.values = torch.zeros(shape, dtype=FP8_DTYPE, device=self.device)
+        self.cumulative_length = self.cumulative_length.to(self.device)
+        for name in ("k_scale", "v_scale"):
+            scale = getattr(self, name)
+            if scale.numel() not in (1, self.num_heads):
+                raise ValueError(
+                    f"a per-head KV scale has {scale.numel()} entries but the layer caches {self.num_heads} KV heads"
+                )
+            setattr(self, name, scale.to(self.device))  # fp32 [1] or [Hkv]
+        if self.device.type == "cpu":
+            self._k_table = _dequantize_table(self.k_scale, self.dtype)
+            self._v_table = _dequantize_table(self.v_scale, self.dtype)
+        for tensor, scale in ((self.keys, self.k_scale), (self.values, self.v_scale)):
+            setattr(tensor, SCALE_ATTRIBUTE, scale)
+            setattr(tensor, LENGTH_ATTRIBUTE, self.cumulative_length)
+        if not torch.compiler.is_compiling():  # fixed addresses: CUDA graphs replay the in-place writes
+            for tensor in (self.keys, self.values, self.cumulative_length, self.k_scale, self.v_scale):
+                torch._dynamo.mark_static_address(tensor)
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write key/value states [B, Hkv, T_new, D] at the next positions; return what attention reads."""
+        from ..kernels.kv_cache_write import fp8_kv_cache_write, fp8_kv_cache_write_reference
+
+        prefix = self._reads_written_prefix()  # decided before a first update initializes the layer
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        # CUDA: one fused launch; CPU: the same codes by torch ops, without the custom op's dispatch cost
+        write = fp8_kv_cache_write if self.device.type == "cuda" else fp8_kv_cache_write_reference
+        write(key_states.to(self.dtype), value_states.to(self.dtype), self.keys, self.values,
+              self.k_scale, self.v_scale, self.cumulative_length)
+        self.cumulative_length.add_(key_states.shape[-2])
+        keys, values = self.keys, self.values
+        if prefix:
+            length = int(self.cumulative_length)
+            keys, values = keys[:, :, :length], values[:, :, :length]  # [B, Hkv, length, D] views
+            if self.return_fp8_on_decode:
+                for tensor, scale in ((keys, self.k_scale), (values, self.v_scale)):
+                    setattr(tensor, SCALE_ATTRIBUTE, scale)
+        if self.return_fp8_on_decode and key_states.shape[-2] == 1:
+            return keys, values
+        return self._dequantize(keys, values)
+
+    def _reads_written_prefix(self) -> bool:
+        """Whether attention gets only the written positions rather than all max_cache_len.
+
+        On CPU in eager mode (no graph to keep static) reading the written prefix costs what the
+        growing cache costs and lets attention skip the mask; compiled code and CUDA (graph
+        capture) get the whole buffer, masked. ``get_mask_sizes`` follows the same choice.
+        """
+        return self.is_initialized and self.device.type == "cpu" and not torch.compiler.is_compiling()
+
+    @property
+    def is_compileable(self) -> bool:
+        """True (as for StaticLayer) except while attention reads the written prefix (CPU, eager):
+        transformers then builds decode masks as for a growing cache, and SDPA may skip them."""
+        return not self._reads_written_prefix()
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        if self._reads_written_prefix():
+            return int(self.cumulative_length) + query_length, 0
+        return super().get_mask_sizes(query_length)
+
+    def _dequantize(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp8 codes [B, Hkv, T, D] -> model dtype (a lookup table on CPU, same values)."""
+        if self.device.type == "cpu":
+            return dequantize_fp8_by_table(keys, self._k_table), dequantize_fp8_by_table(values, self._v_table)
+        k_scale, v_scale = self.k_scale.reshape(1, -1, 1, 1), self.v_scale.reshape(1, -1, 1, 1)
+        return dequantize_fp8(keys, k_scale, self.dtype), dequantize_fp8(values, v_scale, self.dtype)
+
+    def dequantized(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All max_cache_len positions dequantized to the model dtype: [B, Hkv, max_cache_len, D] each."""
+        return self._dequantize(self.keys, self.values)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Forget the last -tokens_to_remove positions (a negative int, as StaticLayer.crop): in place."""
+        if tokens_to_remove > 0:
+            raise RuntimeError("static layers are cropped by a negative int: the number of positions to remove")
+        self.cumulative_length.sub_(-tokens_to_remove)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the preallocated keys and values."""
+        return 2 * self.keys.numel() if self.is_initialized else 0
+
+
+class StaticFP8KVCache(Cache):
+    """A `transformers` Cache of StaticFP8KVLayer, one per decoder layer (full attention only).
+
+    config: the model config; max_cache_len: positions preallocated per layer; scales: {layer
+    index: (k_scale, v_scale)} covering every layer, each a float or a tensor [1] / [Hkv];
+    attention: "dequantize" or "kernel" (see the module docstring).
+    """
+
+    def __init__(self, config, max_cache_len: int, scales: Mapping[int, tuple], *, attention: str = "dequantize"):
+        if attention not in ("dequantize", "kernel"):
+            raise ValueError(f"attention must be 'dequantize' or 'kernel', got {attention!r}")
+        if int(max_cache_len) < 1:
+            raise ValueError(f"max_cache_len must be >= 1, got {max_cache_len}")
+        layer_types = [layer_type for layer_type, _ in _layer_types_and_kwargs(config)]
+        _check_scales_cover(scales, len(layer_types))
+        layers = []
+        for i, layer_type in enumerate(layer_types):
+            if layer_type != "full_attention":
+                raise QuantizationError(
+                    f"layer {i} is a {layer_type!r} layer: the static FP8 KV cache supports full attention only; "
+                    "use the growing FP8KVCache (cache_implementation=None) for sliding-window models"
+                )
+            layers.append(StaticFP8KVLayer(int(max_cache_len), *scales[i], return_fp8_on_decode=attention == "kernel"))
+        super().__init__(layers=layers)
+        self.attention = attention
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by all layers' preallocated keys and values."""
+        return sum(layer.nbytes for layer in self.layers)
+
+
+def fp8_cache_for(model: nn.Module, *, attention: str = "dequantize",
+                  max_cache_len: int | None = None) -> FP8KVCache | StaticFP8KVCache:
+    """A fresh FP8 cache with the scales of the model's ``k_scale`` / ``v_scale`` buffers: a growing
+    FP8KVCache, or a StaticFP8KVCache of ``max_cache_len`` positions when that is given.
 
     Attention modules without the buffers get scale 1.0, with a warning (values beyond +-448
     then saturate): calibrate them with quantkit.calibration.kv_scales.
@@ -257,6 +422,8 @@ def fp8_cache_for(model: nn.Module, *, attention: str = "dequantize") -> FP8KVCa
     all_scales: KVScales = dict(scales)
     for i in range(num_cache_layers(model)):
         all_scales.setdefault(i, (torch.ones(1), torch.ones(1)))
+    if max_cache_len is not None:
+        return StaticFP8KVCache(model.config, max_cache_len, all_scales, attention=attention)
     return FP8KVCache(model.config, all_scales, attention=attention)
 
 
@@ -301,6 +468,7 @@ def _fp8_decode_attention(
     out = decode_attention_fp8(
         query[:, :, 0, :], key, value, k_scale, v_scale, kv_mask,
         sm_scale=scaling if scaling is not None else head_dim**-0.5,
+        kv_len=getattr(key, LENGTH_ATTRIBUTE, None),  # a static cache: positions past it are unwritten
     )  # [B, Hq, D]
     return out.unsqueeze(1), None  # [B, 1, Hq, D]
 
@@ -328,10 +496,12 @@ def enable_fp8_kv_cache(model: nn.Module, *, attention: str = "auto") -> nn.Modu
     """Make every `model.generate()` and `model(...)` call store its KV cache in FP8 (scales from the model's buffers).
 
     Overrides `_prepare_cache_for_generation` on this instance only: where transformers would
-    create its default DynamicCache, a fresh FP8KVCache (fp8_cache_for) takes its place. A cache
-    passed explicitly to generate(), or another `cache_implementation`, is left alone. `forward`
-    is wrapped likewise: a call given no cache gets a fresh FP8KVCache, so full forward passes
-    (perplexity windows, prefill) see K/V as the FP8 cache stores them.
+    create its default DynamicCache, a fresh FP8KVCache (fp8_cache_for) takes its place; where it
+    would create a StaticCache (``generate(..., cache_implementation="static")``), a
+    StaticFP8KVCache of the same length. A cache passed explicitly to generate(), or another
+    `cache_implementation`, is left alone. `forward` is wrapped likewise: a call given no cache
+    gets a fresh FP8KVCache, so full forward passes (perplexity windows, prefill) see K/V as the
+    FP8 cache stores them.
     attention: "dequantize", "kernel" (decode steps through torch.ops.quantkit.decode_attention_fp8;
     sets the model's attention implementation to "quantkit_fp8") or "auto" (kernel on CUDA).
     Returns the model. Undo with disable_fp8_kv_cache(model).
@@ -349,8 +519,12 @@ def enable_fp8_kv_cache(model: nn.Module, *, attention: str = "auto") -> nn.Modu
         # transformers >= 5.24 passes the cache as `cache`, earlier versions as `past_key_values`
         key = "cache" if "cache" in model_kwargs else "past_key_values"
         created = model_kwargs.get(key)
-        if type(created) is DynamicCache and not getattr(created, "_is_user_defined", False):
+        if created is None or getattr(created, "_is_user_defined", False):
+            return result
+        if type(created) is DynamicCache:
             model_kwargs[key] = fp8_cache_for(self, attention=attention)
+        elif type(created) is StaticCache:
+            model_kwargs[key] = fp8_cache_for(self, attention=attention, max_cache_len=created.layers[0].max_cache_len)
         return result
 
     model._prepare_cache_for_generation = types.MethodType(_prepare_cache_for_generation, model)

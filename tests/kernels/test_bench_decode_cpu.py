@@ -28,7 +28,9 @@ def test_decode_bench_runs_and_reports(tmp_path):
     saved = json.loads((tmp_path / "decode_cpu.json").read_text())
     assert set(saved["variants"]) == {"bf16", "w8", "w4-all"}
     for name, v in saved["variants"].items():
-        assert v["steps_timed"] == 3 and v["tokens_per_s"] > 0
+        assert v["steps_timed"] == 3 and v["tokens_per_s"] > 0 and v["median_prefill_ms"] > 0
+        assert abs(v["prefill_speedup_vs_bf16"] - result["variants"]["bf16"]["median_prefill_ms"]
+                   / v["median_prefill_ms"]) < 1e-9
         assert abs(v["speedup_vs_bf16"] - result["variants"]["bf16"]["median_ms_per_token"]
                    / v["median_ms_per_token"]) < 1e-9
     assert saved["variants"]["w4-all"]["lm_head_quantized"] and not saved["variants"]["w8"]["lm_head_quantized"]

@@ -92,6 +92,25 @@ def test_split_count_does_not_change_the_result():
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kv_len,splits", [(170, 0), (1, 3), (300, 2), (64, 5)])
+def test_static_cache_length_limits_what_is_read(kv_len, splits):
+    """A static cache of 300 positions holding kv_len: the tail holds NaN codes, which must be neither
+    read nor attended; the result equals attention over the first kv_len positions."""
+    q, k, v, ks, vs, mask = make_inputs(2, 8, 2, 300, 64, per_head_scale=True, left_pad=20)
+    k[:, :, kv_len:] = float("nan")  # fp8 code 0x7f: NaN poisons any tile that reads it
+    v[:, :, kv_len:] = float("nan")
+    length = torch.tensor(kv_len, device=DEVICE)
+    out = da.decode_attention_triton(q, k, v, ks, vs, mask, num_splits=splits, kv_len=length)
+    ref = decode_attention_reference(q, k[:, :, :kv_len].contiguous(), v[:, :, :kv_len].contiguous(), ks, vs,
+                                     mask[:, :kv_len].contiguous())
+    assert torch.isfinite(out).all()
+    assert rel_mean_error(out, ref) <= 1e-3
+    masked_ref = decode_attention_reference(q, k, v, ks, vs, mask, kv_len=length)  # the reference's own kv_len
+    torch.testing.assert_close(masked_ref, ref, rtol=0, atol=0)
+    op = torch.ops.quantkit.decode_attention_fp8(q, k, v, ks, vs, mask, 64**-0.5, splits, length)
+    assert rel_mean_error(op, ref) <= 1e-3
+
+
 def test_fully_masked_split_and_sequence():
     q, k, v, ks, vs, _ = make_inputs(2, 4, 2, 200, 64, q_dtype=torch.float32)
     mask = torch.ones(2, 200, dtype=torch.bool, device=DEVICE)
@@ -122,10 +141,10 @@ def test_op_dispatch_and_custom_sm_scale():
     assert rel_mean_error(da.decode_attention_fp8(q, k, v, ks, vs, mask, sm_scale=0.3), ref) <= 1e-3
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, FP8])
-def test_opcheck(kv_dtype):
+@pytest.mark.parametrize("kv_dtype,with_length", [(torch.bfloat16, False), (FP8, False), (FP8, True)])
+def test_opcheck(kv_dtype, with_length):
     q, k, v, ks, vs, mask = make_inputs(2, 4, 2, 70, 32, kv_dtype=kv_dtype, left_pad=3)
-    args = (q, k, v, ks, vs, mask, 32**-0.5, 2)
+    args = (q, k, v, ks, vs, mask, 32**-0.5, 2) + ((torch.tensor(50, device=DEVICE),) if with_length else ())
     # On CPU, torch's schema checker compares fp8 tensors with ops that have no fp8 CPU kernel.
     skip = ("test_schema",) if kv_dtype == FP8 and DEVICE == "cpu" else ()
     utils = tuple(u for u in torch.library._OPCHECK_DEFAULT_UTILS if u not in skip)
@@ -185,3 +204,18 @@ def test_kernels_compile_for_hopper():
         assert info["cubin_bytes"] > 0, name
         if name.startswith("split/fp8e4nv"):
             assert info["fp8_converts"], name
+        if name.startswith("split/fp8e4nv") and name.endswith("mask0/len0"):
+            # Without the 1-byte mask and the 8-byte length, every global read is a 16-byte vector
+            # (K, V: 16 fp8 codes; q: 8 bf16/fp16) or the 4-byte scale: no fp8 is read byte by byte.
+            assert set(info["global_read_bytes"]) == {4, 16}, (name, info["global_read_bytes"])
+
+
+def test_global_read_bytes_parses_ptx():
+    ptx = """
+    @%p1 ld.global.v4.b32 { %r1, %r2, %r3, %r4 }, [ %rd1 + 0 ];
+    ld.global.b32 { %r5 }, [ %rd2 + 0 ];
+    @%p2 ld.global.b8 { %rs1 }, [ %rd3 + 0 ];
+    cp.async.cg.shared.global [ %r6 + 0 ], [ %rd4 + 0 ], 0x10, %r7;
+    cp.async.ca.shared.global [ %r8 + 0 ], [ %rd5 + 0 ], 0x8, %r9;
+    """
+    assert da.global_read_bytes(ptx) == [16, 4, 1, 16, 8]
