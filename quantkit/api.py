@@ -14,15 +14,17 @@ from tqdm.auto import tqdm
 
 from . import provenance
 from .algorithms import rtn_quantize
+from .device import resolve_device
 from .errors import CheckpointError, QuantizationError
 from .finite import describe_nonfinite, nonfinite_tensors
 from .formats.compressed_tensors import build_quantization_config
 from .formats.shapes import raise_on_mismatch, shape_mismatches, weight_shape_values
 from .formats.safetensors_io import read_state_dict, stored_float_dtype, write_state_dict
 from .loading import (
-    SOURCE_DTYPE_ATTRIBUTE, atomic_output_dir, copy_tokenizer_files, empty_quantized_model, is_quantized_checkpoint,
-    load_float_model, read_config_json, resolve_model_source, source_dtype,
+    SOURCE_DTYPE_ATTRIBUTE, copy_tokenizer_files, empty_quantized_model, is_quantized_checkpoint, load_float_model,
+    read_config_json, resolve_model_source, source_dtype,
 )
+from .outputs import atomic_output_dir
 from .modules.kv_cache import enable_fp8_kv_cache
 from .modules.kv_scales import attach_kv_scales, pop_kv_scales
 from .modules.quant_linear import QuantLinear
@@ -67,9 +69,16 @@ def quantize(
       Models loaded with accelerate CPU/disk offloading are supported and come back as plain CPU models.
     """
     recipe = load_recipe(recipe)
+    if device is not None:
+        device = resolve_device(device)
     _check_finite(model)
     calibrated = recipe.needs_calibration
     if recipe.weights is not None:
+        if any(isinstance(m, QuantLinear) for m in model.modules()):
+            raise QuantizationError(
+                "the model's weights are already quantized; quantize the float model (quantkit.load of a "
+                "float folder, or transformers' from_pretrained) instead"
+            )
         names, _ = select_linears(model, recipe.targets, recipe.ignore)
         _check_shapes(model, names, recipe)
         if recipe.algorithm.needs_calibration:
@@ -192,6 +201,7 @@ def load(
     Quantized linears run through quantkit.kernels with `backend` ("auto", "triton", "torch",
     "reference"); weights load from safetensors only.
     """
+    device = resolve_device(device)
     source = resolve_model_source(str(path))
     if not is_quantized_checkpoint(source):
         return load_float_model(source, dtype=dtype, device=device, trust_remote_code=trust_remote_code)

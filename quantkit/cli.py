@@ -25,14 +25,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit status.
+
+    0: done; 1: the command ran but its answer is negative (e.g. `advise` found no scheme) or a file
+    could not be read or written; 2: bad input (usage, recipe, model, data), with the message on
+    stderr and no traceback; 130: interrupted.
+    """
     args = build_parser().parse_args(argv)
-    from .errors import CheckpointError, ConfigError, EvaluationError, QuantizationError
+    from .errors import OutputExistsError, QuantkitError
 
     try:
         return int(args.func(args) or 0)
-    except (CheckpointError, ConfigError, EvaluationError, QuantizationError, FileExistsError, FileNotFoundError) as e:
-        print(f"quantkit {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    except OutputExistsError as e:
+        return _fail(args, f"output {e.path} already exists{e.detail}: choose another --out, or pass --force to replace it")
+    except QuantkitError as e:
+        return _fail(args, str(e))
+    except OSError as e:  # a file that cannot be read or written (permissions, full disk, not a folder)
+        if e.filename is None:
+            raise
+        where = f"{e.filename}" + (f" -> {e.filename2}" if e.filename2 else "")
+        return _fail(args, f"{where}: {e.strerror or e}", status=1)
+    except KeyboardInterrupt:
+        print(f"quantkit {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _fail(args: argparse.Namespace, message: str, status: int = 2) -> int:
+    print(f"quantkit {args.command}: error: {message}", file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

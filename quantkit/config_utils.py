@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import types
+import typing
 from typing import Any, TypeVar
 
+from .errors import ConfigError
+
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A config (recipe, checkpoint metadata) has an unknown key or an invalid value."""
 
 
 def from_dict(cls: type[T], data: Any, where: str) -> T:
@@ -29,7 +29,47 @@ def from_dict(cls: type[T], data: Any, where: str) -> T:
             close = difflib.get_close_matches(str(k), allowed, n=1)
             hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         raise ConfigError(f"{where}: unknown key(s) {', '.join(hints)}; allowed keys: {', '.join(allowed)}")
+    hints = typing.get_type_hints(cls)
+    for key, value in data.items():
+        problem = _type_problem(value, hints.get(key, Any))
+        if problem:
+            raise ConfigError(f"{where}: {key} {problem}")
     try:
         return cls(**data)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{where}: {e}") from None
+
+
+def _type_problem(value: Any, hint: Any) -> str | None:
+    """Why `value` does not fit the annotation `hint` (None if it does). YAML gives ints, floats, bools and
+    strings: an int field refuses 4.0 and True, a bool field refuses "false", a float field takes 1."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return None
+    if origin is typing.Literal:
+        return None if value in args else f"must be one of {', '.join(map(repr, args))}, got {value!r}"
+    if origin in (typing.Union, types.UnionType):
+        problems = [_type_problem(value, a) for a in args]
+        return None if any(p is None for p in problems) else next(p for p in problems if p)
+    if hint is type(None):
+        return None if value is None else f"must be null, got {value!r}"
+    if hint is bool:
+        return None if isinstance(value, bool) else f"must be true or false (unquoted), got {_shown(value)}"
+    if hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        return None if ok else f"must be an integer (e.g. 4, not 4.0), got {_shown(value)}"
+    if hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return None if ok else f"must be a number, got {_shown(value)}"
+    if hint is str:
+        return None if isinstance(value, str) else f"must be a string, got {_shown(value)}"
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            return f"must be a list, got {_shown(value)}"
+        item = args[0] if args else Any
+        return next((f"item {i}: {p}" for i, v in enumerate(value) if (p := _type_problem(v, item))), None)
+    return None
+
+
+def _shown(value: Any) -> str:
+    return f"{value!r} (a {type(value).__name__})"

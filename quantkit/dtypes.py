@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from .errors import UsageError
+
 #: name, as configs, the CLI and torch spell it -> torch dtype
 FLOAT_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
@@ -19,7 +21,7 @@ SHORT_DTYPE_NAMES = ("bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
 def parse_dtype(name: str, choices: tuple[str, ...] = SHORT_DTYPE_NAMES) -> torch.dtype:
     """A floating dtype from one of `choices`; ValueError naming them otherwise."""
     if name not in choices:
-        raise ValueError(f"unknown dtype {name!r}; choose one of {sorted(choices)}")
+        raise UsageError(f"unknown dtype {name!r}; choose one of {sorted(choices)}")
     return FLOAT_DTYPES[name]
 
 

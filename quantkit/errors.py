@@ -1,18 +1,54 @@
-"""Exceptions with messages that name the problem and the fix."""
+"""Exceptions with messages that name the problem and the fix.
 
-from .config_utils import ConfigError
+Every error quantkit raises for bad input is a QuantkitError: the command line prints its message
+(no traceback) and exits with status 2. Each kind is also a ValueError (or FileExistsError), so
+Python callers that caught those before still do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
 
 
-class CheckpointError(ValueError):
+class QuantkitError(Exception):
+    """Bad input that quantkit can name: the message says what is wrong and what to do."""
+
+
+class UsageError(QuantkitError, ValueError):
+    """An argument or option is invalid (unknown GPU or reference model, a device that is not there, ...)."""
+
+
+class ConfigError(QuantkitError, ValueError):
+    """A config (recipe, checkpoint metadata) has an unknown key or an invalid value."""
+
+
+class CheckpointError(QuantkitError, ValueError):
     """A model or checkpoint folder is missing, incomplete, corrupt or of an unsupported kind."""
 
 
-class QuantizationError(ValueError):
+class QuantizationError(QuantkitError, ValueError):
     """The model or data cannot be quantized as asked (NaN weights, bad shapes, unsupported model)."""
 
 
-class EvaluationError(ValueError):
+class EvaluationError(QuantkitError, ValueError):
     """An evaluation cannot run as asked (window longer than the model's context, too little text)."""
 
 
-__all__ = ["CheckpointError", "ConfigError", "EvaluationError", "QuantizationError"]
+class OutputExistsError(QuantkitError, FileExistsError):
+    """The output path already exists and replacing it was not asked for.
+
+    path: the existing output. The command line names its own flags (--out, --force) in the message.
+    """
+
+    def __init__(self, path: "str | Path", detail: str = ""):
+        self.path = Path(path)
+        self.detail = detail
+        super().__init__(
+            f"output {self.path} already exists{detail}: choose another path, or pass force=True to replace it"
+        )
+
+
+__all__ = [
+    "CheckpointError", "ConfigError", "EvaluationError", "OutputExistsError", "QuantizationError", "QuantkitError",
+    "UsageError",
+]

@@ -1,13 +1,11 @@
-"""Model folders in and out: resolve names, load float or quantized models, write checkpoints atomically."""
+"""Model folders in: resolve names (reference models, local paths, hub ids), read config.json, load float models."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -37,21 +35,48 @@ def source_dtype(model: nn.Module) -> torch.dtype:
     return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
 
 
+# A hub id: "name" or "owner/name" of letters, digits, "-", "_", "."; anything else can only be a local path.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+
+
 def resolve_model_source(name: str | os.PathLike) -> str:
-    """`ref:<name>` -> the built-in reference model's folder; a local path or hub id is returned as is."""
+    """`ref:<name>` -> the built-in reference model's folder; an existing local path (`~` expanded) or a hub
+    id is returned as is. A missing path that can only be local (starts with `.`, `/` or `~`, its parent
+    folder exists, it names a .json/.safetensors file, or it is no valid hub id) raises CheckpointError at
+    once instead of asking the hub."""
     from .refmodels import resolve_model_name
 
-    return resolve_model_name(str(name))
+    source = resolve_model_name(str(name))
+    local = Path(source).expanduser()
+    if local.exists():
+        return str(local) if source.startswith("~") else source
+    parent = local.parent
+    looks_local = (
+        source.startswith((".", "/", "~", os.sep)) or (str(parent) not in ("", ".") and parent.is_dir())
+        or not _HUB_ID.fullmatch(source) or source.endswith((".json", ".safetensors"))
+    )
+    if looks_local:
+        raise CheckpointError(
+            f"model folder {source} does not exist (a local path, so the hub was not asked); check the path"
+        )
+    return source
 
 
 def read_config_json(folder: Path) -> dict:
+    """The model folder's config.json as a dict; CheckpointError if it is missing, not JSON or not an object."""
     path = folder / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{folder} is not a model folder: it has no config.json")
     try:
-        return json.loads(path.read_text())
+        config = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:
         raise CheckpointError(f"{path} is not valid JSON ({e}); re-create the checkpoint") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(
+            f"{path} holds a JSON {type(config).__name__}, not an object of model settings; "
+            f"re-create it (e.g. with model.config.save_pretrained)"
+        )
+    return config
 
 
 def is_quantized_checkpoint(source: str) -> bool:
@@ -70,18 +95,23 @@ def load_float_model(
     """
     from transformers import AutoModelForCausalLM
 
+    from .device import resolve_device
+
+    device = resolve_device(device)
     source = resolve_model_source(source)
     local = Path(source)
     stored = None
     if local.exists():
         if not local.is_dir():
             raise CheckpointError(f"{source} is a file; pass the model folder (with config.json and *.safetensors)")
-        read_config_json(local)
+        if "quantization_config" in read_config_json(local):
+            raise CheckpointError(
+                f"{source} is already a quantized checkpoint; quantize the float model it was made from "
+                f"(quantkit.load / `quantkit eval` run it as it is)"
+            )
         for f in safetensors_files(local):
             check_complete(f)
         stored = stored_float_dtype(local)
-    elif source.startswith((".", "/", "~")) or source.count("/") > 1:
-        raise CheckpointError(f"model folder {source} does not exist")
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype or "auto", use_safetensors=True, trust_remote_code=trust_remote_code,
@@ -137,32 +167,6 @@ def empty_quantized_model(folder: Path, *, dtype: torch.dtype | None = None, tru
     return model, qcfg, dtype
 
 
-@contextmanager
-def atomic_output_dir(out_dir: str | os.PathLike, *, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary folder beside `out_dir`; on success it is renamed to `out_dir`.
-
-    An existing `out_dir` is refused unless force; with force it is replaced only after the new
-    folder is complete. On failure the temporary folder is removed and `out_dir` is untouched.
-    """
-    out = Path(out_dir).expanduser().resolve()
-    if out.exists() and not force:
-        raise FileExistsError(f"output folder {out} already exists; choose another --out or pass --force to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        yield tmp
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def copy_tokenizer_files(source: str | None, dest: Path) -> list[str]:
     """Copy tokenizer files from a local model folder (or save a hub tokenizer); returns what was written."""
     if not source:
@@ -172,7 +176,7 @@ def copy_tokenizer_files(source: str | None, dest: Path) -> list[str]:
         copied = []
         for name in TOKENIZER_FILES:
             if (src / name).is_file():
-                shutil.copy2(src / name, dest / name)
+                shutil.copyfile(src / name, dest / name)  # new file, the user's umask
                 copied.append(name)
         return copied
     try:

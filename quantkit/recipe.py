@@ -26,6 +26,7 @@ import yaml
 from .algorithms.registry import ALGORITHMS
 from .config_utils import ConfigError, from_dict
 from .scheme import QuantScheme
+from .targets import check_patterns
 
 RECIPE_VERSION = 1
 
@@ -140,6 +141,7 @@ def recipe_from_dict(data: Any, name: str = "custom") -> Recipe:
     for key in ("targets", "ignore"):
         if key in data:
             kwargs[key] = _string_list(data[key] or [], f"{where}: {key}")
+            check_patterns(kwargs[key], f"{where}: {key}")
     kwargs["algorithm"] = _algorithm(data.get("algorithm", "rtn"), f"{where}: algorithm")
     try:
         return Recipe(**kwargs)

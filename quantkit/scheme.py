@@ -34,6 +34,10 @@ class QuantScheme:
     actorder: Literal["weight"] | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.num_bits, bool) or not isinstance(self.num_bits, int):
+            raise ValueError(f"num_bits must be an integer (e.g. 4, not 4.0), got {self.num_bits!r}")
+        if not isinstance(self.symmetric, bool):
+            raise ValueError(f"symmetric must be true or false, got {self.symmetric!r}")
         if self.type not in TYPES:
             raise ValueError(f"type must be one of {TYPES}, got {self.type!r}")
         if self.strategy not in STRATEGIES:
@@ -113,9 +117,9 @@ class QuantScheme:
             )
         strategy = d.get("strategy") or "tensor"
         return cls(
-            num_bits=int(d["num_bits"]),
+            num_bits=d["num_bits"],
             type=d.get("type", "int"),
-            symmetric=bool(d.get("symmetric", True)),
+            symmetric=d.get("symmetric", True),
             strategy=strategy,
             group_size=d.get("group_size") if strategy == "group" else None,
             actorder="weight" if actorder in ("weight", "static") and strategy == "group" else None,

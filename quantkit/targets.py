@@ -12,6 +12,18 @@ from collections.abc import Iterable
 
 from torch import nn
 
+from .errors import ConfigError, QuantizationError
+
+
+def check_patterns(patterns: Iterable[str], where: str, error: type[Exception] = ConfigError) -> None:
+    """Raise `error` naming the first "re:" pattern that is not a valid regular expression."""
+    for p in patterns:
+        if isinstance(p, str) and p.startswith("re:"):
+            try:
+                re.compile(p[3:])
+            except re.error as e:
+                raise error(f"{where}: {p!r} is not a valid regular expression ({e}); fix the pattern") from None
+
 
 def matches(name: str, module: nn.Module, pattern: str) -> bool:
     if pattern.startswith("re:"):
@@ -24,7 +36,7 @@ def matches(name: str, module: nn.Module, pattern: str) -> bool:
 def select_linears(model: nn.Module, targets: Iterable[str], ignore: Iterable[str]) -> tuple[list[str], list[str]]:
     """Names of nn.Linear modules to quantize, and names of nn.Linear modules left unquantized.
 
-    Raises ValueError when no module matches (naming what the model's linears look like).
+    Raises QuantizationError when no module matches (naming what the model's linears look like).
     """
     targets, ignore = list(targets), list(ignore)
     chosen, skipped = [], []
@@ -37,7 +49,7 @@ def select_linears(model: nn.Module, targets: Iterable[str], ignore: Iterable[st
             skipped.append(name)
     if not chosen:
         examples = ", ".join(skipped[:4]) or "none"
-        raise ValueError(
+        raise QuantizationError(
             f"no nn.Linear module matches targets {targets} minus ignore {ignore} in {type(model).__name__} "
             f"(its linears: {examples}); quantkit quantizes models whose layers are torch.nn.Linear: "
             f"adjust the recipe's targets/ignore"

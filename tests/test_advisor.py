@@ -120,13 +120,14 @@ def test_advise_command(tmp_path, capsys):
     advice = json.loads(out.read_text())
     assert advice["recommended"] in {"w8", "w8+kv8"}
     assert len(advice["candidates"]) == 6
-    bad = parser.parse_args(["advise", str(tmp_path), "--gpu", "voodoo5", "--prompt-len", "1", "--output-len", "1"])
-    assert bad.func(bad) == 2
-    assert "unknown GPU" in capsys.readouterr().err
+    from quantkit.cli import main
+
+    assert main(["advise", str(tmp_path), "--gpu", "voodoo5", "--prompt-len", "1", "--output-len", "1"]) == 2
+    assert "quantkit advise: error: unknown GPU" in capsys.readouterr().err
 
 
 def test_advise_refuses_a_probe_that_measured_nonsense(tmp_path, capsys, monkeypatch):
-    from quantkit.commands import advise as advise_cmd
+    from quantkit.cli import main
     from quantkit.eval import hardware
 
     # what a bf16 matmul probe measures on a CPU without native bf16: 0.3 GFLOP/s at 11 GB/s
@@ -134,9 +135,6 @@ def test_advise_refuses_a_probe_that_measured_nonsense(tmp_path, capsys, monkeyp
                                    source="probe", notes="bfloat16 matmul n=1536")
     monkeypatch.setattr(hardware, "resolve_device_spec", lambda name, device=None, dtype=None: emulated)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", **LLAMA_8B}))
-    parser = argparse.ArgumentParser()
-    advise_cmd.register(parser.add_subparsers())
-    args = parser.parse_args(["advise", str(tmp_path), "--gpu", "probe", "--prompt-len", "512", "--output-len", "512"])
-    assert args.func(args) == 2
+    assert main(["advise", str(tmp_path), "--gpu", "probe", "--prompt-len", "512", "--output-len", "512"]) == 2
     err = capsys.readouterr().err
     assert "no roofline to advise from" in err and "0.3 GFLOP/s" in err

@@ -81,7 +81,7 @@ def test_existing_output_folder_is_refused_and_kept(tmp_path):
     out = tmp_path / "ckpt"
     out.mkdir()
     (out / "precious.txt").write_text("keep me")
-    with pytest.raises(FileExistsError, match="--force"):
+    with pytest.raises(FileExistsError, match="force=True"):
         quantkit.save(model, out)
     assert (out / "precious.txt").read_text() == "keep me"
     quantkit.save(model, out, force=True)

@@ -149,9 +149,10 @@ def test_bench_rejects_bad_input(tmp_path, capsys):
         parser.parse_args(["bench", "x", "--prompt-lens", "16,zero"])
     assert "comma-separated integers" in capsys.readouterr().err
     source = tiny_model_source(tmp_path)
-    args = parser.parse_args(["bench", source, "--baseline", source, "--quiet"])
-    assert args.func(args) == 2
-    assert "--baseline is for a quantized MODEL" in capsys.readouterr().err
+    from quantkit.cli import main
+
+    assert main(["bench", source, "--baseline", source, "--quiet"]) == 2
+    assert "quantkit bench: error: --baseline is for a quantized MODEL" in capsys.readouterr().err
 
 
 def test_fp8_kv_variant_decodes_with_half_the_cache_bytes(tmp_path):

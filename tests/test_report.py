@@ -8,6 +8,7 @@ import statistics
 import pytest
 import torch
 
+from quantkit.cli import main
 from quantkit.eval.hardware import DeviceSpec
 from quantkit.eval.results import load_bench, load_quality, speedup_summary, speedups
 from quantkit.eval.timing import BenchSettings, run_bench
@@ -113,8 +114,7 @@ def test_bad_inputs_are_named(tmp_path, capsys):
         load_bench(wrong)
     with pytest.raises(ValueError, match="quantkit eval"):
         load_quality([wrong])
-    args = _report_parser().parse_args(["report", "--out", str(tmp_path / "r")])
-    assert args.func(args) == 2
+    assert main(["report", "--out", str(tmp_path / "r")]) == 2
     assert "nothing to report" in capsys.readouterr().err
     lst = tmp_path / "list.json"
     lst.write_text(json.dumps([{"variant": "a", "perplexity": 3.0}, {"name": "b", "perplexity": 4.0}]))

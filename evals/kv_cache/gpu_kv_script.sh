@@ -45,7 +45,7 @@ timeout 170 "$PY" -m quantkit.cli bench evals/configs/llama-3.1-8b-random.json -
   --warmup 2 --repeats 5 --max-cache-gb 40 --gpu probe --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1 || status=1
 tail -25 "$OUT/bench.log"
 if [ -f "$OUT/bench.json" ]; then
-  "$PY" -m quantkit.cli report --bench "$OUT/bench.json" --out "$OUT/report" \
+  "$PY" -m quantkit.cli report --bench "$OUT/bench.json" --out "$OUT/report" --force \
     --title "FP8 KV cache on ${GPU_NAME:-the GPU}: decode at 1k and 32k context" \
     --note "Random-initialised Llama-3.1-8B shape (evals/configs/llama-3.1-8b-random.json): speed only." \
     --note "Reproduce: \`bash evals/kv_cache/gpu_kv_script.sh\`." > "$OUT/report.log" 2>&1 || status=1

@@ -103,8 +103,11 @@ def _builder_for(path: Path) -> str | None:
     return None
 
 
-def parse_source(source: str | os.PathLike, column: str = "text") -> _Source:
-    """Resolve a calibration SOURCE string to files or a hub dataset (no loading yet)."""
+def parse_source(source: str | os.PathLike, column: str = "text", what: str = "calibration") -> _Source:
+    """Resolve a calibration SOURCE string to files or a hub dataset (no loading yet).
+
+    what: what the text is for, in error messages ("calibration", "evaluation").
+    """
     text = str(source)
     if text == "ref":
         from ..refmodels import train_text_path
@@ -118,18 +121,18 @@ def parse_source(source: str | os.PathLike, column: str = "text") -> _Source:
             name, config, split, col = parts
         else:
             raise QuantizationError(
-                f"calibration source {text!r}: expected hub:NAME[:CONFIG]:SPLIT:COLUMN, "
+                f"{what} source {text!r}: expected hub:NAME[:CONFIG]:SPLIT:COLUMN, "
                 f"e.g. hub:wikitext:wikitext-2-raw-v1:train:text"
             )
         if not all((name, split, col)) or config == "":
-            raise QuantizationError(f"calibration source {text!r}: empty NAME, CONFIG, SPLIT or COLUMN")
+            raise QuantizationError(f"{what} source {text!r}: empty NAME, CONFIG, SPLIT or COLUMN")
         return _Source("hub", name=name, config=config, split=split, column=col)
     path = Path(text).expanduser()
     if path.is_file():
         builder = _builder_for(path)
         if builder is None:
             raise QuantizationError(
-                f"calibration file {path} has an unknown type; use {', '.join(TEXT_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES)}"
+                f"{what} file {path} has an unknown type; use {', '.join(TEXT_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES)}"
             )
         return _Source(builder, (str(path),), column=column)
     if path.is_dir():
@@ -139,16 +142,19 @@ def parse_source(source: str | os.PathLike, column: str = "text") -> _Source:
             if chosen:
                 return _Source(builder, tuple(chosen), column=column)
         raise QuantizationError(
-            f"calibration folder {path} has no text ({', '.join(TEXT_SUFFIXES)}), JSON lines or Parquet files"
+            f"{what} folder {path} has no text ({', '.join(TEXT_SUFFIXES)}), JSON lines or Parquet files"
         )
-    raise QuantizationError(f"calibration source {text!r} is not a file, a folder or a hub dataset; give {SOURCE_HELP}")
+    raise QuantizationError(f"{what} source {text!r} is not a file, a folder or a hub dataset; give {SOURCE_HELP}")
 
 
-def load_texts(source: str | os.PathLike, column: str = "text") -> list[str]:
-    """The rows of a calibration SOURCE as strings (one per document / JSON row / Parquet row)."""
+def load_texts(source: str | os.PathLike, column: str = "text", what: str = "calibration") -> list[str]:
+    """The rows of a calibration SOURCE as strings (one per document / JSON row / Parquet row).
+
+    what: what the text is for, in error messages ("calibration", "evaluation").
+    """
     import datasets
 
-    spec = parse_source(source, column)
+    spec = parse_source(source, column, what)
     progress_was = datasets.utils.logging.is_progress_bar_enabled()
     datasets.utils.logging.disable_progress_bar()
     try:
@@ -157,26 +163,41 @@ def load_texts(source: str | os.PathLike, column: str = "text") -> list[str]:
                 data = datasets.load_dataset(spec.name, spec.config, split=spec.split)
             except Exception as e:  # network, unknown name/config/split: all end here
                 raise QuantizationError(
-                    f"could not load calibration {spec.describe()}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; "
+                    f"could not load {what} {spec.describe()}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; "
                     f"without network access, give a local text/JSONL/Parquet file instead"
                 ) from None
-        elif spec.builder == "text":
-            data = datasets.load_dataset("text", data_files=list(spec.files), sample_by="document", split="train")
         else:
-            data = datasets.load_dataset(spec.builder, data_files=list(spec.files), split="train")
+            data = _load_local(spec, what)
     finally:
         if progress_was:
             datasets.utils.logging.enable_progress_bar()
     col = "text" if spec.builder == "text" else spec.column
     if col not in data.column_names:
+        hint = " (choose one with --calib-column / CalibrationConfig(column=...))" if what == "calibration" else ""
         raise QuantizationError(
-            f"calibration {spec.describe()} has no column {col!r}; its columns: {', '.join(data.column_names)} "
-            f"(choose one with --calib-column / CalibrationConfig(column=...))"
+            f"{what} {spec.describe()} has no column {col!r}; its columns: {', '.join(data.column_names)}{hint}"
         )
     texts = [t for t in data[col] if isinstance(t, str) and t]
     if not texts:
-        raise QuantizationError(f"calibration {spec.describe()} has no non-empty text in column {col!r}")
+        raise QuantizationError(f"{what} {spec.describe()} has no non-empty text in column {col!r}")
     return texts
+
+
+def _load_local(spec: _Source, what: str):
+    """A `datasets` Dataset from local files; unreadable files (binary, not UTF-8, malformed) are named."""
+    import datasets
+
+    try:
+        if spec.builder == "text":
+            return datasets.load_dataset("text", data_files=list(spec.files), sample_by="document", split="train")
+        return datasets.load_dataset(spec.builder, data_files=list(spec.files), split="train")
+    except Exception as e:  # datasets wraps the reader's error (UnicodeDecodeError, JSON, Arrow) in its own
+        cause = e.__cause__ or e.__context__ or e
+        kind = {"text": "UTF-8 text", "json": "JSON lines", "parquet": "Parquet"}[spec.builder]
+        raise QuantizationError(
+            f"{what} {spec.describe()} could not be read as {kind} ({type(cause).__name__}: "
+            f"{str(cause).splitlines()[0][:200] if str(cause) else ''}); give a {kind} file"
+        ) from None
 
 
 # -- sampling ---------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ building the parser (``quantkit --help``) must stay fast.
 """
 
 import argparse
+import math
 
 # --dtype choices; "auto" keeps the checkpoint's dtype.
 DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32")
@@ -40,3 +41,39 @@ def add_model_options(parser: argparse.ArgumentParser, *,
     parser.add_argument("--device", default="cpu", help="torch device to run on (default: cpu)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow model code from the model folder / hub (only for sources you trust)")
+
+
+def positive_float(text: str) -> float:
+    """An argparse `type`: a finite number > 0."""
+    value = _finite_float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    """An argparse `type`: a finite number >= 0."""
+    value = _finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def check_backend(name: str) -> str:
+    """`--backend` value, checked before any work (UsageError listing the backends)."""
+    from quantkit.errors import UsageError
+    from quantkit.kernels.wna16 import BACKENDS
+
+    if name not in BACKENDS:
+        raise UsageError(f"--backend {name!r} is unknown; choose one of {', '.join(BACKENDS)}")
+    return name

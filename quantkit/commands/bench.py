@@ -9,6 +9,8 @@ import os
 import sys
 from pathlib import Path
 
+from . import check_backend, int_at_least, positive_float
+
 GPU_DEFAULTS = {"prompt_lens": "128,512,1024,2048,4096", "context_lens": "128,512,1024,2048,4096",
                 "batch_sizes": "1,4,16,64"}
 # Environment variables that change timings; recorded with the command line.
@@ -50,11 +52,11 @@ def register(subparsers) -> None:
     p.add_argument("--batch-sizes", type=int_list, help=f"TPOT batch sizes (GPU default {GPU_DEFAULTS['batch_sizes']}; "
                                                         f"CPU {CPU_DEFAULTS['batch_sizes']})")
     p.add_argument("--prefill-batch-sizes", type=int_list, default=[1], help="TTFT batch sizes (default 1)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed runs per shape (default 2)")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per shape; the median is reported (default 5)")
+    p.add_argument("--warmup", type=int_at_least(0), default=2, help="untimed runs per shape (default 2)")
+    p.add_argument("--repeats", type=int_at_least(1), default=5, help="timed runs per shape; the median is reported (default 5)")
     p.add_argument("--gpu", default="probe", help="roofline device: a known GPU name (h200, h100-sxm, a100, ...) or "
                                                   "'probe' to measure this device (default)")
-    p.add_argument("--max-cache-gb", type=float, help="skip decode shapes whose KV cache exceeds this (default: "
+    p.add_argument("--max-cache-gb", type=positive_float, help="skip decode shapes whose KV cache exceeds this (default: "
                                                       "a quarter of the device memory)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="time eager decode steps on GPU")
     p.add_argument("--compile", nargs="?", const="all", choices=("all", "decode"),
@@ -63,7 +65,7 @@ def register(subparsers) -> None:
                         "CUDA graph")
     p.add_argument("--compile-backend", default="inductor",
                    help="torch.compile backend for --compile (default inductor; aot_eager/eager only trace)")
-    p.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads)")
+    p.add_argument("--threads", type=int_at_least(1), help="CPU threads (torch.set_num_threads)")
     p.add_argument("--seed", type=int, default=0, help="seed of random models, prompts and caches")
     p.add_argument("--quiet", action="store_true", help="no progress lines (by default each step and each "
                                                         "measured shape is announced on stderr as it starts)")
@@ -121,15 +123,20 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.dtypes import parse_dtype
     from quantkit.eval.timing import BenchSettings, merge_phases, run_bench
     from quantkit.eval.variants import build_variant, float_variant, load_source_model
+    from quantkit.device import resolve_device
+    from quantkit.errors import UsageError
     from quantkit.loading import is_quantized_checkpoint, resolve_model_source
+    from quantkit.outputs import atomic_write_text, check_writable
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda asked for, but no CUDA device is available (use --device cpu)", file=sys.stderr)
-        return 2
+    if args.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = resolve_device(args.device, option="--device")
+    check_backend(args.backend)
+    if args.json_out:
+        check_writable(args.json_out, force=True, file=True)  # before any work
     features = None
     if device.type == "cpu":
         from quantkit.eval.cpu_features import detect_cpu_features
@@ -165,14 +172,11 @@ def run(args: argparse.Namespace) -> int:
         variant_specs.insert(0, args.model)
         base_source = args.baseline
     elif args.baseline:
-        print("error: --baseline is for a quantized MODEL; MODEL is a float model and is the baseline",
-              file=sys.stderr)
-        return 2
+        raise UsageError("--baseline is for a quantized MODEL; MODEL is a float model and is the baseline")
     else:
         base_source = args.model
     if base_source is None and any(not Path(s).is_dir() for s in variant_specs):
-        print("error: recipes need a float model: give it with --baseline", file=sys.stderr)
-        return 2
+        raise UsageError("recipes need a float model: give it with --baseline")
     one_dtype = phase_dtypes["prefill"] == phase_dtypes["decode"]
     # On CPU, "auto" would give float32 models the slow pure-torch reference path; a speed benchmark
     # wants PyTorch's weight-only kernels (they take activations in bf16) whatever the model dtype.
@@ -195,8 +199,7 @@ def run(args: argparse.Namespace) -> int:
     variants = build(phase_dtypes["prefill"])
     names = [v.name for v in variants]
     if len(set(names)) != len(names):
-        print(f"error: variant names collide: {names}", file=sys.stderr)
-        return 2
+        raise UsageError(f"variant names collide: {names}; give each variant a distinct recipe or folder name")
     if one_dtype:
         results = run_bench(variants, spec, settings, device=device, model_label=label, progress=not args.quiet)
     else:
@@ -211,8 +214,6 @@ def run(args: argparse.Namespace) -> int:
     results["command"] = _command_line(args, variant_specs if not model_is_checkpoint else variant_specs[1:], device, settings)
     print("\n".join(summary_lines(results)))
     if args.json_out:
-        out = Path(args.json_out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=1) + "\n")
-        print(f"wrote {out}")
+        atomic_write_text(args.json_out, json.dumps(results, indent=1) + "\n")
+        print(f"wrote {args.json_out}")
     return 0

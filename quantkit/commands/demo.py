@@ -32,9 +32,8 @@ def run(args: argparse.Namespace) -> int:
     import quantkit
     from quantkit.eval.data import eval_token_windows
     from quantkit.eval.quality import evaluate_variants
-    from quantkit.loading import (
-        atomic_output_dir, folder_size_bytes, load_float_model, resolve_model_source, source_dtype,
-    )
+    from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source, source_dtype
+    from quantkit.outputs import atomic_output_dir
     from quantkit.eval.report import render_report
     from quantkit.eval.results import load_quality
     from quantkit.report_text import dtype_name, quantized_bits_per_weight

@@ -6,9 +6,8 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
-from . import add_model_options, int_at_least, torch_dtype
+from . import add_model_options, check_backend, int_at_least, torch_dtype
 
 WINDOW_WHY = " (a window of W tokens predicts its tokens 2..W)"
 # Tokens evaluated unless --max-tokens says otherwise: minutes on a CPU for a small model, not the whole text.
@@ -38,8 +37,15 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import quantkit
+    from quantkit.device import resolve_device
+    from quantkit.errors import UsageError
     from quantkit.eval.data import eval_token_windows
+    from quantkit.outputs import atomic_write_text, check_writable
 
+    resolve_device(args.device, option="--device")
+    check_backend(args.backend)
+    if args.json:
+        check_writable(args.json, force=True, file=True)  # before any work
     dtype = torch_dtype(args.dtype)
     baseline = quantkit.load(args.baseline, dtype=dtype, device=args.device, trust_remote_code=args.trust_remote_code)
     model = quantkit.load(args.model, backend=args.backend, dtype=dtype, device=args.device,
@@ -47,11 +53,12 @@ def run(args: argparse.Namespace) -> int:
     all_windows = eval_token_windows(args.baseline, args.data, window=args.window, model_config=baseline.config)
     window = all_windows.shape[1]
     if args.max_tokens < window:
-        print(f"quantkit eval: error: --max-tokens {args.max_tokens} is less than one window of {window} tokens; "
-              f"give --max-tokens {window} or more, or a smaller --window", file=sys.stderr)
-        return 2
+        raise UsageError(f"--max-tokens {args.max_tokens} is less than one window of {window} tokens; "
+                         f"give --max-tokens {window} or more, or a smaller --window")
     windows = all_windows[: args.max_tokens // window]  # [N, W]: the first max_tokens tokens, whole windows
-    from quantkit.eval.quality import evaluate_quality
+    from quantkit.eval.quality import check_comparable, evaluate_quality
+
+    check_comparable({"model": model}, baseline, windows)  # before the models run for the time estimate
 
     print(f"eval: {windows.shape[0]} windows of {window} tokens = {windows.numel()} of the text's "
           f"{all_windows.numel()} tokens (--max-tokens {args.max_tokens}); "
@@ -69,8 +76,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"top-1 agree {result['top1_agreement']:.4f}")
     print(f"over {result['windows']} windows of {result['window']} tokens ({result['tokens']} predictions)")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -56,11 +56,15 @@ def run(args: argparse.Namespace) -> int:
     import quantkit
     from quantkit import provenance
     from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source, source_dtype
+    from quantkit.device import resolve_device
+    from quantkit.outputs import check_writable
     from quantkit.report_text import SizeOnDisk, dtype_name, quantization_summary, state_bytes
 
-    out = Path(args.out)
-    if out.exists() and not args.force:
-        raise FileExistsError(f"output folder {out} already exists; choose another --out or pass --force to replace it")
+    out = check_writable(args.out, force=args.force)  # before any work
+    resolve_device(args.device, option="--device")
+    if args.calib_device is not None:
+        resolve_device(args.calib_device, option="--calib-device")
+
     recipe = quantkit.load_recipe(args.recipe)  # validate before loading anything big
     calibrated = recipe.needs_calibration
     calibration = calibration_config(args) if calibrated else None

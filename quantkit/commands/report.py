@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import argparse
-import sys
+from pathlib import Path
 
 
 def register(subparsers) -> None:
@@ -15,25 +15,29 @@ def register(subparsers) -> None:
     )
     p.add_argument("--bench", help="JSON written by `quantkit bench --json`")
     p.add_argument("--quality", nargs="+", default=[], metavar="FILE", help="JSON files written by `quantkit eval`")
-    p.add_argument("--out", required=True, help="output folder (report.md, report.json, *.png)")
+    p.add_argument("--out", required=True, help="output folder (report.md, report.json, *.png); other files in it are kept")
+    p.add_argument("--force", action="store_true", help="replace a report already in the output folder")
     p.add_argument("--title", default="quantkit evaluation report", help="report title")
     p.add_argument("--note", action="append", default=[], help="a paragraph to put under the title (repeatable)")
     p.set_defaults(func=run)
 
 
+# A report in --out is recognised by these files; without --force they are never overwritten.
+REPORT_FILES = ("report.md", "report.json")
+
+
 def run(args: argparse.Namespace) -> int:
+    from quantkit.errors import UsageError
     from quantkit.eval.report import render_report
     from quantkit.eval.results import load_bench, load_quality
+    from quantkit.outputs import publish_files
 
     if not args.bench and not args.quality:
-        print("error: nothing to report: give --bench FILE and/or --quality FILE...", file=sys.stderr)
-        return 2
-    try:
-        bench = load_bench(args.bench) if args.bench else None
-        quality = load_quality(args.quality)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    path = render_report(bench, quality, args.out, title=args.title, notes=args.note)
+        raise UsageError("nothing to report: give --bench FILE and/or --quality FILE...")
+    bench = load_bench(args.bench) if args.bench else None
+    quality = load_quality(args.quality)
+    with publish_files(args.out, REPORT_FILES, force=args.force) as tmp:
+        render_report(bench, quality, tmp, title=args.title, notes=args.note)
+    path = Path(args.out) / "report.md"
     print(f"wrote {path}")
     return 0

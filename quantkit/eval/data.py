@@ -18,7 +18,7 @@ def read_eval_text(data: str | None) -> str:
         return heldout_text_path().read_text(encoding="utf-8")
     from ..calibration.data import load_texts
 
-    return "\n\n".join(load_texts(data))
+    return "\n\n".join(load_texts(data, what="evaluation"))
 
 
 def load_tokenizer(source: str):
@@ -27,7 +27,10 @@ def load_tokenizer(source: str):
     try:
         return AutoTokenizer.from_pretrained(resolve_model_source(source))
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"no tokenizer found for {source!r} ({e}); the model folder needs its tokenizer files") from None
+        raise CheckpointError(
+            f"no tokenizer found for {source!r} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+            f"the model folder needs its tokenizer files (tokenizer.json, tokenizer_config.json)"
+        ) from None
 
 
 def eval_token_windows(

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..errors import UsageError
+
 # Achievable fraction of a datasheet figure, applied to table entries (not to probes).
 COPY_BANDWIDTH_EFFICIENCY = 0.9
 MATMUL_EFFICIENCY = 0.8
@@ -125,7 +127,7 @@ def known_gpu(name: str) -> DeviceSpec:
     key = _normalise(name)
     key = _ALIASES.get(key, _ALIASES.get(key.replace("-", ""), key))
     if key not in KNOWN_GPUS:
-        raise ValueError(
+        raise UsageError(
             f"unknown GPU {name!r}; known: {', '.join(sorted(KNOWN_GPUS))} "
             "(or pass 'probe' to measure the local device)"
         )

@@ -49,12 +49,36 @@ def evaluate_quality(
     return evaluate_variants({"model": model}, baseline, windows, batch_size=batch_size, progress=progress)["model"]
 
 
+def check_comparable(models: dict[str, nn.Module], baseline: nn.Module, windows: torch.Tensor) -> None:
+    """UsageError unless every model shares the baseline's vocabulary and the token ids fit it: a checkpoint
+    must be compared with the float model it was quantized from."""
+    from ..errors import UsageError
+
+    def vocab(m: nn.Module) -> int | None:
+        return getattr(getattr(m, "config", None), "vocab_size", None)
+
+    base_vocab = vocab(baseline)
+    for name, model in models.items():
+        if vocab(model) is not None and base_vocab is not None and vocab(model) != base_vocab:
+            which = "the model" if name == "model" else f"variant {name!r}"
+            raise UsageError(
+                f"{which} has a vocabulary of {vocab(model)} tokens but the baseline has {base_vocab}: they are "
+                f"different models; compare a checkpoint with the float model it was quantized from"
+            )
+    if windows.numel() and base_vocab is not None and int(windows.max()) >= base_vocab:
+        raise UsageError(
+            f"the evaluation text has token ids up to {int(windows.max())}, beyond the models' vocabulary of "
+            f"{base_vocab}: the tokenizer does not belong to these models"
+        )
+
+
 @torch.no_grad()
 def evaluate_variants(
     models: dict[str, nn.Module], baseline: nn.Module, windows: torch.Tensor, *, batch_size: int = 8,
     progress: bool = True,
 ) -> dict[str, QualityResult]:
     """Compare several models with one baseline; the baseline runs once per batch for all of them."""
+    check_comparable(models, baseline, windows)
     context = model_context(getattr(baseline, "config", None))
     if context is not None and windows.shape[1] > context:
         raise EvaluationError(f"windows of {windows.shape[1]} tokens are longer than the model's context of {context} "

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import UsageError
 from .hardware import DeviceSpec
 from .timing import SCHEMA
 
@@ -29,9 +30,9 @@ def load_bench(path: str | Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read bench results {path}: {e}") from None
-    if data.get("schema") != SCHEMA or "prefill" not in data or "decode" not in data:
-        raise ValueError(f"{path} is not a `quantkit bench --json` file (schema {SCHEMA!r} with prefill and decode)")
+        raise UsageError(f"cannot read bench results {path}: {e}") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or "prefill" not in data or "decode" not in data:
+        raise UsageError(f"{path} is not a `quantkit bench --json` file (schema {SCHEMA!r} with prefill and decode)")
     return data
 
 
@@ -133,10 +134,10 @@ def load_quality(paths: Sequence[str | Path]) -> list[QualityResult]:
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as e:
-            raise ValueError(f"cannot read quality results {path}: {e}") from None
+            raise UsageError(f"cannot read quality results {path}: {e}") from None
         found = list(_quality_records(data, path.stem))
         if not found:
-            raise ValueError(f"{path} has no `perplexity`: pass the JSON written by `quantkit eval`")
+            raise UsageError(f"{path} has no `perplexity`: pass the JSON written by `quantkit eval`")
         for label, d in found:
             results.append(QualityResult(
                 name=label, perplexity=float(d["perplexity"]),

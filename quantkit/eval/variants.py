@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .. import dtypes
+from ..errors import UsageError
 from .roofline import RooflineScheme, scheme_from_quantization_config, scheme_from_weight_args
 
 
@@ -68,9 +69,12 @@ def load_source_model(source: str, *, dtype: torch.dtype, device: str | torch.de
     if is_random_config(source):
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        d = json.loads(Path(source).read_text())
-        if "model_type" not in d:
-            raise ValueError(f"{source}: a random-model config needs a model_type (e.g. \"llama\")")
+        try:
+            d = json.loads(Path(source).read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise UsageError(f"{source} is not a JSON model config ({e})") from None
+        if not isinstance(d, dict) or "model_type" not in d:
+            raise UsageError(f"{source}: a random-model config needs a model_type (e.g. \"llama\")")
         config = AutoConfig.for_model(**d)
         torch.manual_seed(seed)
         with torch.device(device):
@@ -81,7 +85,7 @@ def load_source_model(source: str, *, dtype: torch.dtype, device: str | torch.de
 
     resolved = resolve_model_source(source)
     if is_quantized_checkpoint(resolved):
-        raise ValueError(
+        raise UsageError(
             f"{source} is a quantized checkpoint; pass the float model as MODEL and the checkpoint with --variants"
         )
     return load_float_model(resolved, dtype=dtype, device=device)
@@ -123,7 +127,7 @@ def _split_recipes(spec: str):
     weights = [r for r in recipes if r.weights is not None]
     kv = [r for r in recipes if r.kv_cache is not None]
     if len(weights) > 1 or len(kv) > 1:
-        raise ValueError(f"variant {spec!r} combines several weight or several KV-cache recipes; give at most one of each")
+        raise UsageError(f"variant {spec!r} combines several weight or several KV-cache recipes; give at most one of each")
     return (weights[0] if weights else None), (kv[0].kv_cache if kv else None)
 
 

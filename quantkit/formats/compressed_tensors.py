@@ -16,7 +16,7 @@ from torch import nn
 from ..errors import CheckpointError
 from ..modules.quant_linear import QuantLinear
 from ..scheme import QuantScheme
-from ..targets import matches
+from ..targets import check_patterns, matches
 
 FORMAT_VERSION = "0.15.0"  # compressed-tensors layout version written into the config
 
@@ -85,6 +85,7 @@ def parse_quantization_config(qcfg: Any, where: str) -> QuantizationConfig:
     if qcfg.get("quantization_status") not in (None, "compressed"):
         raise CheckpointError(f"{where}: quantization_status {qcfg.get('quantization_status')!r}; expected 'compressed'")
     out = QuantizationConfig(ignore=list(qcfg.get("ignore") or []))
+    check_patterns(out.ignore, f"{where}: ignore", CheckpointError)
     for gname, group in (qcfg.get("config_groups") or {}).items():
         fmt = group.get("format") or qcfg.get("format")
         if group.get("input_activations") or group.get("output_activations"):
@@ -97,7 +98,9 @@ def parse_quantization_config(qcfg: Any, where: str) -> QuantizationConfig:
             scheme = QuantScheme.from_dict(group["weights"])
         except (KeyError, ValueError) as e:
             raise CheckpointError(f"{where}: {gname} weights are not supported: {e}") from None
-        out.groups.append((list(group.get("targets") or []), scheme))
+        targets = list(group.get("targets") or [])
+        check_patterns(targets, f"{where}: {gname} targets", CheckpointError)
+        out.groups.append((targets, scheme))
     kv = qcfg.get("kv_cache_scheme")
     if kv:
         try:

@@ -31,13 +31,17 @@ def write_state_dict(state: dict[str, torch.Tensor], folder: Path, max_shard_byt
             size = 0
         shards[-1][name] = tensor.detach().contiguous().cpu()
         size += b
+    from ..outputs import give_default_mode
+
     if len(shards) == 1:
         save_file(shards[0], str(folder / SINGLE_FILE), metadata={"format": "pt"})
+        give_default_mode(folder / SINGLE_FILE)
         return [SINGLE_FILE]
     names, weight_map = [], {}
     for i, shard in enumerate(shards, 1):
         fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
         save_file(shard, str(folder / fname), metadata={"format": "pt"})
+        give_default_mode(folder / fname)
         names.append(fname)
         weight_map.update({k: fname for k in shard})
     total = sum(_tensor_bytes(t) for t in state.values())
@@ -68,6 +72,9 @@ def safetensors_files(folder: Path) -> list[Path]:
     raise CheckpointError(f"{folder} has no {SINGLE_FILE} or {INDEX_FILE}{hint}")
 
 
+# Bytes per element of each safetensors dtype.
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4,
+               "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 #: safetensors dtype names of the floating types, and their torch dtypes.
 FLOAT_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
@@ -93,7 +100,8 @@ def stored_float_dtype(folder: Path) -> torch.dtype | None:
 
 
 def check_complete(path: Path) -> None:
-    """Raise CheckpointError if the file is shorter than its header says (a truncated write)."""
+    """Raise CheckpointError if the file is shorter than its header says (a truncated write), or if its
+    header lies: offsets that overlap, leave gaps, run past the end or do not match a tensor's shape and dtype."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -106,10 +114,39 @@ def check_complete(path: Path) -> None:
             header = json.loads(f.read(header_len))
         except ValueError:
             raise CheckpointError(f"{path} has a corrupt header: re-create or re-download it") from None
-    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-    if 8 + header_len + end > size:
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path} has a corrupt header (not a JSON object): re-create or re-download it")
+    spans = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, end = (int(v) for v in info["data_offsets"])
+            numel = 1
+            for d in info["shape"]:
+                numel *= int(d)
+            nbytes = numel * DTYPE_BYTES[info["dtype"]]
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(
+                f"{path}: the header entry of {name!r} is malformed ({info!r}); re-create or re-download it"
+            ) from None
+        if end - begin != nbytes or begin < 0:
+            raise CheckpointError(
+                f"{path}: the header gives {name!r} bytes {begin}..{end}, but its shape {info['shape']} in "
+                f"{info['dtype']} takes {nbytes} bytes; the file is corrupt: re-create or re-download it"
+            )
+        spans.append((begin, end, name))
+    spans.sort()
+    expected = 0
+    for begin, end, name in spans:
+        if begin != expected:
+            what = "overlap the tensor before it" if begin < expected else f"leave a gap of {begin - expected} bytes"
+            raise CheckpointError(f"{path}: the offsets the header gives {name!r} {what}; the file is corrupt: "
+                                  f"re-create or re-download it")
+        expected = end
+    if 8 + header_len + expected > size:
         raise CheckpointError(
-            f"{path} is truncated: its header describes {8 + header_len + end} bytes but the file has {size}; "
+            f"{path} is truncated: its header describes {8 + header_len + expected} bytes but the file has {size}; "
             f"re-create or re-download it"
         )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import UsageError
 from .spec import RefModelSpec
 from .store import REF_PREFIX, build_atomically, cache_folder, committed_folder, is_complete
 
@@ -45,12 +46,12 @@ REFERENCE_MODELS: dict[str, RefModelSpec] = {
 
 
 def get_spec(name: str) -> RefModelSpec:
-    """The spec registered as ``name``; an unknown name raises ValueError listing the known ones."""
+    """The spec registered as ``name``; an unknown name raises UsageError (a ValueError) listing the known ones."""
     try:
         return REFERENCE_MODELS[name]
     except KeyError:
         known = ", ".join(sorted(REFERENCE_MODELS))
-        raise ValueError(f"unknown reference model {name!r}: choose one of {known}") from None
+        raise UsageError(f"unknown reference model {name!r}: choose one of {known}") from None
 
 
 def reference_model_path(name: str, *, rebuild: bool = False) -> Path:

@@ -32,7 +32,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
 fi
 
 quantkit report --bench "$OUT/bench.json" \
-  --quality "$OUT"/quality/eval-{w8a16-rtn,w4a16-rtn,w4a16-rtn-asym}.json --out "$OUT" \
+  --quality "$OUT"/quality/eval-{w8a16-rtn,w4a16-rtn,w4a16-rtn-asym}.json --out "$OUT" --force \
   --title "quantkit on CPU: prefill versus decode, and what it costs in quality" \
   --note "Speed: a random-initialised Llama-architecture model of 0.85 B parameters (evals/configs/llama-1b-random.json), the float model against RTN W8 (per channel) and W4 (groups of 128) on PyTorch's weight-only CPU kernels (backend \"torch\"), on a CPU shared with other jobs. Quality: the small reference model (ref:small) quantized with the same recipes, evaluated by \`quantkit eval\` on its whole held-out text (546 windows of 512 tokens)." \
   --note "Prefill is compute-bound and weight-only quantization cannot speed it up; in this run it slows down, because PyTorch's weight-only kernels are tuned for few rows and lose to the dense float matmul on long prompts (a prefill path that dequantizes once per layer and calls the dense matmul would bring it back to ~1x)." \

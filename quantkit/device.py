@@ -1,0 +1,27 @@
+"""Device names given by users, checked against this machine before any work."""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import UsageError
+
+
+def resolve_device(device: "str | torch.device", *, option: str = "device") -> torch.device:
+    """A torch.device for `device` ("cpu", "cuda", "cuda:1", ...); UsageError when the name is malformed
+    or the device is not on this machine. option: how the caller names the setting in messages."""
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise UsageError(f"{option} {device!r} is not a device name; use cpu, cuda or cuda:N") from None
+    if d.type in ("cpu", "meta"):
+        return d
+    backend = getattr(torch, d.type, None)
+    available = getattr(backend, "is_available", None)
+    if available is None or not available():
+        raise UsageError(f"{option} {device!r}: this machine has no {d.type.upper()} device (or PyTorch was built "
+                         f"without {d.type.upper()} support); use cpu")
+    count = getattr(backend, "device_count", lambda: 1)()
+    if d.index is not None and d.index >= count:
+        raise UsageError(f"{option} {device!r}: this machine has {count} {d.type.upper()} device(s), numbered from 0")
+    return d
