@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from quantkit.eval.advisor import Workload, advise, quality_key
-from quantkit.eval.hardware import known_gpu
-from quantkit.eval.results import QualityResult
-from quantkit.eval.roofline import ModelShape
+from quantkit.harness.advisor import Workload, advise, quality_key
+from quantkit.harness.hardware import known_gpu
+from quantkit.harness.results import QualityResult
+from quantkit.harness.roofline import ModelShape
 
 # An 8B Llama-3-like shape: 16 GB of fp16 weights.
 LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -128,7 +128,7 @@ def test_advise_command(tmp_path, capsys):
 
 def test_advise_refuses_a_probe_that_measured_nonsense(tmp_path, capsys, monkeypatch):
     from quantkit.cli import main
-    from quantkit.eval import hardware
+    from quantkit.harness import hardware
 
     # what a bf16 matmul probe measures on a CPU without native bf16: 0.3 GFLOP/s at 11 GB/s
     emulated = hardware.DeviceSpec(name="AVX2 CPU", memory_bandwidth=11e9, peak_flops=0.3e9, memory_bytes=16e9,

@@ -2,7 +2,7 @@
 
 Read from the source with `ast` (every import statement, including those inside functions), so the
 rules hold whatever a test run happens to import. Layers, from the bottom: kernels (torch and triton
-only) -> modules / formats / algorithms -> calibration -> eval -> commands (see ARCHITECTURE.md).
+only) -> modules / formats / algorithms -> calibration -> harness -> commands (see ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ PACKAGE_DIRS = {"quantkit": "quantkit", "kernels": "quantkit.kernels"}
 #: importer prefix -> imported prefixes it must not reach
 FORBIDDEN = {
     "quantkit.kernels": ("quantkit.algorithms", "quantkit.api", "quantkit.calibration", "quantkit.commands",
-                         "quantkit.eval", "quantkit.formats", "quantkit.modules", "quantkit.recipe"),
-    "quantkit.modules": ("quantkit.calibration", "quantkit.eval", "quantkit.commands"),
-    "quantkit.formats": ("quantkit.calibration", "quantkit.eval", "quantkit.commands"),
-    "quantkit.algorithms": ("quantkit.calibration", "quantkit.eval", "quantkit.commands", "quantkit.formats",
+                         "quantkit.harness", "quantkit.formats", "quantkit.modules", "quantkit.recipe"),
+    "quantkit.modules": ("quantkit.calibration", "quantkit.harness", "quantkit.commands"),
+    "quantkit.formats": ("quantkit.calibration", "quantkit.harness", "quantkit.commands"),
+    "quantkit.algorithms": ("quantkit.calibration", "quantkit.harness", "quantkit.commands", "quantkit.formats",
                             "quantkit.modules"),
-    "quantkit.calibration": ("quantkit.eval", "quantkit.commands"),
+    "quantkit.calibration": ("quantkit.harness", "quantkit.commands"),
 }
 
 

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from quantkit.eval.roofline import ModelShape, kv_cache_bytes, weight_memory_bytes
-from quantkit.eval.timing import SCHEMA, cache_tensor_bytes, make_decode_cache, rewind
-from quantkit.eval.variants import build_variant, float_variant, load_source_model, model_tensor_bytes
+from quantkit.harness.roofline import ModelShape, kv_cache_bytes, weight_memory_bytes
+from quantkit.harness.timing import SCHEMA, cache_tensor_bytes, make_decode_cache, rewind
+from quantkit.harness.variants import build_variant, float_variant, load_source_model, model_tensor_bytes
 from quantkit.modules.kv_scales import cache_keyword
 
 # every linear's input a multiple of 128 and output of 64 (what the kernels and vLLM accept)
@@ -38,7 +38,7 @@ def one_thread():
 
 
 def test_measure_interleaves_variants(tmp_path):
-    from quantkit.eval.timing import BenchSettings, TimedRun, measure
+    from quantkit.harness.timing import BenchSettings, TimedRun, measure
 
     calls = []
 
@@ -156,7 +156,7 @@ def test_bench_rejects_bad_input(tmp_path, capsys):
 
 
 def test_fp8_kv_variant_decodes_with_half_the_cache_bytes(tmp_path):
-    from quantkit.eval.timing import BenchSettings, decode_run, measure
+    from quantkit.harness.timing import BenchSettings, decode_run, measure
 
     model = load_source_model(tiny_model_source(tmp_path), dtype=torch.bfloat16, device="cpu", seed=0)
     shape = ModelShape.from_config(model.config)

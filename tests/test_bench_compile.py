@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from quantkit.eval.roofline import ModelShape
-from quantkit.eval.timing import BenchSettings, fill_cache, make_decode_cache, rewind
+from quantkit.harness.roofline import ModelShape
+from quantkit.harness.timing import BenchSettings, fill_cache, make_decode_cache, rewind
 from quantkit.modules.kv_scales import cache_keyword
-from quantkit.eval.variants import build_variant, load_source_model
+from quantkit.harness.variants import build_variant, load_source_model
 
 from .test_bench import _bench_parser, tiny_model_source
 

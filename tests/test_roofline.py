@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from quantkit.eval.hardware import DeviceSpec, KNOWN_GPUS, known_gpu, match_known_gpu
-from quantkit.eval.roofline import (
+from quantkit.harness.hardware import DeviceSpec, KNOWN_GPUS, known_gpu, match_known_gpu
+from quantkit.harness.roofline import (
     ModelShape,
     RooflineScheme,
     decode_cost,

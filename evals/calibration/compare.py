@@ -5,7 +5,7 @@
 
 Calibration: the model's training text (quantkit's default for the reference models), N windows of L
 tokens with a fixed seed. Evaluation: the held-out text, non-overlapping windows of the model's context,
-through `quantkit.eval.quality.evaluate_variants` (KL of each quantized model's next-token distribution
+through `quantkit.harness.quality.evaluate_variants` (KL of each quantized model's next-token distribution
 from the unquantized one, top-1 agreement, perplexity; one baseline pass for all variants). All variants are quantized and evaluated in
 one run, side by side, so their times compare (absolute CPU seconds depend on the machine and its load).
 With --llmcompressor-python, llm-compressor's GPTQ (same scheme, damping, block size, static act-order)
@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import quantkit
     from quantkit.calibration import CalibrationConfig, calibration_batches
-    from quantkit.eval.data import eval_token_windows
-    from quantkit.eval.quality import evaluate_variants
+    from quantkit.harness.eval_text import eval_token_windows
+    from quantkit.harness.quality import evaluate_variants
     from quantkit.loading import load_float_model, resolve_model_source
 
     torch.set_num_threads(args.threads)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from quantkit.eval.hardware import cpu_name
+from quantkit.harness.hardware import cpu_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_timing import realtime_priority  # noqa: E402

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 import quantkit.kernels as qk
-from quantkit.eval.hardware import capture_cuda_graph, cpu_name
+from quantkit.harness.hardware import capture_cuda_graph, cpu_name
 from quantkit.kernels.packing import packed_words
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 import quantkit.kernels as qk
-from quantkit.eval.hardware import cpu_name
+from quantkit.harness.hardware import cpu_name
 from quantkit.kernels import wna16_cpu_dequant as dq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

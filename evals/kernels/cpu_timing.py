@@ -1,6 +1,6 @@
 """CPU timing helper shared by the kernel benchmarks: real-time priority for the timed part.
 
-(The CPU's name: quantkit.eval.hardware.cpu_name.)
+(The CPU's name: quantkit.harness.hardware.cpu_name.)
 """
 
 import contextlib

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache, StaticCache
 
-from quantkit.eval.hardware import synchronize
+from quantkit.harness.hardware import synchronize
 from quantkit.modules.kv_cache import FP8KVCache, StaticFP8KVCache
 from quantkit.modules.kv_scales import cache_keyword
 

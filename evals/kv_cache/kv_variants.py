@@ -71,7 +71,7 @@ def magnify_kv(model: nn.Module, factor: float) -> nn.Module:
 
 
 class WithCache(nn.Module):
-    """model(ids) with a fresh cache from `make_cache` on every call (for quantkit.eval.quality)."""
+    """model(ids) with a fresh cache from `make_cache` on every call (for quantkit.harness.quality)."""
 
     def __init__(self, model: nn.Module, make_cache: Callable[[], Cache]):
         super().__init__()

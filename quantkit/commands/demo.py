@@ -30,13 +30,13 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import quantkit
-    from quantkit.eval.data import eval_token_windows
-    from quantkit.eval.quality import evaluate_variants
+    from quantkit.harness.eval_text import eval_token_windows
+    from quantkit.harness.quality import evaluate_variants
     from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source, source_dtype
     from quantkit.outputs import atomic_output_dir
-    from quantkit.eval.report import render_report
-    from quantkit.eval.results import load_quality
-    from quantkit.report_text import dtype_name, quantized_bits_per_weight
+    from quantkit.harness.report import render_report
+    from quantkit.harness.results import load_quality
+    from quantkit.summaries import dtype_name, quantized_bits_per_weight
 
     recipes = [quantkit.load_recipe(r.strip()) for r in args.recipes.split(",") if r.strip()]
     out = Path(args.out)
@@ -111,8 +111,8 @@ def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int | No
     """The demo's summary table. dtype: what the models ran in; stored_dtype: what the source's weights
     (and so the checkpoints' float tensors) are stored in; baseline_bytes: the source folder on disk."""
     from quantkit.dtypes import dtype_bytes
-    from quantkit.eval.formatting import fmt_perplexity_change
-    from quantkit.report_text import human_bytes
+    from quantkit.harness.formatting import fmt_perplexity_change
+    from quantkit.summaries import human_bytes
 
     r0 = rows[0]
     lines = [

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source, source_dtype
     from quantkit.device import resolve_device
     from quantkit.outputs import check_writable
-    from quantkit.report_text import SizeOnDisk, dtype_name, quantization_summary, state_bytes
+    from quantkit.summaries import SizeOnDisk, dtype_name, quantization_summary, state_bytes
 
     out = check_writable(args.out, force=args.force)  # before any work
     resolve_device(args.device, option="--device")

@@ -1,6 +1,6 @@
 """What a device can do: memory bandwidth and dense matmul peak, from a table of known GPUs or a probe.
 
-The roofline (``quantkit.eval.roofline``) needs two numbers per device: the bandwidth at which a
+The roofline (``quantkit.harness.roofline``) needs two numbers per device: the bandwidth at which a
 kernel can stream bytes from memory, and the dense bf16/fp16 matmul rate. Datasheets quote peaks
 that code does not reach: a plain copy reaches ~0.9x the datasheet bandwidth and a large bf16
 matmul ~0.8x the datasheet tensor rate (an H200 copies at ~4.3 of 4.8 TB/s and multiplies at
@@ -233,7 +233,7 @@ def probe_device(
     The copy buffer is far larger than the last-level cache (256 MiB on CPU, 2 GiB on GPU) so the
     figure is memory bandwidth, not cache bandwidth. ``dtype``: of the matmul; None means bf16 on a
     GPU and, on a CPU, the faster of float32 and bf16 (bf16 is emulated, and ~100x slower, on CPUs
-    without native bf16: see ``quantkit.eval.cpu_features``).
+    without native bf16: see ``quantkit.harness.cpu_features``).
     """
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -3,7 +3,7 @@
 Inputs are the JSON of ``quantkit bench`` (schema ``quantkit.bench/1``: ``prefill`` and
 ``decode`` records per variant, with roofline predictions) and any number of ``quantkit eval``
 JSON files (``perplexity``, ``kl_divergence``, ``top1_agreement``, ``baseline_perplexity``),
-read by quantkit.eval.results.
+read by quantkit.harness.results.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def load_bench(path: str | Path) -> dict:
 class QualityResult:
     """Quality of one variant against its unquantized baseline.
 
-    Made by quantkit.eval.quality.evaluate_variants (every measured field) or read back from a
+    Made by quantkit.harness.quality.evaluate_variants (every measured field) or read back from a
     `quantkit eval` JSON by load_quality (the fields the file has; the others stay None).
     """
 
