@@ -1,1 +1,2 @@
-"""eval."""
+"""The harness behind `quantkit eval`, `bench`, `report` and `advise`: quality, timing, roofline, results files,
+report and plots (ARCHITECTURE.md)."""
