@@ -17,7 +17,7 @@ from .algorithms import rtn_quantize
 from .device import resolve_device
 from .errors import CheckpointError, QuantizationError
 from .finite import describe_nonfinite, nonfinite_tensors
-from .formats.compressed_tensors import build_quantization_config
+from .formats.compressed_tensors import build_quantization_config, kv_cache_scheme_of
 from .formats.shapes import raise_on_mismatch, shape_mismatches, weight_shape_values
 from .formats.safetensors_io import read_state_dict, stored_float_dtype, write_state_dict
 from .loading import (
@@ -132,7 +132,7 @@ def save(
         )
     state = _in_dtype(_deduplicated_state_dict(model), dtype or source_dtype(model))
     config = model.config.to_dict()
-    config["quantization_config"] = build_quantization_config(model, _kv_scheme(model))
+    config["quantization_config"] = build_quantization_config(model, kv_cache_scheme_of(model))
     source = tokenizer_source or getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
     with atomic_output_dir(out_dir, force=force) as tmp:
         write_state_dict(state, tmp)
@@ -166,15 +166,6 @@ def _in_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, t
         raise QuantizationError(f"{describe_nonfinite(found)} after conversion to {dtype}: the values do not fit; "
                                 f"save in a wider dtype (dtype=torch.float32 / --dtype float32)")
     return out
-
-
-def _kv_scheme(model: nn.Module):
-    qcfg = getattr(model.config, "quantization_config", None)
-    if isinstance(qcfg, dict) and qcfg.get("kv_cache_scheme"):
-        from .scheme import QuantScheme
-
-        return QuantScheme.from_dict(qcfg["kv_cache_scheme"])
-    return None
 
 
 def _deduplicated_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

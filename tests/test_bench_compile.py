@@ -7,18 +7,10 @@ import torch
 
 from quantkit.harness.roofline import ModelShape
 from quantkit.harness.timing import BenchSettings, fill_cache, make_decode_cache, rewind
-from quantkit.modules.kv_scales import cache_keyword
 from quantkit.harness.variants import build_variant, load_source_model
+from quantkit.modules.kv_scales import cache_keyword
 
-from .test_bench import _bench_parser, tiny_model_source
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from .test_bench import _bench_parser, one_thread, tiny_model_source  # noqa: F401  (one_thread: autouse fixture)
 
 
 @pytest.mark.parametrize(  # the CPU kernel backends (triton, interpreted: tests/kernels); the torch backend's two ops

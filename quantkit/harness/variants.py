@@ -21,6 +21,7 @@ from torch import nn
 
 from .. import dtypes
 from ..errors import UsageError
+from ..formats.compressed_tensors import kv_cache_scheme_of
 from .roofline import RooflineScheme, scheme_from_quantization_config, scheme_from_weight_args
 
 
@@ -110,15 +111,6 @@ def _prepare_kernels(model: nn.Module, backend: str) -> str | None:
     return chosen
 
 
-def _model_kv_scheme(model: nn.Module):
-    qcfg = getattr(model.config, "quantization_config", None)
-    if isinstance(qcfg, dict) and qcfg.get("kv_cache_scheme"):
-        from quantkit.scheme import QuantScheme
-
-        return QuantScheme.from_dict(qcfg["kv_cache_scheme"])
-    return None
-
-
 def _split_recipes(spec: str):
     """``"w4a16-rtn+kv-fp8"`` -> (the recipe quantizing weights or None, the KV-cache scheme or None)."""
     from quantkit.recipe import load_recipe
@@ -149,7 +141,7 @@ def build_variant(
         model = quantkit.load(str(path), backend=backend, device=device, dtype=dtype)
         config = model.config.to_dict() | {"torch_dtype": str(dtype).removeprefix("torch.")}
         variant = Variant(name=path.name, model=model, scheme=scheme_from_quantization_config(config, name=path.name),
-                          source=f"checkpoint:{path}", kv_cache=_model_kv_scheme(model))
+                          source=f"checkpoint:{path}", kv_cache=kv_cache_scheme_of(model))
         variant.backend = _prepare_kernels(model, backend)
     else:
         weights_recipe, kv_scheme = _split_recipes(spec)
