@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from .packing import pack_int32
-from .wna16_layout import check_wna16_weight, unpack_zero_point
+from .packing import pack_zero_point, unpack_zero_point
+from .wna16_layout import check_wna16_weight
 
 
 def concat_wna16_weights(
@@ -54,4 +54,4 @@ def concat_wna16_weights(
         for (p, _, z), shape in zip(parts, shapes)
     ]  # [N_i, G] each
     zp = torch.cat(zero_points, dim=0)  # [sum N_i, G]
-    return packed, scale, pack_int32(zp.t().contiguous(), bits).t().contiguous()
+    return packed, scale, pack_zero_point(zp, bits)

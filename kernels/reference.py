@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .packing import unpack_int32
+from .packing import unpack_int32, unpack_zero_point
 
 
 def dequantize_wna16(
@@ -32,7 +32,7 @@ def dequantize_wna16(
         raise ValueError(f"in_features={in_features} is not a multiple of the {groups} scale groups")
     q = q.reshape(n, groups, in_features // groups)  # [N, G, g]
     if weight_zero_point is not None:
-        zp = unpack_int32(weight_zero_point.t().contiguous(), bits, n).t().to(torch.float32)  # [N, G]
+        zp = unpack_zero_point(weight_zero_point, bits, n).to(torch.float32)  # [N, G]
         q = q - zp.unsqueeze(-1)
     w = q * weight_scale.to(torch.float32).unsqueeze(-1)  # [N, G, g]
     return w.reshape(n, in_features).to(weight_scale.dtype)

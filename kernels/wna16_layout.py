@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .packing import SUPPORTED_BITS, pack_int32, unpack_int32
+from .packing import check_bits, pack_int32, packed_words, unpack_int32, unpack_zero_point
 
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # The CPU int4 kernel (_weight_int4pack_mm_for_cpu) accepts exactly these group sizes.
@@ -57,11 +57,6 @@ class WNA16Shape:
         return 1 << (self.bits - 1)
 
 
-def check_bits(bits: int) -> None:
-    if bits not in SUPPORTED_BITS:
-        raise ValueError(f"bits={bits} is not supported; allowed: {SUPPORTED_BITS}")
-
-
 def check_wna16_weight(
     weight_packed: torch.Tensor,
     weight_scale: torch.Tensor,
@@ -79,7 +74,7 @@ def check_wna16_weight(
             f"{tuple(weight_packed.shape)}"
         )
     n = weight_packed.shape[0]
-    words = -(-in_features * bits // 32)
+    words = packed_words(in_features, bits)
     if weight_packed.shape[1] != words:
         raise ValueError(
             f"weight_packed has {weight_packed.shape[1]} words per row; in_features={in_features} at {bits} bits "
@@ -97,7 +92,7 @@ def check_wna16_weight(
             "G must be in_features / group_size (1 for per-channel)"
         )
     if weight_zero_point is not None:
-        zp_rows = -(-n * bits // 32)
+        zp_rows = packed_words(n, bits)
         if weight_zero_point.dtype != torch.int32 or tuple(weight_zero_point.shape) != (zp_rows, groups):
             raise ValueError(
                 f"weight_zero_point must be int32 [ceil(N*bits/32)={zp_rows}, G={groups}] (packed along N), got "
@@ -118,11 +113,6 @@ def check_activation(x: torch.Tensor, in_features: int) -> None:
         raise ValueError(f"x must be [..., in_features={in_features}], got {tuple(x.shape)}")
 
 
-def unpack_zero_point(weight_zero_point: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
-    """int32 [ceil(N*bits/32), G] packed along N -> int32 [N, G] signed zero points."""
-    return unpack_int32(weight_zero_point.t().contiguous(), bits, out_features).t().to(torch.int32)
-
-
 # ----------------------------------------------------------------------------------------------
 # Triton layout
 # ----------------------------------------------------------------------------------------------
@@ -133,7 +123,7 @@ TRITON_REPACK_ROWS = 1024  # output rows repacked at a time by to_triton_layout
 
 def triton_word_rows(in_features: int, bits: int) -> int:
     """Rows of ``triton_qweight``: ceil(K*bits/32) words, padded up to a whole number of interleave blocks."""
-    words = -(-in_features * bits // 32)
+    words = packed_words(in_features, bits)
     return -(-words // TRITON_WORD_BLOCK) * TRITON_WORD_BLOCK
 
 

@@ -42,7 +42,7 @@ import triton.language as tl
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
-from .packing import SUPPORTED_BITS
+from .packing import check_bits
 from .wna16_gemv import _wna16_gemv_kernel
 from .wna16_heuristics import DEFAULT_NUM_SMS, WNA16Config, choose_config
 from .wna16_layout import TRITON_WORD_BLOCK, triton_word_rows
@@ -230,8 +230,7 @@ def check_triton_operands(
 ) -> tuple[int, int, int, int]:
     """Validate the operands of quantkit::wna16_gemm; returns (M, N, K, group_size)."""
     op = "quantkit::wna16_gemm"
-    if bits not in SUPPORTED_BITS:
-        raise ValueError(f"{op}: bits must be one of {SUPPORTED_BITS}, got {bits}")
+    check_bits(bits, op)
     if x.dim() != 2 or x.dtype not in TRITON_X_DTYPES:
         raise ValueError(f"{op}: x must be 2-D [M, K] in one of {TRITON_X_DTYPES}, got {x.dtype} {tuple(x.shape)}")
     m, k = x.shape

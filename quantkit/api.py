@@ -13,12 +13,11 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import provenance
-from .algorithms import CALIBRATED_ALGORITHMS, rtn_quantize
-from .calibration.kv_scales import attach_kv_scales, pop_kv_scales
+from .algorithms import rtn_quantize
 from .device import resolve_device
 from .errors import CheckpointError, QuantizationError
 from .finite import describe_nonfinite, nonfinite_tensors
-from .formats.compressed_tensors import build_quantization_config
+from .formats.compressed_tensors import build_quantization_config, kv_cache_scheme_of
 from .formats.shapes import raise_on_mismatch, shape_mismatches, weight_shape_values
 from .formats.safetensors_io import read_state_dict, stored_float_dtype, write_state_dict
 from .loading import (
@@ -27,6 +26,7 @@ from .loading import (
 )
 from .outputs import atomic_output_dir
 from .modules.kv_cache import enable_fp8_kv_cache
+from .modules.kv_scales import attach_kv_scales, pop_kv_scales
 from .modules.quant_linear import QuantLinear
 from .recipe import Recipe, load_recipe
 from .targets import select_linears, set_submodule
@@ -72,9 +72,7 @@ def quantize(
     if device is not None:
         device = resolve_device(device)
     _check_finite(model)
-    calibrated = recipe.kv_cache is not None or (
-        recipe.weights is not None and recipe.algorithm.name in CALIBRATED_ALGORITHMS
-    )
+    calibrated = recipe.needs_calibration
     if recipe.weights is not None:
         if any(isinstance(m, QuantLinear) for m in model.modules()):
             raise QuantizationError(
@@ -83,7 +81,7 @@ def quantize(
             )
         names, _ = select_linears(model, recipe.targets, recipe.ignore)
         _check_shapes(model, names, recipe)
-        if recipe.algorithm.name in CALIBRATED_ALGORITHMS:
+        if recipe.algorithm.needs_calibration:
             from .calibration import quantize_blockwise
 
             names = quantize_blockwise(
@@ -93,8 +91,6 @@ def quantize(
                 warnings.warn(
                     f"{', '.join(names)}: outside the decoder blocks, quantized with RTN (no calibration)", stacklevel=2
                 )
-        elif recipe.algorithm.name != "rtn":
-            raise QuantizationError(f"algorithm {recipe.algorithm.name!r} is not available in this build")
         for name in tqdm(names, desc=f"quantize {recipe.name}", unit="layer", disable=not progress or not names):
             linear = model.get_submodule(name)
             qweight = rtn_quantize(linear.weight.detach(), recipe.weights)
@@ -136,7 +132,7 @@ def save(
         )
     state = _in_dtype(_deduplicated_state_dict(model), dtype or source_dtype(model))
     config = model.config.to_dict()
-    config["quantization_config"] = build_quantization_config(model, _kv_scheme(model))
+    config["quantization_config"] = build_quantization_config(model, kv_cache_scheme_of(model))
     source = tokenizer_source or getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
     with atomic_output_dir(out_dir, force=force) as tmp:
         write_state_dict(state, tmp)
@@ -170,15 +166,6 @@ def _in_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, t
         raise QuantizationError(f"{describe_nonfinite(found)} after conversion to {dtype}: the values do not fit; "
                                 f"save in a wider dtype (dtype=torch.float32 / --dtype float32)")
     return out
-
-
-def _kv_scheme(model: nn.Module):
-    qcfg = getattr(model.config, "quantization_config", None)
-    if isinstance(qcfg, dict) and qcfg.get("kv_cache_scheme"):
-        from .scheme import QuantScheme
-
-        return QuantScheme.from_dict(qcfg["kv_cache_scheme"])
-    return None
 
 
 def _deduplicated_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -25,12 +25,21 @@ def _grouped(w: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
     return w.float().reshape(n, g, k // g)  # [N, G, K/G]
 
 
+#: How a symmetric scale divides the absolute maximum: by qmax (int4: 7, the default) or by half the
+#: signed range, (qmax - qmin) / 2 (int4: 7.5, the top value clipped to 7: llm-compressor's observer).
+SYMMETRIC_SCALE_RULES = ("qmax", "half_range")
+
+
 def compute_qparams(
-    w: torch.Tensor, scheme: QuantScheme, *, clip_ratio: torch.Tensor | float | None = None
+    w: torch.Tensor, scheme: QuantScheme, *, clip_ratio: torch.Tensor | float | None = None,
+    symmetric_scale: str = "qmax", scale_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Min-max scales (and zero points) for an int scheme.
 
     w: [N, K] float. clip_ratio: optional factor (scalar or [N, G]) shrinking the range (AWQ/MSE clipping).
+    symmetric_scale: one of SYMMETRIC_SCALE_RULES (symmetric schemes only).
+    scale_dtype: the dtype scales are stored in; scales are rounded to it (and kept >= its smallest normal
+      number) after the zero points are chosen, so that an algorithm minimises the error of the stored scales.
     returns: scale fp32 [N, G] (or [1, 1] per tensor), zero_point int32 [N, G] or None if symmetric.
     """
     if scheme.type != "int":
@@ -42,11 +51,21 @@ def compute_qparams(
         wmin, wmax = wmin * clip_ratio, wmax * clip_ratio
     if scheme.symmetric:
         amax = torch.maximum(-wmin, wmax)
-        scale = (amax / scheme.qmax).clamp(min=_EPS)
-        return scale, None
+        if symmetric_scale not in SYMMETRIC_SCALE_RULES:
+            raise ValueError(f"symmetric_scale must be one of {SYMMETRIC_SCALE_RULES}, got {symmetric_scale!r}")
+        divisor = scheme.qmax if symmetric_scale == "qmax" else (scheme.qmax - scheme.qmin) / 2
+        scale = (amax / divisor).clamp(min=_EPS)
+        return _stored(scale, scale_dtype), None
     scale = ((wmax - wmin) / (scheme.qmax - scheme.qmin)).clamp(min=_EPS)
     zero_point = torch.round(scheme.qmin - wmin / scale).clamp(scheme.qmin, scheme.qmax).to(torch.int32)
-    return scale, zero_point
+    return _stored(scale, scale_dtype), zero_point
+
+
+def _stored(scale: torch.Tensor, scale_dtype: torch.dtype | None) -> torch.Tensor:
+    """fp32 scales rounded to their storage dtype (>= its smallest normal number); unchanged for None."""
+    if scale_dtype is None:
+        return scale
+    return scale.to(scale_dtype).float().clamp(min=torch.finfo(scale_dtype).tiny)
 
 
 def quantize(
@@ -73,7 +92,10 @@ def dequantize(
 
 
 def fake_quantize(w: torch.Tensor, scheme: QuantScheme, **qparam_kwargs) -> torch.Tensor:
-    """Quantize-dequantize round trip with min-max qparams; same shape and dtype as w."""
+    """Quantize-dequantize round trip with min-max qparams; same shape and dtype as w.
+
+    qparam_kwargs: compute_qparams' options (clip_ratio, symmetric_scale, scale_dtype).
+    """
     scale, zp = compute_qparams(w, scheme, **qparam_kwargs)
     return dequantize(quantize(w, scale, zp, scheme), scale, zp, scheme).to(w.dtype)
 

@@ -23,18 +23,12 @@ from typing import Any
 
 import yaml
 
+from .algorithms.registry import ALGORITHMS
 from .config_utils import ConfigError, from_dict
 from .scheme import QuantScheme
 from .targets import check_patterns
 
 RECIPE_VERSION = 1
-
-# Algorithm name -> options dataclass. Algorithms register themselves here (quantkit.algorithms).
-ALGORITHM_OPTIONS: dict[str, type] = {}
-
-
-def register_algorithm_options(name: str, options_cls: type) -> None:
-    ALGORITHM_OPTIONS[name] = options_cls
 
 
 @dataclass(frozen=True)
@@ -43,6 +37,11 @@ class AlgorithmConfig:
 
     name: str = "rtn"
     options: Any = None
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether the algorithm runs on calibration data (quantkit.algorithms.registry)."""
+        return ALGORITHMS[self.name].needs_calibration
 
     def to_dict(self) -> dict[str, Any]:
         d = {"name": self.name}
@@ -76,6 +75,11 @@ class Recipe:
             raise ConfigError("weights: strategy must be 'channel' or 'group' (per-tensor int weights are unsupported)")
         if self.kv_cache is not None and (self.kv_cache.type != "float" or self.kv_cache.strategy not in ("tensor",)):
             raise ConfigError("kv_cache: only fp8 per-tensor is supported: {num_bits: 8, type: float, strategy: tensor}")
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether quantizing with this recipe needs calibration data (a calibrated algorithm or an FP8 KV cache)."""
+        return self.kv_cache is not None or (self.weights is not None and self.algorithm.needs_calibration)
 
     def to_dict(self) -> dict[str, Any]:
         def scheme(s: QuantScheme | None):
@@ -111,16 +115,11 @@ def _algorithm(data: Any, where: str) -> AlgorithmConfig:
         data = {"name": data}
     if not isinstance(data, dict) or "name" not in data:
         raise ConfigError(f"{where}: expected {{name: <algorithm>, ...options}}, got {data!r}")
-    _load_algorithms()
     name = data["name"]
-    if name not in ALGORITHM_OPTIONS:
-        raise ConfigError(f"{where}: unknown algorithm {name!r}; available: {', '.join(sorted(ALGORITHM_OPTIONS))}")
-    options = from_dict(ALGORITHM_OPTIONS[name], {k: v for k, v in data.items() if k != "name"}, f"{where} ({name})")
+    if name not in ALGORITHMS:
+        raise ConfigError(f"{where}: unknown algorithm {name!r}; available: {', '.join(sorted(ALGORITHMS))}")
+    options = from_dict(ALGORITHMS[name].options, {k: v for k, v in data.items() if k != "name"}, f"{where} ({name})")
     return AlgorithmConfig(name=name, options=options)
-
-
-def _load_algorithms() -> None:
-    import quantkit.algorithms  # noqa: F401  (registers the algorithms' option types)
 
 
 def recipe_from_dict(data: Any, name: str = "custom") -> Recipe:

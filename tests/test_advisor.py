@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from quantkit.eval.advisor import Workload, advise, quality_key
-from quantkit.eval.hardware import known_gpu
-from quantkit.eval.report import QualityResult
-from quantkit.eval.roofline import ModelShape
+from quantkit.harness.advisor import Workload, advise, quality_key
+from quantkit.harness.hardware import known_gpu
+from quantkit.harness.results import QualityResult
+from quantkit.harness.roofline import ModelShape
 
 # An 8B Llama-3-like shape: 16 GB of fp16 weights.
 LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -97,7 +97,7 @@ def test_quality_key_from_recipe_name_and_checkpoint(tmp_path):
     assert quality_key(QualityResult("something", 1.0)) is None
     # a float32 checkpoint folder describes its own scheme (matched whatever its dtype)
     (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float32", "quantization_config": {
-        "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", "symmetric": True,
+        "quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", "symmetric": True,
                                                                    "strategy": "channel"}}}, "ignore": ["lm_head"]}}))
     assert quality_key(QualityResult("renamed", 1.0, model=str(tmp_path))) == (8, 16, True)
 
@@ -128,7 +128,7 @@ def test_advise_command(tmp_path, capsys):
 
 def test_advise_refuses_a_probe_that_measured_nonsense(tmp_path, capsys, monkeypatch):
     from quantkit.cli import main
-    from quantkit.eval import hardware
+    from quantkit.harness import hardware
 
     # what a bf16 matmul probe measures on a CPU without native bf16: 0.3 GFLOP/s at 11 GB/s
     emulated = hardware.DeviceSpec(name="AVX2 CPU", memory_bandwidth=11e9, peak_flops=0.3e9, memory_bytes=16e9,

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 
-from quantkit.calibration.kv_scales import cache_keyword
-from quantkit.eval.roofline import ModelShape, kv_cache_bytes, weight_memory_bytes
-from quantkit.eval.timing import SCHEMA, cache_tensor_bytes, make_decode_cache, rewind, time_call
-from quantkit.eval.variants import build_variant, float_variant, load_source_model, model_tensor_bytes
+from quantkit.harness.roofline import ModelShape, kv_cache_bytes, weight_memory_bytes
+from quantkit.harness.timing import SCHEMA, cache_tensor_bytes, make_decode_cache, rewind
+from quantkit.harness.variants import build_variant, float_variant, load_source_model, model_tensor_bytes
+from quantkit.modules.kv_scales import cache_keyword
 
 # every linear's input a multiple of 128 and output of 64 (what the kernels and vLLM accept)
 TINY_LLAMA = dict(model_type="llama", hidden_size=128, intermediate_size=384, num_hidden_layers=2,
@@ -37,22 +37,8 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def test_time_call_counts_and_times():
-    calls = {"fn": 0, "before": 0}
-
-    def fn():
-        calls["fn"] += 1
-
-    def before():
-        calls["before"] += 1
-
-    times = time_call(fn, torch.device("cpu"), warmup=2, repeats=3, before=before)
-    assert len(times) == 3 and all(t >= 0 for t in times)
-    assert calls == {"fn": 5, "before": 5}
-
-
 def test_measure_interleaves_variants(tmp_path):
-    from quantkit.eval.timing import BenchSettings, TimedRun, measure
+    from quantkit.harness.timing import BenchSettings, TimedRun, measure
 
     calls = []
 
@@ -86,7 +72,7 @@ def test_decode_step_matches_generation_with_a_dynamic_cache(tmp_path):
     model(input_ids=prompt, use_cache=True, **{kw: reference_cache})
     reference = model(input_ids=token, use_cache=True, **{kw: reference_cache}).logits  # [B, 1, V]
 
-    cache = make_decode_cache(variant, context + 1)  # what time_decode uses: exactly one free slot
+    cache = make_decode_cache(variant, context + 1)  # what decode_run uses: exactly one free slot
     model(input_ids=prompt, use_cache=True, **{kw: cache})
     for _ in range(3):  # repeated steps must each decode at the same context
         logits = model(input_ids=token, use_cache=True, **{kw: cache}).logits
@@ -170,7 +156,7 @@ def test_bench_rejects_bad_input(tmp_path, capsys):
 
 
 def test_fp8_kv_variant_decodes_with_half_the_cache_bytes(tmp_path):
-    from quantkit.eval.timing import BenchSettings, time_decode
+    from quantkit.harness.timing import BenchSettings, decode_run, measure
 
     model = load_source_model(tiny_model_source(tmp_path), dtype=torch.bfloat16, device="cpu", seed=0)
     shape = ModelShape.from_config(model.config)
@@ -180,8 +166,7 @@ def test_fp8_kv_variant_decodes_with_half_the_cache_bytes(tmp_path):
     assert (both.scheme.weight_bits, both.scheme.kv_bytes) == (4, 1)
     settings = BenchSettings(prompt_lens=[8], context_lens=[40], batch_sizes=[2], warmup=1, repeats=2)
     cpu = torch.device("cpu")
-    fp8 = time_decode(both, shape, 2, 40, settings, cpu)
-    bf16 = time_decode(base, shape, 2, 40, settings, cpu)
+    fp8, bf16 = (measure([decode_run(v, shape, 2, 40, settings, cpu)], settings)[0] for v in (both, base))
     assert fp8["cache"] == "StaticFP8KVCache" and bf16["cache"] == "StaticCache"
     # fp8 stores 1 byte per value: 41 positions (one free slot) as the bf16 static cache's 41
     # (+ per-layer scales and dequantization tables)

@@ -5,19 +5,12 @@ import json
 import pytest
 import torch
 
-from quantkit.eval.roofline import ModelShape
-from quantkit.eval.timing import BenchSettings, cache_kwarg, fill_cache, make_decode_cache, rewind
-from quantkit.eval.variants import build_variant, load_source_model
+from quantkit.harness.roofline import ModelShape
+from quantkit.harness.timing import BenchSettings, fill_cache, make_decode_cache, rewind
+from quantkit.harness.variants import build_variant, load_source_model
+from quantkit.modules.kv_scales import cache_keyword
 
-from .test_bench import _bench_parser, tiny_model_source
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from .test_bench import _bench_parser, one_thread, tiny_model_source  # noqa: F401  (one_thread: autouse fixture)
 
 
 @pytest.mark.parametrize(  # the CPU kernel backends (triton, interpreted: tests/kernels); the torch backend's two ops
@@ -39,7 +32,7 @@ def assert_decode_step_compiles(backend: str, recipe: str, tmp_path) -> None:
     cache = make_decode_cache(variant, 17)
     fill_cache(cache, shape, 2, 16, dtype=torch.bfloat16, device=torch.device("cpu"))
     ids = torch.randint(0, shape.vocab, (2, 1), generator=torch.Generator().manual_seed(0))
-    kw = cache_kwarg(model)
+    kw = cache_keyword(model)
 
     def step(forward):
         logits = forward(input_ids=ids, use_cache=True, **{kw: cache}).logits  # [B, 1, V]

@@ -55,9 +55,9 @@ def test_recipes_lists_every_builtin_with_its_description(capsys):
 def test_bench_announces_each_shape_before_measuring_it(monkeypatch, capsys):
     import torch
 
-    from quantkit.eval import timing
-    from quantkit.eval.hardware import DeviceSpec
-    from quantkit.eval.variants import float_variant
+    from quantkit.harness import timing
+    from quantkit.harness.hardware import DeviceSpec
+    from quantkit.harness.variants import float_variant
 
     from .conftest import make_random_model
 
@@ -145,7 +145,7 @@ def test_inspect_prints_sizes_by_kind(w8_checkpoint, capsys):
     summary = shown[shown.index("size by kind"):]
     assert "zero points" not in summary, "a symmetric checkpoint has none"
     assert "float embeddings" in summary and "norms, biases" in summary
-    from quantkit.report_text import human_bytes
+    from quantkit.summaries import human_bytes
 
     for kind, nbytes in expected.items():
         assert nbytes > 0 and f"{kind}" in summary

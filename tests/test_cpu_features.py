@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from quantkit.eval import cpu_features, hardware
-from quantkit.eval.cpu_features import CpuFeatures, detect_cpu_features, read_cpu_flags
+from quantkit.harness import cpu_features, hardware
+from quantkit.harness.cpu_features import CpuFeatures, detect_cpu_features, read_cpu_flags
 
 AVX2_CPUINFO = "processor\t: 0\nmodel name\t: AMD EPYC 7B12\nflags\t\t: fpu sse2 avx fma avx2 bmi2\n"
 ARM_CPUINFO = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes sve asimdbf16 bf16 i8mm\n"
@@ -92,7 +92,7 @@ def tiny_config(tmp_path):
 
 
 def test_bench_times_each_phase_in_the_fastest_dtype(tmp_path, monkeypatch, tiny_config, capsys):
-    from quantkit.eval.report import render_report
+    from quantkit.harness.report import render_report
 
     features = _avx2(tmp_path, monkeypatch)
     monkeypatch.setattr(cpu_features, "detect_cpu_features", lambda: features)

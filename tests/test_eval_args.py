@@ -7,7 +7,7 @@ import torch
 
 from quantkit.cli import main
 from quantkit.errors import EvaluationError
-from quantkit.eval.quality import token_windows
+from quantkit.harness.quality import token_windows
 
 
 @pytest.mark.parametrize("args, message", [
@@ -56,7 +56,7 @@ def test_token_windows_rejects_bad_values(window, max_tokens):
 
 
 def test_evaluate_quality_refuses_windows_longer_than_the_context():
-    from quantkit.eval.quality import evaluate_quality
+    from quantkit.harness.quality import evaluate_quality
 
     from .conftest import make_random_model
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import quantkit
-from quantkit.eval.quality import evaluate_quality
+from quantkit.harness.quality import evaluate_quality
 from quantkit.modules.kv_cache import FP8KVCache, disable_fp8_kv_cache, fp8_cache_for, fp8_kv_cache_enabled
 
 from .conftest import make_random_model

@@ -96,6 +96,23 @@ def test_matches_unblocked_textbook_recursion(scheme, shape, block_size, act_ord
         torch.testing.assert_close(ours.scale, scale)
 
 
+@pytest.mark.parametrize("act_order", [False, True])
+def test_half_range_scale_rule_is_an_option(act_order):
+    """symmetric_scale="half_range" gives absmax / ((qmax - qmin) / 2) scales (llm-compressor's convention)."""
+    k = 64
+    x = correlated_inputs(4 * k, k, 7, torch.float64)
+    h, _ = hessian_update(None, 0, x)
+    w = torch.randn(16, k, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    default = gptq_quantize(w, h.double(), W4_G32, GPTQOptions(act_order=act_order))
+    half = gptq_quantize(w, h.double(), W4_G32, GPTQOptions(act_order=act_order, symmetric_scale="half_range"))
+    if act_order:  # static groups: scales of the original weight's groups
+        scale, _ = compute_qparams(w, W4_G32, symmetric_scale="half_range")
+        torch.testing.assert_close(half.scale, scale)
+    torch.testing.assert_close(half.scale[:, 0], default.scale[:, 0] * 7 / 7.5)  # the first group sees the same columns
+    with pytest.raises(ValueError, match="symmetric_scale must be one of"):
+        GPTQOptions(symmetric_scale="absmax/7.5")
+
+
 def test_hessian_is_a_running_mean_independent_of_batching():
     x = torch.randn(300, 64, dtype=torch.float64)
     h, n = None, 0

@@ -13,9 +13,8 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer  # noqa: E402
 
-from quantkit.calibration.kv_scales import (  # noqa: E402
-    attach_kv_scales, cache_keyword, quantize_kv_cache, read_kv_scales,
-)
+from quantkit.calibration.kv_scales import quantize_kv_cache  # noqa: E402
+from quantkit.modules.kv_scales import attach_kv_scales, cache_keyword, read_kv_scales  # noqa: E402
 from quantkit.kernels import decode_attention as decode_attention_module  # noqa: E402
 from quantkit.modules.kv_cache import (  # noqa: E402
     FP8KVCache, FP8SlidingWindowKVLayer, disable_fp8_kv_cache, enable_fp8_kv_cache, fp8_cache_for,

@@ -8,8 +8,9 @@ import torch
 from safetensors import safe_open
 
 import quantkit
-from quantkit.calibration.kv_scales import quantize_kv_cache, read_kv_scales
+from quantkit.calibration.kv_scales import quantize_kv_cache
 from quantkit.formats.compressed_tensors import build_quantization_config
+from quantkit.modules.kv_scales import read_kv_scales
 from quantkit.recipe import load_recipe
 
 from .conftest import make_random_model
@@ -55,7 +56,7 @@ def test_checkpoint_holds_calibrated_scales_and_scheme(kv_checkpoint):
 
 def test_scales_pop_out_of_the_checkpoint_state_dict(kv_checkpoint):
     """What a loader does: build the model from config, pop the scales, load the rest strictly, attach."""
-    from quantkit.calibration.kv_scales import attach_kv_scales, pop_kv_scales
+    from quantkit.modules.kv_scales import attach_kv_scales, pop_kv_scales
     from quantkit.formats.safetensors_io import read_state_dict
 
     path, scales = kv_checkpoint

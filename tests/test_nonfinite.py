@@ -48,7 +48,7 @@ def test_eval_of_a_checkpoint_with_a_nan_scale_exits_2(checkpoint_with_nan_scale
 
 def test_nan_logits_are_an_evaluation_error_not_a_perplexity():
     from quantkit.errors import EvaluationError
-    from quantkit.eval.quality import evaluate_quality
+    from quantkit.harness.quality import evaluate_quality
 
     baseline, broken = make_random_model("llama"), make_random_model("llama")
     with torch.no_grad():

@@ -70,3 +70,28 @@ def test_scheme_validation(kwargs, message):
 def test_group_must_divide_in_features():
     with pytest.raises(ValueError, match="does not divide in_features 96"):
         QuantScheme(num_bits=4, strategy="group", group_size=64).groups_for(96)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_half_range_symmetric_scale_divides_absmax_by_half_the_signed_range(bits):
+    scheme = QuantScheme(num_bits=bits, strategy="group", group_size=32)
+    w = torch.randn(8, 64) * torch.rand(8, 1) * 3
+    qmax_scale, _ = compute_qparams(w, scheme)
+    half_scale, zp = compute_qparams(w, scheme, symmetric_scale="half_range")
+    absmax = w.abs().reshape(8, 2, 32).amax(-1)
+    torch.testing.assert_close(qmax_scale, absmax / scheme.qmax)
+    torch.testing.assert_close(half_scale, absmax / ((scheme.qmax - scheme.qmin) / 2))
+    assert zp is None
+    q = quantize(w, half_scale, None, scheme)
+    assert int(q.max()) <= scheme.qmax and int(q.min()) >= scheme.qmin
+    with pytest.raises(ValueError, match="symmetric_scale must be one of"):
+        compute_qparams(w, scheme, symmetric_scale="absmax")
+
+
+def test_scale_dtype_rounds_scales_to_their_storage_and_keeps_zero_points():
+    scheme = QuantScheme(num_bits=4, strategy="group", group_size=32, symmetric=False)
+    w = torch.randn(8, 64) * 3
+    scale, zp = compute_qparams(w, scheme)
+    stored, stored_zp = compute_qparams(w, scheme, scale_dtype=torch.bfloat16)
+    assert stored.dtype == torch.float32 and torch.equal(stored, scale.to(torch.bfloat16).float())
+    assert torch.equal(stored_zp, zp) and not torch.equal(stored, scale)

@@ -52,3 +52,19 @@ def test_bad_recipes_name_the_problem(tmp_path, text, message):
 def test_unknown_recipe_lists_builtins():
     with pytest.raises(ConfigError, match="built-in recipes: .*w4a16-rtn"):
         load_recipe("w3a16-nope")
+
+
+def test_algorithm_registry_answers_what_callers_ask():
+    from quantkit.algorithms.registry import ALGORITHMS
+    from quantkit.calibration import make_processor
+
+    assert set(ALGORITHMS) == {"rtn", "gptq", "awq"}
+    for name, algorithm in ALGORITHMS.items():
+        recipe = load_recipe({"weights": {"num_bits": 4, "strategy": "channel"}, "algorithm": {"name": name}})
+        assert isinstance(recipe.algorithm.options, algorithm.options)
+        assert recipe.needs_calibration == algorithm.needs_calibration == (algorithm.processor is not None)
+        if algorithm.needs_calibration:
+            processor = make_processor(recipe)
+            assert type(processor).__name__ == algorithm.processor.rsplit(":", 1)[1]
+            assert processor.options is recipe.algorithm.options and callable(processor.process_block)
+    assert load_recipe("kv-fp8").needs_calibration and not load_recipe("w4a16-rtn").needs_calibration

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from quantkit.cli import main
-from quantkit.eval.hardware import DeviceSpec
-from quantkit.eval.report import load_bench, load_quality, speedup_summary, speedups
-from quantkit.eval.timing import BenchSettings, run_bench
-from quantkit.eval.variants import build_variant, float_variant, load_source_model
+from quantkit.harness.hardware import DeviceSpec
+from quantkit.harness.results import load_bench, load_quality, speedup_summary, speedups
+from quantkit.harness.timing import BenchSettings, run_bench
+from quantkit.harness.variants import build_variant, float_variant, load_source_model
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # A fixed device: what the roofline predicts must not depend on the machine running the tests (a

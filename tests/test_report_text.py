@@ -6,12 +6,12 @@ import re
 
 import pytest
 
-from quantkit.eval import plots
-from quantkit.eval.hardware import DeviceSpec
-from quantkit.eval.report import (
-    QualityResult, fmt_perplexity_change, render_report, speedup_summary, summary_lines, _headline,
-)
-from quantkit.eval.roofline import ModelShape, RooflineScheme, decode_cost, predict, prefill_cost
+from quantkit.harness import plots
+from quantkit.harness.hardware import DeviceSpec
+from quantkit.harness.formatting import fmt_perplexity_change
+from quantkit.harness.report import _headline, render_report, summary_lines
+from quantkit.harness.results import QualityResult, speedup_summary
+from quantkit.harness.roofline import ModelShape, RooflineScheme, decode_cost, predict, prefill_cost
 
 SHAPE = ModelShape(hidden=2048, intermediate=5632, layers=4, heads=32, kv_heads=8, head_dim=64, vocab=32000)
 BF16 = RooflineScheme("bf16", 16)
@@ -163,7 +163,7 @@ def test_perplexity_change_says_when_it_is_noise(tmp_path, no_plots):
 def test_evaluation_measures_its_noise():
     import torch
 
-    from quantkit.eval.quality import evaluate_variants
+    from quantkit.harness.quality import evaluate_variants
 
     torch.manual_seed(0)
 

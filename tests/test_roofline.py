@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from quantkit.eval.hardware import DeviceSpec, KNOWN_GPUS, known_gpu, match_known_gpu
-from quantkit.eval.roofline import (
+from quantkit.harness.hardware import DeviceSpec, KNOWN_GPUS, known_gpu, match_known_gpu
+from quantkit.harness.roofline import (
     ModelShape,
     RooflineScheme,
     decode_cost,
@@ -14,7 +14,6 @@ from quantkit.eval.roofline import (
     kv_cache_bytes,
     linear_weight_bytes,
     predict,
-    predicted_speedups,
     prefill_cost,
     scheme_from_quantization_config,
     scheme_from_weight_args,
@@ -105,6 +104,15 @@ def test_predict_takes_the_larger_time(tiny):
 
 LLAMA_1B = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=32,
                 num_key_value_heads=8, vocab_size=32000, tie_word_embeddings=False)
+
+
+def predicted_speedups(shape, base, variant, device, *, prompt_len, context_len, batch=1) -> dict[str, float]:
+    """Roofline speedup of ``variant`` over ``base`` for a prefill and a decode step."""
+    pf = predict(prefill_cost(shape, base, prompt_len, batch), device).seconds / predict(
+        prefill_cost(shape, variant, prompt_len, batch), device).seconds
+    dc = predict(decode_cost(shape, base, context_len, batch), device).seconds / predict(
+        decode_cost(shape, variant, context_len, batch), device).seconds
+    return {"prefill": pf, "decode": dc}
 
 
 @pytest.mark.parametrize("gpu", sorted(KNOWN_GPUS))

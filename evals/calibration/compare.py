@@ -5,7 +5,7 @@
 
 Calibration: the model's training text (quantkit's default for the reference models), N windows of L
 tokens with a fixed seed. Evaluation: the held-out text, non-overlapping windows of the model's context,
-through `quantkit.eval.quality.evaluate_variants` (KL of each quantized model's next-token distribution
+through `quantkit.harness.quality.evaluate_variants` (KL of each quantized model's next-token distribution
 from the unquantized one, top-1 agreement, perplexity; one baseline pass for all variants). All variants are quantized and evaluated in
 one run, side by side, so their times compare (absolute CPU seconds depend on the machine and its load).
 With --llmcompressor-python, llm-compressor's GPTQ (same scheme, damping, block size, static act-order)
@@ -15,8 +15,8 @@ runs in that interpreter on the *same* calibration windows, and its checkpoint i
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
+import dataclasses
 import json
 import subprocess
 import sys
@@ -28,25 +28,15 @@ HERE = Path(__file__).resolve().parent
 RECIPES = ("w4a16-rtn", "w4a16-gptq", "w4a16-awq", "w4a16-rtn-asym", "w4a16-gptq-asym", "w4a16-awq-asym")
 
 
-@contextlib.contextmanager
-def compressed_tensors_symmetric_scales():
-    """Within the block: quantkit's GPTQ picks symmetric scales as llm-compressor's observer does,
+def gptq_with_compressed_tensors_scales():
+    """quantkit's w4a16-gptq with symmetric scales picked as llm-compressor's observer does,
     absmax / ((qmax - qmin) / 2) (int4: /7.5, the top value clipped to 7) instead of absmax / qmax (/7).
     Only to separate the algorithms from the scale convention in the side-by-side table."""
-    from quantkit.algorithms import gptq
-    from quantkit.primitives import compute_qparams
+    from quantkit.recipe import load_recipe
 
-    def ct_qparams(w, scheme, *, clip_ratio=None):
-        scale, zero = compute_qparams(w, scheme, clip_ratio=clip_ratio)
-        if scheme.symmetric:
-            scale = scale * scheme.qmax / ((scheme.qmax - scheme.qmin) / 2)
-        return scale, zero
-
-    gptq.compute_qparams = ct_qparams
-    try:
-        yield
-    finally:
-        gptq.compute_qparams = compute_qparams
+    recipe = load_recipe("w4a16-gptq")
+    options = dataclasses.replace(recipe.algorithm.options, symmetric_scale="half_range")
+    return dataclasses.replace(recipe, algorithm=dataclasses.replace(recipe.algorithm, options=options))
 
 
 def run_llmcompressor(python: str, model_dir: Path, calib, tmp: Path) -> tuple[Path | None, dict]:
@@ -129,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import quantkit
     from quantkit.calibration import CalibrationConfig, calibration_batches
-    from quantkit.eval.data import eval_token_windows
-    from quantkit.eval.quality import evaluate_variants
+    from quantkit.harness.eval_text import eval_token_windows
+    from quantkit.harness.quality import evaluate_variants
     from quantkit.loading import load_float_model, resolve_model_source
 
     torch.set_num_threads(args.threads)
@@ -142,20 +132,18 @@ def main(argv: list[str] | None = None) -> int:
     calibration = CalibrationConfig(source="ref", num_samples=args.calib_samples, seq_len=args.calib_seq_len,
                                     seed=args.seed)
     calib = torch.cat(calibration_batches(calibration, baseline))  # [N, L]: what every variant calibrates on
-    variants = [(f"quantkit {r}", r, contextlib.nullcontext) for r in args.recipes.split(",")]
+    variants = [(f"quantkit {r}", r) for r in args.recipes.split(",")]
     if args.ct_scales:
-        variants.append(("quantkit w4a16-gptq, scales absmax/7.5", "w4a16-gptq", compressed_tensors_symmetric_scales))
+        variants.append(("quantkit w4a16-gptq, scales absmax/7.5", gptq_with_compressed_tensors_scales()))
     warm_up = list(calib[:2].split(1))  # first calls pay for lazy imports: keep them out of the timings
-    for _name, recipe, context in variants:
-        with context():
-            quantkit.quantize(copy.deepcopy(baseline), recipe, calibration_data=warm_up, progress=False)
+    for _name, recipe in variants:
+        quantkit.quantize(copy.deepcopy(baseline), recipe, calibration_data=warm_up, progress=False)
     models, seconds = {}, {}
-    for name, recipe, context in variants:
+    for name, recipe in variants:
         model = copy.deepcopy(baseline)
         start = time.perf_counter()
-        with context():
-            quantkit.quantize(model, recipe, calibration_data=list(calib.split(max(1, 8192 // calib.shape[1]))),
-                              progress=False)
+        quantkit.quantize(model, recipe, calibration_data=list(calib.split(max(1, 8192 // calib.shape[1]))),
+                          progress=False)
         seconds[name] = time.perf_counter() - start
         models[name] = model
         print(f"{name}: quantized in {seconds[name]:.1f} s", flush=True)

@@ -3,8 +3,8 @@ evaluated on the first 32,768 held-out tokens against the float model. Writes ev
 import json, time, torch
 import quantkit
 from quantkit.calibration import CalibrationConfig
-from quantkit.eval.data import eval_token_windows
-from quantkit.eval.quality import evaluate_variants
+from quantkit.harness.eval_text import eval_token_windows
+from quantkit.harness.quality import evaluate_variants
 from quantkit.loading import load_float_model, resolve_model_source
 src = resolve_model_source("ref:small")
 base = load_float_model(src)

@@ -32,8 +32,10 @@ from pathlib import Path
 
 import torch
 
+from quantkit.harness.hardware import cpu_name
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_timing import cpu_name, realtime_priority  # noqa: E402
+from cpu_timing import realtime_priority  # noqa: E402
 
 # name -> (recipe, also quantize lm_head); "-all" variants quantize every linear, as torchao's
 # quantize_() does by default, instead of keeping lm_head in bf16 as the recipes (and vLLM checkpoints) do.

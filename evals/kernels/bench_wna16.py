@@ -40,9 +40,11 @@ from pathlib import Path
 import torch
 
 import quantkit.kernels as qk
+from quantkit.harness.hardware import capture_cuda_graph, cpu_name
+from quantkit.kernels.packing import packed_words
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_timing import cpu_name, realtime_priority  # noqa: E402
+from cpu_timing import realtime_priority  # noqa: E402
 from wna16_peers import PEERS, PeerUnavailable  # noqa: E402
 
 # K x N: Llama-3-8B (qkv 4096x6144, o 4096x4096, gate+up 4096x28672, gate 4096x14336, down 14336x4096)
@@ -87,14 +89,14 @@ QUICK_SCHEMES = ["w4g128", "w8ch"]
 # ----------------------------------------------------------------------------------------------
 def random_checkpoint(scheme: Scheme, k: int, n: int, dtype: torch.dtype, device: str, gen: torch.Generator):
     """On-disk tensors with uniformly random packed words (every bit pattern is a valid weight)."""
-    words = -(-k * scheme.bits // 32)
+    words = packed_words(k, scheme.bits)
     groups = 1 if scheme.group_size is None else k // scheme.group_size
     kw = dict(generator=gen, device=device)
     packed = torch.randint(-(2**31), 2**31 - 1, (n, words), dtype=torch.int32, **kw)
     scale = (torch.rand(n, groups, **kw) * 0.01 + 0.001).to(dtype)
     zero = None
     if not scheme.symmetric:
-        zero = torch.randint(-(2**31), 2**31 - 1, (-(-n * scheme.bits // 32), groups), dtype=torch.int32, **kw)
+        zero = torch.randint(-(2**31), 2**31 - 1, (packed_words(n, scheme.bits), groups), dtype=torch.int32, **kw)
     return packed, scale, zero
 
 
@@ -126,24 +128,19 @@ def time_rotating(fns, device: str, reps: int, timer: str = "graph", realtime: b
 
             per_fn = [triton.testing.do_bench(fn, warmup=5, rep=max(20, reps), return_mode="median") for fn in fns[:4]]
             return statistics.median(per_fn) / 1e3
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm up on the capture stream too
+        def rotation():
             for fn in fns:
                 fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for fn in fns:
-                fn()
-        graph.replay()
+
+        replay = capture_cuda_graph(rotation, warmup=1)  # warms up on the capture stream too
+        replay()
         torch.cuda.synchronize()
         samples = []
         for _ in range(max(3, reps // 4)):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(4):
-                graph.replay()
+                replay()
             end.record()
             end.synchronize()
             samples.append(start.elapsed_time(end) / 1e3 / (4 * len(fns)))

@@ -23,10 +23,11 @@ from pathlib import Path
 import torch
 
 import quantkit.kernels as qk
+from quantkit.harness.hardware import cpu_name
 from quantkit.kernels import wna16_cpu_dequant as dq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cpu_timing import cpu_name, realtime_priority  # noqa: E402
+from cpu_timing import realtime_priority  # noqa: E402
 
 
 def layer(fmt: str, k: int, n: int, gen: torch.Generator) -> dict[str, torch.Tensor]:

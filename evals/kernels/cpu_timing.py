@@ -1,20 +1,10 @@
-"""CPU timing helpers shared by the kernel benchmarks: the CPU's name and real-time priority."""
+"""CPU timing helper shared by the kernel benchmarks: real-time priority for the timed part.
+
+(The CPU's name: quantkit.harness.hardware.cpu_name.)
+"""
 
 import contextlib
 import os
-import platform
-
-
-def cpu_name() -> str:
-    """The CPU model from /proc/cpuinfo (Linux), else platform.processor()."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 @contextlib.contextmanager

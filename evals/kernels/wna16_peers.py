@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from quantkit.kernels.packing import unpack_int32
-from quantkit.kernels.wna16_layout import unpack_zero_point
+from quantkit.kernels.packing import unpack_zero_point
 
 TINYGEMM_GROUPS = (256, 128, 64, 32)
 

@@ -17,7 +17,9 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache, StaticCache
 
+from quantkit.harness.hardware import synchronize
 from quantkit.modules.kv_cache import FP8KVCache, StaticFP8KVCache
+from quantkit.modules.kv_scales import cache_keyword
 
 KINDS = ("bf16", "fp8", "bf16-static", "fp8-static")
 
@@ -47,16 +49,12 @@ def cache_mib(cache) -> float:
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)) / 2**20
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @torch.no_grad()
 def decode_step_times(model: nn.Module, contexts: list[int], scales: dict, *, steps: int = 15, warmup: int = 3,
                       kinds: tuple[str, ...] = ("bf16", "fp8"), attention: str = "dequantize") -> list[dict]:
     """Median seconds of one decode step per (context, cache kind); kinds measured interleaved."""
     device = next(model.parameters()).device
+    cache_kw = cache_keyword(model)
     rows = []
     for context in contexts:
         max_len = context + warmup + steps + 1
@@ -66,10 +64,10 @@ def decode_step_times(model: nn.Module, contexts: list[int], scales: dict, *, st
         token = torch.randint(0, model.config.vocab_size, (1, 1), device=device)
         for step in range(warmup + steps):
             for kind in kinds:
-                _sync(device)
+                synchronize(device)
                 start = time.perf_counter()
-                model(input_ids=token, cache=caches[kind], use_cache=True)
-                _sync(device)
+                model(input_ids=token, use_cache=True, **{cache_kw: caches[kind]})
+                synchronize(device)
                 if step >= warmup:
                     times[kind].append(time.perf_counter() - start)
         row = {"context": context}

@@ -57,7 +57,7 @@ def magnify_kv(model: nn.Module, factor: float) -> nn.Module:
     o_proj /= factor keeps the attention output. Only the cached K/V magnitudes change: this
     shows what calibration buys when activations leave e4m3's comfortable range. In place.
     """
-    from quantkit.calibration.kv_scales import attention_modules
+    from quantkit.modules.kv_scales import attention_modules
 
     for name, attn in attention_modules(model).values():
         if hasattr(attn, "k_norm") or hasattr(attn, "q_norm"):
@@ -71,7 +71,7 @@ def magnify_kv(model: nn.Module, factor: float) -> nn.Module:
 
 
 class WithCache(nn.Module):
-    """model(ids) with a fresh cache from `make_cache` on every call (for quantkit.eval.quality)."""
+    """model(ids) with a fresh cache from `make_cache` on every call (for quantkit.harness.quality)."""
 
     def __init__(self, model: nn.Module, make_cache: Callable[[], Cache]):
         super().__init__()

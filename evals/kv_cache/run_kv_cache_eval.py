@@ -32,7 +32,7 @@ from transformers.cache_utils import DynamicCache  # noqa: E402
 
 from quantkit.calibration.kv_scales import calibrate_kv_scales  # noqa: E402
 from quantkit.modules.kv_cache import FP8KVCache  # noqa: E402
-from quantkit.eval.quality import evaluate_quality, token_windows  # noqa: E402
+from quantkit.harness.quality import evaluate_quality, token_windows  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -65,7 +65,7 @@ def load_model_and_tokens(name: str, window: int, total_windows: int, seed: int)
         g = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, model.config.vocab_size, (total_windows * window,), generator=g)
         return model, token_windows(ids, window), {"model": "random Llama (untrained)", "text": "random tokens"}
-    from quantkit.eval.data import eval_token_windows
+    from quantkit.harness.eval_text import eval_token_windows
     from quantkit.loading import load_float_model
 
     model = load_float_model(name, dtype=torch.float32).eval()

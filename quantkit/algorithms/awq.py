@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..primitives import compute_qparams, dequantize, quantize
+from ..primitives import compute_qparams, fake_quantize, quantize
 from ..quantized_weight import QuantizedWeight
 from ..scheme import QuantScheme
 
@@ -119,25 +119,6 @@ def search_scales(
     return best_s, best_ratio, losses
 
 
-def storage_qparams(
-    w: torch.Tensor, scheme: QuantScheme, clip_ratio: torch.Tensor | float | None, scale_dtype: torch.dtype | None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Min-max qparams of w [N, K] (optionally clipped), with scales rounded to their storage dtype."""
-    scale, zero = compute_qparams(w, scheme, clip_ratio=clip_ratio)  # [N, G]
-    if scale_dtype is not None:
-        scale = scale.to(scale_dtype).float().clamp(min=torch.finfo(scale_dtype).tiny)
-    return scale, zero
-
-
-def fake_quantize(
-    w: torch.Tensor, scheme: QuantScheme, clip_ratio: torch.Tensor | float | None = None,
-    scale_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """Quantize-dequantize w [N, K] -> fp32 [N, K]."""
-    scale, zero = storage_qparams(w, scheme, clip_ratio, scale_dtype)
-    return dequantize(quantize(w, scale, zero, scheme), scale, zero, scheme)
-
-
 def scaled_effective_weight(
     w: torch.Tensor, s: torch.Tensor, scheme: QuantScheme, scale_dtype: torch.dtype | None = None
 ) -> torch.Tensor:
@@ -185,5 +166,5 @@ def awq_quantize(
     scale_dtype: torch.dtype | None = None,
 ) -> QuantizedWeight:
     """Round-to-nearest of the (already scaled) weight w [N, K] with per-group clip factors [N, G]."""
-    scale, zero = storage_qparams(w.float(), scheme, clip_ratio, scale_dtype)
+    scale, zero = compute_qparams(w.float(), scheme, clip_ratio=clip_ratio, scale_dtype=scale_dtype)
     return QuantizedWeight(quantize(w.float(), scale, zero, scheme), scale, zero, scheme)

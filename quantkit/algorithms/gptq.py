@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..primitives import compute_qparams
+from ..primitives import SYMMETRIC_SCALE_RULES, compute_qparams
 from ..quantized_weight import QuantizedWeight
 from ..scheme import QuantScheme
 
@@ -51,17 +51,22 @@ class GPTQOptions:
       (with a warning) while the Cholesky factorisation fails.
     block_size: columns per lazy batch update (a multiple of the group size when groups are used).
     act_order: visit columns by decreasing activation energy diag(H) (static groups: no g_idx).
+    symmetric_scale: symmetric schemes' scale rule, absmax / qmax ("qmax", int4: /7) or absmax / half the
+      signed range ("half_range", int4: /7.5, the top value clipped to 7: llm-compressor's convention).
     """
 
     damp_percent: float = 0.01
     block_size: int = 128
     act_order: bool = True
+    symmetric_scale: str = "qmax"
 
     def __post_init__(self) -> None:
         if not (0.0 < self.damp_percent <= 1.0):
             raise ValueError(f"damp_percent must be in (0, 1], got {self.damp_percent}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be a positive number of columns, got {self.block_size}")
+        if self.symmetric_scale not in SYMMETRIC_SCALE_RULES:
+            raise ValueError(f"symmetric_scale must be one of {SYMMETRIC_SCALE_RULES}, got {self.symmetric_scale!r}")
 
 
 # -- verb 1: statistics -------------------------------------------------------------------------
@@ -131,15 +136,14 @@ def _quantize_column(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | 
     return q, deq
 
 
-def _qparams(w: torch.Tensor, scheme: QuantScheme, scale_dtype: torch.dtype | None):
+def _qparams(w: torch.Tensor, scheme: QuantScheme, scale_dtype: torch.dtype | None, symmetric_scale: str):
     """Min-max qparams of w [N, Kg] as one group: (scale [N], zero [N] or None), fp32.
 
     scale_dtype: round scales to the storage dtype first, so the error GPTQ compensates is the real one.
+    symmetric_scale: GPTQOptions.symmetric_scale.
     """
     one_group = QuantScheme(num_bits=scheme.num_bits, symmetric=scheme.symmetric, strategy="channel", group_size=None)
-    scale, zero = compute_qparams(w, one_group)  # [N, 1]
-    if scale_dtype is not None:
-        scale = scale.to(scale_dtype).float().clamp(min=torch.finfo(scale_dtype).tiny)
+    scale, zero = compute_qparams(w, one_group, symmetric_scale=symmetric_scale, scale_dtype=scale_dtype)  # [N, 1]
     return scale[:, 0], (zero[:, 0].float() if zero is not None else None)
 
 
@@ -183,7 +187,7 @@ def gptq_quantize(
     static = scheme.strategy == "channel" or options.act_order
     if static:
         for g in range(groups):
-            s, z = _qparams(w[:, g * group_size:(g + 1) * group_size], scheme, scale_dtype)
+            s, z = _qparams(w[:, g * group_size:(g + 1) * group_size], scheme, scale_dtype, options.symmetric_scale)
             scales[:, g] = s
             if zeros is not None:
                 zeros[:, g] = z
@@ -210,7 +214,7 @@ def gptq_quantize(
             col = i1 + i
             g = int(column_group[col])
             if not static and col % group_size == 0:
-                s, z = _qparams(w1[:, i:i + group_size], scheme, scale_dtype)
+                s, z = _qparams(w1[:, i:i + group_size], scheme, scale_dtype, options.symmetric_scale)
                 scales[:, g] = s
                 if zeros is not None:
                     zeros[:, g] = z

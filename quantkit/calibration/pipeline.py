@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..algorithms.registry import ALGORITHMS
 from ..errors import QuantizationError
 from ..loading import source_dtype
 from ..recipe import Recipe
@@ -23,18 +25,12 @@ def make_processor(recipe: Recipe, scale_dtype: torch.dtype | None = None) -> Bl
     before use, so the error they compensate is the one the checkpoint has.
     """
     assert recipe.weights is not None
-    name, options = recipe.algorithm.name, recipe.algorithm.options
-    if name == "gptq":
-        from ..algorithms.gptq import GPTQOptions
-        from .gptq_processor import GPTQProcessor
-
-        return GPTQProcessor(recipe.weights, options or GPTQOptions(), scale_dtype)
-    if name == "awq":
-        from ..algorithms.awq import AWQOptions
-        from .awq_processor import AWQProcessor
-
-        return AWQProcessor(recipe.weights, options or AWQOptions(), scale_dtype)
-    raise QuantizationError(f"algorithm {name!r} does not use calibration")
+    algorithm = ALGORITHMS[recipe.algorithm.name]
+    if algorithm.processor is None:
+        raise QuantizationError(f"algorithm {algorithm.name!r} does not use calibration")
+    module_name, class_name = algorithm.processor.split(":")
+    processor_cls = getattr(importlib.import_module(module_name), class_name)
+    return processor_cls(recipe.weights, recipe.algorithm.options or algorithm.options(), scale_dtype)
 
 
 def quantize_blockwise(

@@ -36,7 +36,7 @@ def register(subparsers) -> None:
 
 def load_shape(model: str):
     from quantkit.errors import CheckpointError
-    from quantkit.eval.roofline import ModelShape
+    from quantkit.harness.roofline import ModelShape
     from quantkit.loading import read_config_json, resolve_model_source
 
     source = resolve_model_source(model)
@@ -64,9 +64,9 @@ def load_shape(model: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from quantkit.eval.advisor import Workload, advise, format_advice
-    from quantkit.eval.hardware import resolve_device_spec
-    from quantkit.eval.report import load_quality
+    from quantkit.harness.advisor import Workload, advise, format_advice
+    from quantkit.harness.hardware import resolve_device_spec
+    from quantkit.harness.results import load_quality
     from quantkit.errors import UsageError
     from quantkit.outputs import atomic_write_text, check_writable
 

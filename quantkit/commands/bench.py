@@ -118,10 +118,11 @@ def _say(args: argparse.Namespace, message: str) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from quantkit.eval.hardware import resolve_device_spec
-    from quantkit.eval.report import summary_lines
-    from quantkit.eval.timing import BenchSettings, merge_phases, run_bench
-    from quantkit.eval.variants import build_variant, float_variant, load_source_model, parse_dtype
+    from quantkit.harness.hardware import resolve_device_spec
+    from quantkit.harness.report import summary_lines
+    from quantkit.dtypes import parse_dtype
+    from quantkit.harness.timing import BenchSettings, merge_phases, run_bench
+    from quantkit.harness.variants import build_variant, float_variant, load_source_model
     from quantkit.device import resolve_device
     from quantkit.errors import UsageError
     from quantkit.loading import is_quantized_checkpoint, resolve_model_source
@@ -138,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.json_out, force=True, file=True)  # before any work
     features = None
     if device.type == "cpu":
-        from quantkit.eval.cpu_features import detect_cpu_features
+        from quantkit.harness.cpu_features import detect_cpu_features
 
         features = detect_cpu_features()
     if args.dtype == "auto":

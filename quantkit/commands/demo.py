@@ -30,12 +30,13 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import quantkit
-    from quantkit.eval.data import eval_token_windows
-    from quantkit.eval.quality import evaluate_variants
+    from quantkit.harness.eval_text import eval_token_windows
+    from quantkit.harness.quality import evaluate_variants
     from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source, source_dtype
     from quantkit.outputs import atomic_output_dir
-    from quantkit.eval.report import load_quality, render_report
-    from quantkit.report_text import dtype_name, quantized_bits_per_weight
+    from quantkit.harness.report import render_report
+    from quantkit.harness.results import load_quality
+    from quantkit.summaries import dtype_name, quantized_bits_per_weight
 
     recipes = [quantkit.load_recipe(r.strip()) for r in args.recipes.split(",") if r.strip()]
     out = Path(args.out)
@@ -109,8 +110,9 @@ def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int | No
               stored_dtype: str) -> str:
     """The demo's summary table. dtype: what the models ran in; stored_dtype: what the source's weights
     (and so the checkpoints' float tensors) are stored in; baseline_bytes: the source folder on disk."""
-    from quantkit.eval.report import fmt_perplexity_change
-    from quantkit.report_text import human_bytes
+    from quantkit.dtypes import dtype_bytes
+    from quantkit.harness.formatting import fmt_perplexity_change
+    from quantkit.summaries import human_bytes
 
     r0 = rows[0]
     lines = [
@@ -122,7 +124,7 @@ def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int | No
         "",
         "| variant | scheme | perplexity | Δ ppl | KL | top-1 agreement | bits/weight (linears) | size | quantize time |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-        f"| baseline | {stored_dtype} | {r0['baseline_perplexity']:.3f} | - | 0 | 1 | {_BITS.get(stored_dtype, '?')} | "
+        f"| baseline | {stored_dtype} | {r0['baseline_perplexity']:.3f} | - | 0 | 1 | {8 * dtype_bytes(stored_dtype)} | "
         f"{human_bytes(baseline_bytes)} | - |",
     ]
     for r in rows:
@@ -139,5 +141,3 @@ def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int | No
               f"log-perplexity: a change within them is noise."]
     return "\n".join(lines) + "\n"
 
-
-_BITS = {"float32": 32, "bfloat16": 16, "float16": 16}

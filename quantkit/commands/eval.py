@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     import quantkit
     from quantkit.device import resolve_device
     from quantkit.errors import UsageError
-    from quantkit.eval.data import eval_token_windows
+    from quantkit.harness.eval_text import eval_token_windows
     from quantkit.outputs import atomic_write_text, check_writable
 
     resolve_device(args.device, option="--device")
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-tokens {args.max_tokens} is less than one window of {window} tokens; "
                          f"give --max-tokens {window} or more, or a smaller --window")
     windows = all_windows[: args.max_tokens // window]  # [N, W]: the first max_tokens tokens, whole windows
-    from quantkit.eval.quality import check_comparable, evaluate_quality
+    from quantkit.harness.quality import check_comparable, evaluate_quality
 
     check_comparable({"model": model}, baseline, windows)  # before the models run for the time estimate
 
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
     result = evaluate_quality(model, baseline, windows, batch_size=args.batch_size).to_dict()
     result.update(model=str(args.model), baseline=str(args.baseline), data=args.data or "reference held-out text")
-    from quantkit.eval.report import fmt_perplexity_change
+    from quantkit.harness.formatting import fmt_perplexity_change
 
     change = fmt_perplexity_change(result["perplexity"], result["baseline_perplexity"], result["log_ppl_ratio_stderr"])
     print(f"perplexity  {result['perplexity']:.4f}  (baseline {result['baseline_perplexity']:.4f}, {change}"

@@ -19,7 +19,7 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.formats.compressed_tensors import parse_quantization_config
     from quantkit.formats.safetensors_io import check_complete, safetensors_files
     from quantkit.loading import read_config_json, resolve_model_source
-    from quantkit.report_text import human_bytes
+    from quantkit.summaries import human_bytes
 
     folder = Path(resolve_model_source(args.path))
     config = read_config_json(folder)
@@ -126,7 +126,7 @@ def size_by_kind(layers: dict[str, dict[str, tuple]]) -> dict[str, int]:
 
 def size_summary_lines(sizes: dict[str, int]) -> list[str]:
     """The size summary ``inspect`` prints: bytes and share of the total of each kind present."""
-    from quantkit.report_text import human_bytes
+    from quantkit.summaries import human_bytes
 
     total = sum(sizes.values())
     lines = ["", f"  size by kind (tensor bytes in the safetensors files, {human_bytes(total)} in all):"]

@@ -56,11 +56,9 @@ def run(args: argparse.Namespace) -> int:
     import quantkit
     from quantkit import provenance
     from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source, source_dtype
-    from quantkit.report_text import SizeOnDisk, dtype_name, quantization_summary, state_bytes
-
-    from quantkit.algorithms import CALIBRATED_ALGORITHMS
     from quantkit.device import resolve_device
     from quantkit.outputs import check_writable
+    from quantkit.summaries import SizeOnDisk, dtype_name, quantization_summary, state_bytes
 
     out = check_writable(args.out, force=args.force)  # before any work
     resolve_device(args.device, option="--device")
@@ -68,9 +66,7 @@ def run(args: argparse.Namespace) -> int:
         resolve_device(args.calib_device, option="--calib-device")
 
     recipe = quantkit.load_recipe(args.recipe)  # validate before loading anything big
-    calibrated = recipe.kv_cache is not None or (
-        recipe.weights is not None and recipe.algorithm.name in CALIBRATED_ALGORITHMS
-    )
+    calibrated = recipe.needs_calibration
     calibration = calibration_config(args) if calibrated else None
     source = resolve_model_source(args.model)
     start = time.perf_counter()

@@ -28,7 +28,8 @@ REPORT_FILES = ("report.md", "report.json")
 
 def run(args: argparse.Namespace) -> int:
     from quantkit.errors import UsageError
-    from quantkit.eval.report import load_bench, load_quality, render_report
+    from quantkit.harness.report import render_report
+    from quantkit.harness.results import load_bench, load_quality
     from quantkit.outputs import publish_files
 
     if not args.bench and not args.quality:

@@ -70,6 +70,14 @@ def build_quantization_config(model: nn.Module, kv_cache: QuantScheme | None = N
     }
 
 
+def kv_cache_scheme_of(model: nn.Module) -> QuantScheme | None:
+    """The KV-cache scheme the model's config.quantization_config names (None: no quantized KV cache)."""
+    qcfg = getattr(model.config, "quantization_config", None)
+    if isinstance(qcfg, dict) and qcfg.get("kv_cache_scheme"):
+        return QuantScheme.from_dict(qcfg["kv_cache_scheme"])
+    return None
+
+
 def parse_quantization_config(qcfg: Any, where: str) -> QuantizationConfig:
     """Validate and parse a quantization_config dict; raises CheckpointError naming what is unsupported."""
     if not isinstance(qcfg, dict):

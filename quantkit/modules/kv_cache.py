@@ -2,8 +2,9 @@
 
 Each attention layer's keys and values are stored as fp8_e4m3(x / scale) (saturated to +-448,
 never NaN) in the cache layout [B, Hkv, T, D]: half the bytes of bf16. The scales are the
-calibrated ``k_scale`` / ``v_scale`` buffers of the attention modules (see
-quantkit.calibration.kv_scales), per tensor ([1]) or per KV head ([Hkv]).
+calibrated ``k_scale`` / ``v_scale`` buffers of the attention modules (read and attached by
+quantkit.modules.kv_scales, measured by quantkit.calibration.kv_scales), per tensor ([1]) or per
+KV head ([Hkv]).
 
 Two ways for attention to read the cache:
 
@@ -42,9 +43,9 @@ from transformers.cache_utils import (
     Cache, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer, StaticCache, StaticLayer, get_layer_types_and_kwargs,
 )
 
-from ..calibration.kv_scales import KVScales, num_cache_layers, read_kv_scales
 from ..errors import QuantizationError
 from ..primitives import dequantize_fp8, quantize_fp8
+from .kv_scales import KVScales, num_cache_layers, read_kv_scales
 
 FP8_DTYPE = torch.float8_e4m3fn
 ATTENTION_MODES = ("auto", "dequantize", "kernel")

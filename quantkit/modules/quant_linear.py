@@ -7,7 +7,7 @@ from torch import nn
 
 from quantkit import kernels
 
-from ..packing import pack_weight, pack_zero_point
+from ..kernels.packing import pack_int32, pack_zero_point, packed_words
 from ..quantized_weight import QuantizedWeight
 from ..scheme import QuantScheme
 
@@ -40,12 +40,12 @@ class QuantLinear(nn.Module):
         self.in_features, self.out_features, self.scheme = in_features, out_features, scheme
         groups = scheme.groups_for(in_features)
         bits = scheme.num_bits
-        words = -(-in_features * bits // 32)
+        words = packed_words(in_features, bits)
         self.register_buffer("weight_packed", torch.empty(out_features, words, dtype=torch.int32, device=device))
         self.register_buffer("weight_scale", torch.empty(out_features, groups, dtype=dtype, device=device))
         self.register_buffer("weight_shape", torch.tensor([out_features, in_features], dtype=torch.int64, device=device))
         if not scheme.symmetric:
-            zp_rows = -(-out_features * bits // 32)
+            zp_rows = packed_words(out_features, bits)
             self.register_buffer("weight_zero_point", torch.empty(zp_rows, groups, dtype=torch.int32, device=device))
         else:
             self.weight_zero_point = None
@@ -63,7 +63,7 @@ class QuantLinear(nn.Module):
         n, k = qweight.q.shape
         layer = cls(k, n, qweight.scheme, bias=bias is not None, dtype=dtype, device=qweight.q.device)
         bits = qweight.scheme.num_bits
-        layer.weight_packed.copy_(pack_weight(qweight.q, bits))
+        layer.weight_packed.copy_(pack_int32(qweight.q, bits))
         layer.weight_scale.copy_(qweight.scale.to(dtype))
         if qweight.zero_point is not None:
             layer.weight_zero_point.copy_(pack_zero_point(qweight.zero_point, bits))

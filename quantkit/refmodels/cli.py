@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 
 from .registry import REFERENCE_MODELS, get_spec
-from .store import TRAINING_RECORD, build_atomically, cache_folder
+from .spec import TRAINING_RECORD
+from .store import build_atomically, cache_folder
 
 
 def add_build_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -16,6 +16,10 @@ from dataclasses import dataclass
 LINEAR_IN_MULTIPLE = 128
 LINEAR_OUT_MULTIPLE = 64
 
+# Files of a reference-model folder that training writes and the store checks.
+WEIGHTS_FILE = "model.safetensors"
+TRAINING_RECORD = "training.json"
+
 
 @dataclass(frozen=True)
 class RefModelSpec:

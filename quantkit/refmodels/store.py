@@ -12,10 +12,8 @@ import tempfile
 from pathlib import Path
 
 from . import corpus
-from .spec import RefModelSpec
+from .spec import TRAINING_RECORD, WEIGHTS_FILE, RefModelSpec
 
-WEIGHTS_FILE = "model.safetensors"
-TRAINING_RECORD = "training.json"
 REQUIRED_FILES = (
     "config.json",
     "generation_config.json",

@@ -24,8 +24,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from . import corpus
-from .spec import RefModelSpec
-from .store import TRAINING_RECORD, WEIGHTS_FILE
+from .spec import TRAINING_RECORD, WEIGHTS_FILE, RefModelSpec
 from .tokenizer import save_tokenizer, special_token_ids, train_tokenizer
 
 

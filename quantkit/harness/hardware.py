@@ -1,6 +1,6 @@
 """What a device can do: memory bandwidth and dense matmul peak, from a table of known GPUs or a probe.
 
-The roofline (``quantkit.eval.roofline``) needs two numbers per device: the bandwidth at which a
+The roofline (``quantkit.harness.roofline``) needs two numbers per device: the bandwidth at which a
 kernel can stream bytes from memory, and the dense bf16/fp16 matmul rate. Datasheets quote peaks
 that code does not reach: a plain copy reaches ~0.9x the datasheet bandwidth and a large bf16
 matmul ~0.8x the datasheet tensor rate (an H200 copies at ~4.3 of 4.8 TB/s and multiplies at
@@ -14,6 +14,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -151,19 +152,38 @@ def match_known_gpu(device_name: str) -> DeviceSpec | None:
     return None
 
 
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA); nothing to wait for on CPU."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
+def capture_cuda_graph(step: Callable[[], object], *, warmup: int = 2) -> Callable[[], object]:
+    """Capture ``step`` in a CUDA graph after ``warmup`` calls on the capture stream; returns its replay.
+
+    ``step`` must leave its state (e.g. a KV cache) as it found it, since the replay repeats it, and
+    every shape it uses must be warmed up first (an autotune during capture breaks it).
+    """
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
 def _median_seconds(fn, device: torch.device, repeats: int) -> float:
     fn()  # warm-up
-    _sync(device)
+    synchronize(device)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
@@ -213,7 +233,7 @@ def probe_device(
     The copy buffer is far larger than the last-level cache (256 MiB on CPU, 2 GiB on GPU) so the
     figure is memory bandwidth, not cache bandwidth. ``dtype``: of the matmul; None means bf16 on a
     GPU and, on a CPU, the faster of float32 and bf16 (bf16 is emulated, and ~100x slower, on CPUs
-    without native bf16: see ``quantkit.eval.cpu_features``).
+    without native bf16: see ``quantkit.harness.cpu_features``).
     """
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():

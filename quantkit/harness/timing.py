@@ -37,7 +37,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from .hardware import DeviceSpec, cpu_name
+from ..modules.kv_scales import cache_keyword
+from .hardware import DeviceSpec, capture_cuda_graph, cpu_name, synchronize
 from .roofline import ModelShape, decode_cost, kv_cache_bytes, predict, prefill_cost
 from .variants import Variant, model_tensor_bytes
 
@@ -72,11 +73,6 @@ class BenchSettings:
 
 # -- timers -------------------------------------------------------------------------------------
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_once(fn: Callable[[], object], device: torch.device) -> float:
     """Seconds of one call of ``fn``: CUDA events on GPU, perf_counter on CPU."""
     if device.type == "cuda":
@@ -89,24 +85,6 @@ def time_once(fn: Callable[[], object], device: torch.device) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
-
-
-def time_call(fn: Callable[[], object], device: torch.device, *, warmup: int, repeats: int,
-              before: Callable[[], object] | None = None) -> list[float]:
-    """Seconds of each of ``repeats`` calls of ``fn`` after ``warmup`` untimed calls.
-
-    ``before`` runs untimed ahead of every call (e.g. to reset a cache)."""
-    for _ in range(warmup):
-        if before:
-            before()
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(repeats):
-        if before:
-            before()
-        times.append(time_once(fn, device))
-    return times
 
 
 class MemoryMeter:
@@ -264,15 +242,6 @@ def _mode(settings: BenchSettings, graph: bool) -> str:
 
 # -- one measurement --------------------------------------------------------------------------------
 
-def cache_kwarg(model: nn.Module) -> str:
-    """The name of the forward argument that takes a Cache: ``cache`` from transformers 5.24,
-    ``past_key_values`` before."""
-    import inspect
-
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
 def _random_ids(vocab: int, batch: int, length: int, device: torch.device, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (batch, length), generator=g).to(device)  # [B, T]
@@ -298,7 +267,7 @@ class TimedRun:
             if self.before:
                 self.before()
             self.run()
-        _sync(self.device)
+        synchronize(self.device)
         if "graph_breaks" in self.info:  # compiled runs: breaks seen while (re)compiling for this shape
             self.info["graph_breaks"] += graph_break_count() - breaks
 
@@ -316,7 +285,7 @@ class TimedRun:
         if self.before:
             self.before()
         self.run()
-        _sync(self.device)
+        synchronize(self.device)
         memory = meter.stop(model_tensor_bytes(self.variant.model), cache_tensor_bytes(self.cache()),
                             cache_allocated_before=self.cache_allocated_before)
         if self.context_len is not None and _seq_length(self.cache()) != self.context_len:
@@ -334,7 +303,7 @@ def prefill_run(variant: Variant, shape: ModelShape, batch: int, prompt_len: int
     compiled = forward is not model
     dtype = next(model.parameters()).dtype
     ids = _random_ids(shape.vocab, batch, prompt_len, device, settings.seed)  # [B, P]
-    kw = cache_kwarg(model)
+    kw = cache_keyword(model)
     holder = {}
 
     def new_cache():
@@ -356,20 +325,6 @@ def prefill_run(variant: Variant, shape: ModelShape, batch: int, prompt_len: int
                     info=info)
 
 
-def _capture_graph(step: Callable[[], object]) -> Callable[[], object]:
-    """Capture ``step`` (which must leave the cache as it found it) in a CUDA graph; returns replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph.replay
-
-
 @torch.inference_mode()
 def decode_run(variant: Variant, shape: ModelShape, batch: int, context_len: int, settings: BenchSettings,
                device: torch.device) -> TimedRun:
@@ -381,7 +336,7 @@ def decode_run(variant: Variant, shape: ModelShape, batch: int, context_len: int
     if _seq_length(cache) != context_len:
         raise RuntimeError(f"cache holds {_seq_length(cache)} positions after filling {context_len}")
     ids = _random_ids(shape.vocab, batch, 1, device, settings.seed + 1)  # [B, 1]
-    kw = cache_kwarg(model)
+    kw = cache_keyword(model)
     forward = model_forward(model, settings, "decode")
 
     def step():
@@ -392,7 +347,7 @@ def decode_run(variant: Variant, shape: ModelShape, batch: int, context_len: int
     mode, run = _mode(settings, graph=False), step
     if device.type == "cuda" and settings.cuda_graphs and _is_static(cache):
         try:  # the warm-up calls inside compile the step (when compiled) before the capture
-            run, mode = _capture_graph(step), _mode(settings, graph=True)
+            run, mode = capture_cuda_graph(step), _mode(settings, graph=True)
         except Exception as e:  # capture fails on ops that synchronise; fall back to eager launches
             torch.cuda.synchronize(device)
             mode = f"{mode} (CUDA graph capture failed: {type(e).__name__})"
@@ -414,16 +369,6 @@ def measure(runs: Sequence[TimedRun], settings: BenchSettings) -> list[dict]:
         for r in runs:
             r.time()
     return [r.finish() for r in runs]
-
-
-def time_prefill(variant: Variant, shape: ModelShape, batch: int, prompt_len: int, settings: BenchSettings,
-                 device: torch.device) -> dict:
-    return measure([prefill_run(variant, shape, batch, prompt_len, settings, device)], settings)[0]
-
-
-def time_decode(variant: Variant, shape: ModelShape, batch: int, context_len: int, settings: BenchSettings,
-                device: torch.device) -> dict:
-    return measure([decode_run(variant, shape, batch, context_len, settings, device)], settings)[0]
 
 
 # -- the whole benchmark -------------------------------------------------------------------------

@@ -17,7 +17,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from .report import QualityResult, fmt_intensity, records, roofline_problem, speedups, variant_names  # noqa: E402
+from .formatting import fmt_intensity  # noqa: E402
+from .results import QualityResult, records, roofline_problem, speedups, variant_names  # noqa: E402
 
 DPI = 130
 STYLE = {"axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,

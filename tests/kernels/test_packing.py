@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from quantkit.packing import pack_int32, pack_weight, pack_zero_point, unpack_int32, unpack_weight, unpack_zero_point
+from quantkit.kernels.packing import pack_int32, pack_zero_point, packed_words, unpack_int32, unpack_zero_point
 
 
 def _u32(words: torch.Tensor) -> list[int]:
@@ -24,7 +24,7 @@ def test_round_trip_exact(bits, shape):
     values = torch.randint(lo, hi, shape)
     packed = pack_int32(values, bits)
     assert packed.dtype == torch.int32
-    assert packed.shape[-1] == -(-shape[-1] * bits // 32)
+    assert packed.shape[-1] == -(-shape[-1] * bits // 32) == packed_words(shape[-1], bits)
     assert torch.equal(unpack_int32(packed, bits, shape[-1]).long(), values)
 
 
@@ -33,11 +33,12 @@ def test_weight_and_zero_point_layouts(bits):
     n, k, g = 72, 256, 2
     q = torch.randint(-(1 << (bits - 1)), 1 << (bits - 1), (n, k))
     zp = torch.randint(-(1 << (bits - 1)), 1 << (bits - 1), (n, g))
-    pw, pz = pack_weight(q, bits), pack_zero_point(zp, bits)
+    pw, pz = pack_int32(q, bits), pack_zero_point(zp, bits)
     assert pw.shape == (n, k * bits // 32)
     assert pz.shape == (-(-n * bits // 32), g)  # packed along the output dim
-    assert torch.equal(unpack_weight(pw, bits, k).long(), q)
-    assert torch.equal(unpack_zero_point(pz, bits, n).long(), zp)
+    assert torch.equal(unpack_int32(pw, bits, k).long(), q)
+    unpacked = unpack_zero_point(pz, bits, n)
+    assert unpacked.dtype == torch.int32 and torch.equal(unpacked.long(), zp)
 
 
 def test_pack_rejects_bad_input():

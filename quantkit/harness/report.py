@@ -2,188 +2,19 @@
 
 Inputs are the JSON of ``quantkit bench`` (schema ``quantkit.bench/1``: ``prefill`` and
 ``decode`` records per variant, with roofline predictions) and any number of ``quantkit eval``
-JSON files (``perplexity``, ``kl_divergence``, ``top1_agreement``, ``baseline_perplexity``).
+JSON files (``perplexity``, ``kl_divergence``, ``top1_agreement``, ``baseline_perplexity``),
+read by quantkit.harness.results.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
-from .timing import SCHEMA
-
-SHAPE_KEYS = {"prefill": ("batch", "prompt_len"), "decode": ("batch", "context_len")}
-
-
-# -- reading ----------------------------------------------------------------------------------------
-
-def load_bench(path: str | Path) -> dict:
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise UsageError(f"cannot read bench results {path}: {e}") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or "prefill" not in data or "decode" not in data:
-        raise UsageError(f"{path} is not a `quantkit bench --json` file (schema {SCHEMA!r} with prefill and decode)")
-    return data
-
-
-@dataclass
-class QualityResult:
-    """Quality of one variant against the unquantized model (from a `quantkit eval` JSON)."""
-
-    name: str
-    perplexity: float
-    baseline_perplexity: float | None = None
-    kl_divergence: float | None = None
-    top1_agreement: float | None = None
-    source: str = ""
-    model: str | None = None  # the evaluated model (a checkpoint folder describes its own scheme)
-    log_ppl_ratio_stderr: float | None = None  # standard error of log(perplexity / baseline perplexity)
-    dtype: str | None = None  # the dtype both models were evaluated in
-
-    @property
-    def perplexity_increase(self) -> float | None:
-        """Relative perplexity increase over the baseline (0.02 = +2%)."""
-        if not self.baseline_perplexity:
-            return None
-        return self.perplexity / self.baseline_perplexity - 1.0
-
-    @property
-    def within_noise(self) -> bool | None:
-        """Whether the perplexity change is within two standard errors of zero (None: noise unknown)."""
-        if self.log_ppl_ratio_stderr is None or not self.baseline_perplexity:
-            return None
-        return abs(math.log(self.perplexity / self.baseline_perplexity)) <= 2 * self.log_ppl_ratio_stderr
-
-
-def _quality_label(d: dict, fallback: str) -> str:
-    """The variant a result is about: its variant / name / recipe / label, else the model folder's name."""
-    for key in ("variant", "name", "recipe", "label"):
-        value = d.get(key)
-        if isinstance(value, str) and value:
-            return Path(value).stem if value.endswith((".yaml", ".yml")) else value
-        if isinstance(value, dict) and isinstance(value.get("name"), str):
-            return value["name"]
-    model = d.get("model")
-    if isinstance(model, str) and model.strip("/"):
-        return Path(model.rstrip("/")).name
-    return fallback
-
-
-def _quality_records(data: Any, fallback: str) -> Iterable[tuple[str, dict]]:
-    if isinstance(data, list):
-        for i, item in enumerate(data):
-            yield from _quality_records(item, f"{fallback}[{i}]")
-    elif isinstance(data, dict):
-        if "perplexity" in data:
-            yield _quality_label(data, fallback), data
-        else:
-            for key in ("results", "variants"):
-                if isinstance(data.get(key), (list, dict)):
-                    items = data[key].items() if isinstance(data[key], dict) else enumerate(data[key])
-                    for k, item in items:
-                        if isinstance(item, dict):
-                            label = _quality_label(item, k if isinstance(k, str) else f"{fallback}[{k}]")
-                            if "perplexity" in item:
-                                yield label, item
-
-
-def load_quality(paths: Sequence[str | Path]) -> list[QualityResult]:
-    """Read `quantkit eval` JSON files; one file may hold one result or a list of them."""
-    results = []
-    for path in paths:
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise UsageError(f"cannot read quality results {path}: {e}") from None
-        found = list(_quality_records(data, path.stem))
-        if not found:
-            raise UsageError(f"{path} has no `perplexity`: pass the JSON written by `quantkit eval`")
-        for label, d in found:
-            results.append(QualityResult(
-                name=label, perplexity=float(d["perplexity"]),
-                baseline_perplexity=_opt_float(d.get("baseline_perplexity")),
-                kl_divergence=_opt_float(d.get("kl_divergence")),
-                top1_agreement=_opt_float(d.get("top1_agreement")), source=str(path),
-                model=d.get("model") if isinstance(d.get("model"), str) else None,
-                log_ppl_ratio_stderr=_opt_float(d.get("log_ppl_ratio_stderr")),
-                dtype=d.get("dtype") if isinstance(d.get("dtype"), str) else None,
-            ))
-    return results
-
-
-def _opt_float(v) -> float | None:
-    return None if v is None else float(v)
-
-
-# -- derived numbers --------------------------------------------------------------------------------
-
-def records(bench: dict, phase: str, variant: str | None = None, **match) -> list[dict]:
-    out = [r for r in bench[phase] if (variant is None or r["variant"] == variant)
-           and all(r.get(k) == v for k, v in match.items())]
-    return sorted(out, key=lambda r: tuple(r[k] for k in SHAPE_KEYS[phase]))
-
-
-def roofline_problem(bench: dict) -> str | None:
-    """Why the bench's device spec gives no usable roofline (None when it does)."""
-    from .hardware import DeviceSpec
-
-    return DeviceSpec.from_dict(bench["device"]["spec"]).roofline_problem
-
-
-def variant_names(bench: dict) -> list[str]:
-    return [v["name"] for v in bench["variants"]]
-
-
-def speedups(bench: dict, phase: str) -> list[dict]:
-    """Measured and roofline speedup of each variant over the baseline, shape by shape."""
-    base = bench.get("baseline")
-    if base is None or base not in variant_names(bench):
-        return []
-    keys = SHAPE_KEYS[phase]
-    base_by_shape = {tuple(r[k] for k in keys): r for r in records(bench, phase, base)}
-    out = []
-    for r in bench[phase]:
-        shape = tuple(r[k] for k in keys)
-        b = base_by_shape.get(shape)
-        if r["variant"] == base or b is None:
-            continue
-        out.append({"variant": r["variant"], **dict(zip(keys, shape)),
-                    "measured": b["median_s"] / r["median_s"],
-                    "predicted": b["roofline"]["predicted_s"] / r["roofline"]["predicted_s"]})
-    return sorted(out, key=lambda s: (s["variant"], shape_key(s, phase)))
-
-
-def shape_key(r: dict, phase: str) -> tuple:
-    return tuple(r[k] for k in SHAPE_KEYS[phase])
-
-
-def speedup_summary(bench: dict) -> list[dict]:
-    """Per quantized variant: median measured/predicted speedup of prefill and of batch-1 decode."""
-    pf, dc = speedups(bench, "prefill"), speedups(bench, "decode")
-    out = []
-    for name in variant_names(bench):
-        p = [s for s in pf if s["variant"] == name]
-        d = [s for s in dc if s["variant"] == name and s["batch"] == min(x["batch"] for x in dc)]
-        if not p and not d:
-            continue
-        out.append({
-            "variant": name,
-            "prefill_measured": statistics.median(s["measured"] for s in p) if p else None,
-            "prefill_predicted": statistics.median(s["predicted"] for s in p) if p else None,
-            "decode_measured": statistics.median(s["measured"] for s in d) if d else None,
-            "decode_predicted": statistics.median(s["predicted"] for s in d) if d else None,
-            "decode_batch": d[0]["batch"] if d else None,
-        })
-    return out
+from .formatting import fmt_intensity, fmt_perplexity_change
+from .results import SHAPE_KEYS, QualityResult, records, roofline_problem, shape_key, speedup_summary, variant_names
 
 
 def _fmt_ms(seconds: float) -> str:
@@ -261,8 +92,7 @@ def render_report(bench: dict | None, quality: Sequence[QualityResult], out_dir:
     md += ["## Files", "", "- `report.json`: the bench and quality results this report was made from"]
     md += [f"- `{name}`" for name in images.values()]
     (out / "report.md").write_text("\n".join(md) + "\n")
-    payload = {"bench": bench, "quality": [q.__dict__ | {"perplexity_increase": q.perplexity_increase,
-                                                          "within_noise": q.within_noise} for q in quality]}
+    payload = {"bench": bench, "quality": [q.report_dict() for q in quality]}
     (out / "report.json").write_text(json.dumps(payload, indent=1) + "\n")
     return out / "report.md"
 
@@ -376,10 +206,6 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
 
 def _fmt_flops(flops: float) -> str:
     return f"{flops / 1e12:.2f} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:.3g} GFLOP/s"
-
-
-def fmt_intensity(x: float) -> str:
-    return f"{x:.0f}" if x >= 10 else f"{x:.1f}"
 
 
 def _fmt_skipped(s: dict) -> str:
@@ -507,19 +333,6 @@ def _memory_section(bench: dict) -> list[str]:
             rows.append([name, r["batch"], r["context_len"], _fmt_bytes(m["weights_bytes"]),
                          _fmt_bytes(m["kv_cache_bytes"]), _fmt_bytes(m["peak_bytes"])])
     return md + _table(["variant", "batch", "context", "weights", "KV cache", "peak"], rows) + [""]
-
-
-def fmt_perplexity_change(perplexity: float, baseline: float | None, log_ratio_stderr: float | None) -> str:
-    """'+0.11% ± 0.05%': the change over the baseline and two standard errors of it, with
-    '(within noise)' when the change is inside them; '–' without a baseline."""
-    if not baseline:
-        return "–"
-    cell = f"{100 * (perplexity / baseline - 1):+.2f}%"
-    if log_ratio_stderr is not None:
-        cell += f" ± {100 * 2 * log_ratio_stderr:.2f}%"
-        if abs(math.log(perplexity / baseline)) <= 2 * log_ratio_stderr:
-            cell += " (within noise)"
-    return cell
 
 
 def _fmt_delta(q: QualityResult) -> str:

@@ -19,11 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import dtypes
 from ..errors import UsageError
-
-from .roofline import (
-    ModelShape, RooflineScheme, dtype_bytes_of, scheme_from_quantization_config, scheme_from_weight_args,
-)
+from ..formats.compressed_tensors import kv_cache_scheme_of
+from .roofline import RooflineScheme, scheme_from_quantization_config, scheme_from_weight_args
 
 
 @dataclass
@@ -46,14 +45,6 @@ class Variant:
     def describe(self) -> dict:
         return {"name": self.name, "source": self.source, "scheme": self.scheme.to_dict(),
                 "backend": self.backend, "weight_bytes": model_tensor_bytes(self.model), **self.info}
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-             "fp32": torch.float32, "float32": torch.float32}
-    if name not in table:
-        raise UsageError(f"unknown dtype {name!r}; choose one of {sorted(table)}")
-    return table[name]
 
 
 def model_tensor_bytes(model: nn.Module) -> int:
@@ -120,15 +111,6 @@ def _prepare_kernels(model: nn.Module, backend: str) -> str | None:
     return chosen
 
 
-def _model_kv_scheme(model: nn.Module):
-    qcfg = getattr(model.config, "quantization_config", None)
-    if isinstance(qcfg, dict) and qcfg.get("kv_cache_scheme"):
-        from quantkit.scheme import QuantScheme
-
-        return QuantScheme.from_dict(qcfg["kv_cache_scheme"])
-    return None
-
-
 def _split_recipes(spec: str):
     """``"w4a16-rtn+kv-fp8"`` -> (the recipe quantizing weights or None, the KV-cache scheme or None)."""
     from quantkit.recipe import load_recipe
@@ -159,7 +141,7 @@ def build_variant(
         model = quantkit.load(str(path), backend=backend, device=device, dtype=dtype)
         config = model.config.to_dict() | {"torch_dtype": str(dtype).removeprefix("torch.")}
         variant = Variant(name=path.name, model=model, scheme=scheme_from_quantization_config(config, name=path.name),
-                          source=f"checkpoint:{path}", kv_cache=_model_kv_scheme(model))
+                          source=f"checkpoint:{path}", kv_cache=kv_cache_scheme_of(model))
         variant.backend = _prepare_kernels(model, backend)
     else:
         weights_recipe, kv_scheme = _split_recipes(spec)
@@ -168,7 +150,7 @@ def build_variant(
             quantkit.quantize(model, dataclasses.replace(weights_recipe, kv_cache=None), calibration_data, progress=False)
         name = "+".join(Path(p).stem if p.endswith((".yaml", ".yml")) else p for p in spec.split("+") if p)
         scheme = scheme_from_weight_args(weights_recipe.weights if weights_recipe else None, kv_scheme, name=name,
-                                         dtype_bytes=dtype_bytes_of(dtype))
+                                         dtype_bytes=dtypes.dtype_bytes(dtype))
         variant = Variant(name=name, model=model.eval(), scheme=scheme, source=f"recipe:{spec}", kv_cache=kv_scheme)
         variant.backend = _prepare_kernels(model, backend)
     if variant.kv_cache is not None:
@@ -178,19 +160,10 @@ def build_variant(
 
 def _enable_fp8_attention(model: nn.Module, device: torch.device) -> str:
     """How attention reads the FP8 cache: "kernel" (fused dequant, CUDA) or "dequantize"."""
-    try:
-        from quantkit.modules import kv_cache
-    except ImportError:
-        raise RuntimeError(
-            "an FP8 KV-cache variant needs quantkit.modules.kv_cache, which this build lacks; "
-            "benchmark the weight-only variant instead"
-        ) from None
+    from quantkit.modules import kv_cache
+
     mode = "kernel" if device.type == "cuda" else "dequantize"
     with warnings.catch_warnings():  # scales left at 1.0 on purpose: timing does not depend on them
         warnings.filterwarnings("ignore", message=".*k_scale/v_scale.*")
         kv_cache.enable_fp8_kv_cache(model, attention=mode)
     return mode
-
-
-def model_shape(model: nn.Module) -> ModelShape:
-    return ModelShape.from_config(model.config)

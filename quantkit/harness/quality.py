@@ -13,29 +13,13 @@ change the text alone would produce by chance.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import EvaluationError
-
-
-@dataclass
-class QualityResult:
-    perplexity: float
-    baseline_perplexity: float
-    kl_divergence: float
-    top1_agreement: float
-    window: int
-    windows: int
-    tokens: int
-    log_ppl_ratio_stderr: float | None = None  # standard error of log(perplexity / baseline); None for 1 window
-    dtype: str | None = None  # the dtype the models ran in
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from .results import QualityResult
 
 
 def token_windows(ids: torch.Tensor, window: int, max_tokens: int | None = None) -> torch.Tensor:
@@ -119,6 +103,7 @@ def evaluate_variants(
         count += target.numel()
     return {
         name: QualityResult(
+            name=name,
             perplexity=math.exp(acc["nll"] / count),
             baseline_perplexity=math.exp(base_nll / count),
             kl_divergence=acc["kl"] / count,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .hardware import DeviceSpec
-from .report import QualityResult
+from .results import QualityResult
 from .roofline import (
     ModelShape, RooflineScheme, decode_cost, kv_cache_bytes, predict, prefill_cost, scheme_from_quantization_config, scheme_from_recipe,
     standard_schemes, weight_memory_bytes,

@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from .. import dtypes
 from .hardware import DeviceSpec
 
-_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float": 4, "half": 2, "fp16": 2, "bf16": 2}
 
 
 @dataclass(frozen=True)
@@ -157,16 +157,6 @@ class RooflineScheme:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
-def dtype_bytes_of(dtype: Any) -> int:
-    """Bytes of a torch dtype or a config's dtype string ("bfloat16", "float16", ...)."""
-    if hasattr(dtype, "itemsize"):
-        return int(dtype.itemsize)
-    key = str(dtype).removeprefix("torch.")
-    if key not in _DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}")
-    return _DTYPE_BYTES[key]
-
-
 def scheme_from_weight_args(
     weights: Any | None, kv_cache: Any | None = None, *, name: str | None = None, dtype_bytes: int = 2
 ) -> RooflineScheme:
@@ -210,21 +200,19 @@ def scheme_from_quantization_config(config: Any, *, name: str | None = None) -> 
         path = Path(config)
         config = json.loads((path / "config.json" if path.is_dir() else path).read_text())
     d = config if isinstance(config, Mapping) else config.to_dict()
-    dtype_bytes = dtype_bytes_of(d.get("torch_dtype") or d.get("dtype") or "bfloat16")
-    qc = d.get("quantization_config")
-    if qc is None:
+    dtype_bytes = dtypes.dtype_bytes(d.get("torch_dtype") or d.get("dtype") or "bfloat16")
+    if d.get("quantization_config") is None:
         return scheme_from_weight_args(None, None, name=name, dtype_bytes=dtype_bytes)
-    if not isinstance(qc, Mapping):
-        qc = qc.to_dict()
-    groups = list((qc.get("config_groups") or {}).values())
-    weight_args = [g.get("weights") for g in groups if g.get("weights")]
-    if len({json.dumps(w, sort_keys=True) for w in weight_args}) > 1:
+    from ..formats.compressed_tensors import parse_quantization_config
+
+    qc = parse_quantization_config(d["quantization_config"], "quantization_config")
+    weight_schemes = list(dict.fromkeys(scheme for _, scheme in qc.groups))
+    if len(weight_schemes) > 1:
         raise ValueError("the roofline models one weight scheme for all linears; this checkpoint has several")
     scheme = scheme_from_weight_args(
-        weight_args[0] if weight_args else None, qc.get("kv_cache_scheme"), name=name, dtype_bytes=dtype_bytes
+        weight_schemes[0] if weight_schemes else None, qc.kv_cache, name=name, dtype_bytes=dtype_bytes
     )
-    ignore = qc.get("ignore") or []
-    return replace(scheme, quantize_lm_head=bool(weight_args) and "lm_head" not in ignore)
+    return replace(scheme, quantize_lm_head=bool(weight_schemes) and "lm_head" not in qc.ignore)
 
 
 def scheme_from_recipe(recipe: Any, *, name: str | None = None, dtype_bytes: int = 2) -> RooflineScheme:
@@ -389,15 +377,3 @@ def predict(cost: Cost, device: DeviceSpec) -> Prediction:
         compute_s=cost.total_flops / device.peak_flops,
         intensity=cost.intensity,
     )
-
-
-def predicted_speedups(
-    shape: ModelShape, base: RooflineScheme, variant: RooflineScheme, device: DeviceSpec,
-    *, prompt_len: int, context_len: int, batch: int = 1,
-) -> dict[str, float]:
-    """Roofline speedup of ``variant`` over ``base`` for a prefill and a decode step."""
-    pf = predict(prefill_cost(shape, base, prompt_len, batch), device).seconds / predict(
-        prefill_cost(shape, variant, prompt_len, batch), device).seconds
-    dc = predict(decode_cost(shape, base, context_len, batch), device).seconds / predict(
-        decode_cost(shape, variant, context_len, batch), device).seconds
-    return {"prefill": pf, "decode": dc}

@@ -1,0 +1,220 @@
+"""Results files and the numbers derived from them: one home for the readers report, plots and advise share.
+
+- ``quantkit bench --json`` (schema ``quantkit.bench/1``): ``prefill`` and ``decode`` records per
+  variant, with roofline predictions -> load_bench, records, speedups, speedup_summary, roofline_problem;
+- ``quantkit eval`` JSON (``perplexity``, ``kl_divergence``, ``top1_agreement``,
+  ``baseline_perplexity``, its noise, window counts) -> load_quality -> QualityResult.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from .hardware import DeviceSpec
+from .timing import SCHEMA
+
+SHAPE_KEYS = {"prefill": ("batch", "prompt_len"), "decode": ("batch", "context_len")}
+
+
+# -- reading ----------------------------------------------------------------------------------------
+
+def load_bench(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot read bench results {path}: {e}") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or "prefill" not in data or "decode" not in data:
+        raise UsageError(f"{path} is not a `quantkit bench --json` file (schema {SCHEMA!r} with prefill and decode)")
+    return data
+
+
+@dataclass
+class QualityResult:
+    """Quality of one variant against its unquantized baseline.
+
+    Made by quantkit.harness.quality.evaluate_variants (every measured field) or read back from a
+    `quantkit eval` JSON by load_quality (the fields the file has; the others stay None).
+    """
+
+    name: str
+    perplexity: float
+    baseline_perplexity: float | None = None
+    kl_divergence: float | None = None  # KL(P_baseline || P_model), nats per predicted token
+    top1_agreement: float | None = None  # share of positions where both models' argmax agree
+    source: str = ""  # the JSON file the result was read from
+    model: str | None = None  # the evaluated model (a checkpoint folder describes its own scheme)
+    log_ppl_ratio_stderr: float | None = None  # standard error of log(perplexity / baseline); None for 1 window
+    dtype: str | None = None  # the dtype both models were evaluated in
+    window: int | None = None  # tokens per evaluation window
+    windows: int | None = None  # number of windows
+    tokens: int | None = None  # predicted tokens the averages are over
+
+    #: The measured fields, in the order `quantkit eval` writes them.
+    MEASURED = ("perplexity", "baseline_perplexity", "kl_divergence", "top1_agreement", "window", "windows", "tokens",
+                "log_ppl_ratio_stderr", "dtype")
+    #: The fields a report lists.
+    REPORTED = ("name", "perplexity", "baseline_perplexity", "kl_divergence", "top1_agreement", "source", "model",
+                "log_ppl_ratio_stderr", "dtype")
+
+    @property
+    def perplexity_increase(self) -> float | None:
+        """Relative perplexity increase over the baseline (0.02 = +2%)."""
+        if not self.baseline_perplexity:
+            return None
+        return self.perplexity / self.baseline_perplexity - 1.0
+
+    @property
+    def within_noise(self) -> bool | None:
+        """Whether the perplexity change is within two standard errors of zero (None: noise unknown)."""
+        return perplexity_change_within_noise(self.perplexity, self.baseline_perplexity, self.log_ppl_ratio_stderr)
+
+    def to_dict(self) -> dict:
+        """The measured fields: what `quantkit eval` writes (and load_quality reads back)."""
+        return {key: getattr(self, key) for key in self.MEASURED}
+
+    def report_dict(self) -> dict:
+        """The fields a report lists, with the perplexity increase and whether it is within the noise."""
+        return {key: getattr(self, key) for key in self.REPORTED} | {
+            "perplexity_increase": self.perplexity_increase, "within_noise": self.within_noise}
+
+
+def perplexity_change_within_noise(perplexity: float, baseline: float | None,
+                                   log_ratio_stderr: float | None) -> bool | None:
+    """Whether |log(perplexity / baseline)| is within two of its standard errors (None: no baseline or no noise)."""
+    if log_ratio_stderr is None or not baseline:
+        return None
+    return abs(math.log(perplexity / baseline)) <= 2 * log_ratio_stderr
+
+
+def _quality_label(d: dict, fallback: str) -> str:
+    """The variant a result is about: its variant / name / recipe / label, else the model folder's name."""
+    for key in ("variant", "name", "recipe", "label"):
+        value = d.get(key)
+        if isinstance(value, str) and value:
+            return Path(value).stem if value.endswith((".yaml", ".yml")) else value
+        if isinstance(value, dict) and isinstance(value.get("name"), str):
+            return value["name"]
+    model = d.get("model")
+    if isinstance(model, str) and model.strip("/"):
+        return Path(model.rstrip("/")).name
+    return fallback
+
+
+def _quality_records(data: Any, fallback: str) -> Iterable[tuple[str, dict]]:
+    if isinstance(data, list):
+        for i, item in enumerate(data):
+            yield from _quality_records(item, f"{fallback}[{i}]")
+    elif isinstance(data, dict):
+        if "perplexity" in data:
+            yield _quality_label(data, fallback), data
+        else:
+            for key in ("results", "variants"):
+                if isinstance(data.get(key), (list, dict)):
+                    items = data[key].items() if isinstance(data[key], dict) else enumerate(data[key])
+                    for k, item in items:
+                        if isinstance(item, dict):
+                            label = _quality_label(item, k if isinstance(k, str) else f"{fallback}[{k}]")
+                            if "perplexity" in item:
+                                yield label, item
+
+
+def load_quality(paths: Sequence[str | Path]) -> list[QualityResult]:
+    """Read `quantkit eval` JSON files; one file may hold one result or a list of them."""
+    results = []
+    for path in paths:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise UsageError(f"cannot read quality results {path}: {e}") from None
+        found = list(_quality_records(data, path.stem))
+        if not found:
+            raise UsageError(f"{path} has no `perplexity`: pass the JSON written by `quantkit eval`")
+        for label, d in found:
+            results.append(QualityResult(
+                name=label, perplexity=float(d["perplexity"]),
+                baseline_perplexity=_opt_float(d.get("baseline_perplexity")),
+                kl_divergence=_opt_float(d.get("kl_divergence")),
+                top1_agreement=_opt_float(d.get("top1_agreement")), source=str(path),
+                model=d.get("model") if isinstance(d.get("model"), str) else None,
+                log_ppl_ratio_stderr=_opt_float(d.get("log_ppl_ratio_stderr")),
+                dtype=d.get("dtype") if isinstance(d.get("dtype"), str) else None,
+                window=_opt_int(d.get("window")), windows=_opt_int(d.get("windows")), tokens=_opt_int(d.get("tokens")),
+            ))
+    return results
+
+
+def _opt_float(v) -> float | None:
+    return None if v is None else float(v)
+
+
+def _opt_int(v) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+# -- derived numbers --------------------------------------------------------------------------------
+
+def records(bench: dict, phase: str, variant: str | None = None, **match) -> list[dict]:
+    out = [r for r in bench[phase] if (variant is None or r["variant"] == variant)
+           and all(r.get(k) == v for k, v in match.items())]
+    return sorted(out, key=lambda r: tuple(r[k] for k in SHAPE_KEYS[phase]))
+
+
+def roofline_problem(bench: dict) -> str | None:
+    """Why the bench's device spec gives no usable roofline (None when it does)."""
+    return DeviceSpec.from_dict(bench["device"]["spec"]).roofline_problem
+
+
+def variant_names(bench: dict) -> list[str]:
+    return [v["name"] for v in bench["variants"]]
+
+
+def speedups(bench: dict, phase: str) -> list[dict]:
+    """Measured and roofline speedup of each variant over the baseline, shape by shape."""
+    base = bench.get("baseline")
+    if base is None or base not in variant_names(bench):
+        return []
+    keys = SHAPE_KEYS[phase]
+    base_by_shape = {tuple(r[k] for k in keys): r for r in records(bench, phase, base)}
+    out = []
+    for r in bench[phase]:
+        shape = tuple(r[k] for k in keys)
+        b = base_by_shape.get(shape)
+        if r["variant"] == base or b is None:
+            continue
+        out.append({"variant": r["variant"], **dict(zip(keys, shape)),
+                    "measured": b["median_s"] / r["median_s"],
+                    "predicted": b["roofline"]["predicted_s"] / r["roofline"]["predicted_s"]})
+    return sorted(out, key=lambda s: (s["variant"], shape_key(s, phase)))
+
+
+def shape_key(r: dict, phase: str) -> tuple:
+    return tuple(r[k] for k in SHAPE_KEYS[phase])
+
+
+def speedup_summary(bench: dict) -> list[dict]:
+    """Per quantized variant: median measured/predicted speedup of prefill and of batch-1 decode."""
+    pf, dc = speedups(bench, "prefill"), speedups(bench, "decode")
+    out = []
+    for name in variant_names(bench):
+        p = [s for s in pf if s["variant"] == name]
+        d = [s for s in dc if s["variant"] == name and s["batch"] == min(x["batch"] for x in dc)]
+        if not p and not d:
+            continue
+        out.append({
+            "variant": name,
+            "prefill_measured": statistics.median(s["measured"] for s in p) if p else None,
+            "prefill_predicted": statistics.median(s["predicted"] for s in p) if p else None,
+            "decode_measured": statistics.median(s["measured"] for s in d) if d else None,
+            "decode_predicted": statistics.median(s["predicted"] for s in d) if d else None,
+            "decode_batch": d[0]["batch"] if d else None,
+        })
+    return out

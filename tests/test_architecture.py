@@ -1,0 +1,143 @@
+"""The package's import graph: no cycles, and no arrow pointing from the core to the layers above it.
+
+Read from the source with `ast` (every import statement, including those inside functions), so the
+rules hold whatever a test run happens to import. Layers, from the bottom: kernels (torch and triton
+only) -> modules / formats / algorithms -> calibration -> harness -> commands (see ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: source folder -> the import name it ships as (pyproject's package-dir)
+PACKAGE_DIRS = {"quantkit": "quantkit", "kernels": "quantkit.kernels"}
+
+#: importer prefix -> imported prefixes it must not reach
+FORBIDDEN = {
+    "quantkit.kernels": ("quantkit.algorithms", "quantkit.api", "quantkit.calibration", "quantkit.commands",
+                         "quantkit.harness", "quantkit.formats", "quantkit.modules", "quantkit.recipe"),
+    "quantkit.modules": ("quantkit.calibration", "quantkit.harness", "quantkit.commands"),
+    "quantkit.formats": ("quantkit.calibration", "quantkit.harness", "quantkit.commands"),
+    "quantkit.algorithms": ("quantkit.calibration", "quantkit.harness", "quantkit.commands", "quantkit.formats",
+                            "quantkit.modules"),
+    "quantkit.calibration": ("quantkit.harness", "quantkit.commands"),
+}
+
+
+def module_files() -> dict[str, Path]:
+    """Import name -> source file of every module of the package (kernels/ as quantkit.kernels)."""
+    modules = {}
+    for folder, package in PACKAGE_DIRS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+def _known(name: str, modules: dict[str, Path]) -> str | None:
+    """The longest prefix of a dotted name that is one of the package's modules (None: a third-party import)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports. `from P import name` counts as an import of P.name when
+    that is a module, else of P."""
+    modules = module_files()
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        is_package = path.name == "__init__.py"
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = module.split(".") if is_package else module.split(".")[:-1]
+                    base = base[:len(base) - (node.level - 1)]
+                    parent = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    parent = node.module or ""
+                names = [f"{parent}.{a.name}" if f"{parent}.{a.name}" in modules else parent for a in node.names]
+            for name in names:
+                known = _known(name, modules)
+                if known and known != module:
+                    targets.add(known)
+        graph[module] = targets
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def test_the_graph_sees_the_package():
+    graph = import_graph()
+    assert {"quantkit.api", "quantkit.kernels.wna16", "quantkit.modules.quant_linear"} <= set(graph)
+    assert "quantkit.modules.quant_linear" in graph["quantkit.api"]
+    assert "quantkit.kernels.packing" in graph["quantkit.kernels.reference"]  # relative imports resolve
+
+
+def test_no_import_cycles():
+    assert find_cycles(import_graph()) == []
+
+
+def test_no_wrong_way_arrows():
+    wrong = sorted(
+        f"{importer} imports {imported}"
+        for importer, targets in import_graph().items()
+        for imported in targets
+        for layer, forbidden in FORBIDDEN.items()
+        if _under(importer, layer) and any(_under(imported, f) for f in forbidden)
+    )
+    assert wrong == []
+
+
+def test_the_checks_can_fail():
+    """The cycle finder and the layer rules catch what they are for, on a made-up graph."""
+    graph = {"quantkit.recipe": {"quantkit.algorithms"}, "quantkit.algorithms": {"quantkit.recipe"},
+             "quantkit.modules.kv_cache": {"quantkit.calibration.kv_scales"}, "quantkit.calibration.kv_scales": set()}
+    assert find_cycles(graph) == [["quantkit.algorithms", "quantkit.recipe"]]
+    assert any(_under("quantkit.modules.kv_cache", layer) and _under("quantkit.calibration.kv_scales", f)
+               for layer, forbidden in FORBIDDEN.items() for f in forbidden)
