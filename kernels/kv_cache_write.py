@@ -165,15 +165,7 @@ def _fp8_kv_cache_write_op(
         fp8_kv_cache_write_reference(key_states, value_states, k_cache, v_cache, k_scale, v_scale, start)
 
 
-def fp8_kv_cache_write(
-    key_states: torch.Tensor,
-    value_states: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    k_scale: torch.Tensor,
-    v_scale: torch.Tensor,
-    start: torch.Tensor,
-) -> None:
+def fp8_kv_cache_write(key_states, value_states, k_cache, v_cache, k_scale, v_scale, start) -> None:
     """Quantize new keys/values and write them into a static FP8 cache, in place.
 
     Args:

@@ -21,9 +21,9 @@ from __future__ import annotations
 import torch
 
 from .wna16_cpu_dequant import int4_linear_dequantized, int8_linear_dequantized, use_dequantized
+from .wna16_layout import ACTIVATION_DTYPES
 
 COMPUTE_DTYPE = torch.bfloat16
-_X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 # Registered through the low-level torch.library.Library API rather than torch.library.custom_op:
 # same schema, fake implementation and opcheck, but ~4 us of dispatch per eager call instead of ~20
@@ -48,7 +48,7 @@ def _as_compute(x: torch.Tensor) -> torch.Tensor:
 def _check_x(x: torch.Tensor, k: int, op: str) -> None:
     torch._check(x.dim() == 2, lambda: f"{op}: x must be 2-D [M, K], got {tuple(x.shape)}")
     torch._check(
-        x.dtype in _X_DTYPES,
+        x.dtype in ACTIVATION_DTYPES,
         lambda: f"{op}: x must be fp16, bf16 or fp32, got {x.dtype}",
     )
     torch._check(x.shape[1] == k, lambda: f"{op}: x has K={x.shape[1]}, the weight has K={k}")
@@ -111,7 +111,8 @@ def wna16_int4_cpu(
         [M, N] in x's dtype: the bf16 product(s) summed in fp32 with the bias, cast once.
     """
     if not (  # the common case in a few attribute reads; the full check names what is wrong
-        x.dim() == 2 and x.dtype in _X_DTYPES and weight.dtype == torch.uint8 and scales_zeros.dtype == COMPUTE_DTYPE
+        x.dim() == 2 and x.dtype in ACTIVATION_DTYPES
+        and weight.dtype == torch.uint8 and scales_zeros.dtype == COMPUTE_DTYPE
         and x.shape[1] == 2 * weight.shape[1] and scales_zeros.dim() == 3 and scales_zeros.shape[1] == weight.shape[0]
         and weight_lo is None and scales_zeros_lo is None and (bias is None or bias.shape == (weight.shape[0],))
     ):
@@ -173,7 +174,7 @@ def wna16_int8_cpu(
         [M, N] in x's dtype.
     """
     if not (
-        x.dim() == 2 and x.dtype in _X_DTYPES and weight.dtype == torch.int8 and scale.dtype == COMPUTE_DTYPE
+        x.dim() == 2 and x.dtype in ACTIVATION_DTYPES and weight.dtype == torch.int8 and scale.dtype == COMPUTE_DTYPE
         and x.shape[1] == weight.shape[1] and scale.shape == (weight.shape[0],) and zero_scale is None
         and (bias is None or bias.shape == (weight.shape[0],))
     ):

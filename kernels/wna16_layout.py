@@ -27,6 +27,7 @@ import torch
 
 from .packing import check_bits, pack_int32, packed_words, unpack_int32, unpack_zero_point
 
+# The activation (and scale) dtypes every WNA16 backend accepts: the one definition the kernels import.
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # The CPU int4 kernel (_weight_int4pack_mm_for_cpu) accepts exactly these group sizes.
 CPU_INT4_GROUP_SIZES = (256, 128, 64, 32)

@@ -45,10 +45,9 @@ from torch.library import triton_op, wrap_triton
 from .packing import check_bits
 from .wna16_gemv import _wna16_gemv_kernel
 from .wna16_heuristics import DEFAULT_NUM_SMS, WNA16Config, choose_config
-from .wna16_layout import TRITON_WORD_BLOCK, triton_word_rows
+from .wna16_layout import ACTIVATION_DTYPES, TRITON_WORD_BLOCK, triton_word_rows
 
 KERNELS_INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
-TRITON_X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 REDUCE_BLOCK_N = 256
 DEQUANT_BLOCK_N = 64  # columns per program of the dequant kernel (rows: one interleave block)
 
@@ -231,8 +230,8 @@ def check_triton_operands(
     """Validate the operands of quantkit::wna16_gemm; returns (M, N, K, group_size)."""
     op = "quantkit::wna16_gemm"
     check_bits(bits, op)
-    if x.dim() != 2 or x.dtype not in TRITON_X_DTYPES:
-        raise ValueError(f"{op}: x must be 2-D [M, K] in one of {TRITON_X_DTYPES}, got {x.dtype} {tuple(x.shape)}")
+    if x.dim() != 2 or x.dtype not in ACTIVATION_DTYPES:
+        raise ValueError(f"{op}: x must be 2-D [M, K] in one of {ACTIVATION_DTYPES}, got {x.dtype} {tuple(x.shape)}")
     m, k = x.shape
     rows = triton_word_rows(k, bits)
     if qweight.dtype != torch.int32 or qweight.dim() != 2 or qweight.shape[0] != rows:
@@ -242,7 +241,7 @@ def check_triton_operands(
             f"{tuple(qweight.shape)}"
         )
     n = qweight.shape[1]
-    if scales.dim() != 2 or scales.shape[1] != n or scales.dtype not in TRITON_X_DTYPES:
+    if scales.dim() != 2 or scales.shape[1] != n or scales.dtype not in ACTIVATION_DTYPES:
         raise ValueError(f"{op}: scales must be [G, N={n}] float, got {scales.dtype} {tuple(scales.shape)}")
     groups = scales.shape[0]
     if groups < 1 or k % groups:

@@ -76,6 +76,30 @@ def test_headline_when_no_variant_gains_more_in_decode():
     assert "more than prefill for w8, but not for w4" in mixed
 
 
+def test_headline_names_ratios_equal_as_printed_about_the_same(tmp_path, no_plots):
+    # slow the quantized variant so both its measured speedups come out at 0.97x (0.9712 and 0.9738)
+    pred = speedup_summary(synthetic_bench(CPU, {n: {"prefill": 1.0, "decode": 1.0} for n in ("bf16", "w4a16-rtn")}))[0]
+    speed = {"bf16": {"prefill": 1.0, "decode": 1.0},
+             "w4a16-rtn": {"prefill": pred["prefill_predicted"] / 0.9738, "decode": pred["decode_predicted"] / 0.9712}}
+    bench = synthetic_bench(CPU, speed)
+    line = _headline(speedup_summary(bench))
+    assert line == ("Measured: decode speeds up about as much as prefill for w4a16-rtn "
+                    "(speedup of decode vs prefill: w4a16-rtn 0.97x vs 0.97x).")
+    md = render_report(bench, [], tmp_path).read_text()
+    assert "decode speeds up about as much as prefill for w4a16-rtn" in md
+    assert "more than prefill" not in md
+    both = _headline([{"variant": "w8", "prefill_measured": 1.0, "decode_measured": 1.6},
+                      {"variant": "w4", "prefill_measured": 0.9712, "decode_measured": 0.9738}])
+    assert both.startswith("Measured: decode speeds up more than prefill for w8, and about as much as prefill for w4 (")
+    assert "every variant" not in both
+    three = _headline([{"variant": "w8", "prefill_measured": 1.0, "decode_measured": 1.6},
+                       {"variant": "w4", "prefill_measured": 1.2, "decode_measured": 0.9},
+                       {"variant": "w4g", "prefill_measured": 1.004, "decode_measured": 0.996}])
+    assert "more than prefill for w8, but not for w4, and about as much as prefill for w4g (" in three
+    # a difference that shows in the printed digits still counts
+    assert "more than prefill for w8" in _headline([{"variant": "w8", "prefill_measured": 0.97, "decode_measured": 0.98}])
+
+
 def test_why_paragraph_follows_the_bound(tmp_path, no_plots):
     # ridge 1.6 flop/byte: a decode step at batch 4 does ~4 flop/byte, so it is compute-bound
     spec = DeviceSpec(name="slow-compute CPU", memory_bandwidth=10e9, peak_flops=16e9, memory_bytes=16e9,

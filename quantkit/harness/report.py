@@ -254,19 +254,31 @@ def _phase_table(bench: dict, phase: str, length_key: str, unit: str, batch: int
 
 
 def _headline(summary: list[dict]) -> str:
-    """One sentence: does decode gain more than prefill, variant by variant?"""
+    """One sentence: does decode gain more than prefill, variant by variant?
+
+    Ratios that agree as printed (two decimals) are "about the same": the sentence claims no difference
+    its own numbers do not show.
+    """
     both = [s for s in summary if s["prefill_measured"] is not None and s["decode_measured"] is not None]
     if not both:
         return ""
-    more = [s["variant"] for s in both if s["decode_measured"] > s["prefill_measured"]]
-    less = [s["variant"] for s in both if s["decode_measured"] <= s["prefill_measured"]]
-    parts = ", ".join(f"{s['variant']} {s['decode_measured']:.2f}x vs {s['prefill_measured']:.2f}x" for s in both)
-    if not less:
-        claim = "decode speeds up more than prefill for " + ("every variant" if len(more) > 1 else more[0])
-    elif not more:
-        claim = "decode speeds up no more than prefill for " + ("any variant" if len(less) > 1 else less[0])
-    else:
+    shown = {s["variant"]: (f"{s['decode_measured']:.2f}", f"{s['prefill_measured']:.2f}") for s in both}
+    same = [s["variant"] for s in both if shown[s["variant"]][0] == shown[s["variant"]][1]]
+    more = [s["variant"] for s in both if s["variant"] not in same and s["decode_measured"] > s["prefill_measured"]]
+    less = [s["variant"] for s in both if s["variant"] not in same and s["decode_measured"] < s["prefill_measured"]]
+    parts = ", ".join(f"{s['variant']} {shown[s['variant']][0]}x vs {shown[s['variant']][1]}x" for s in both)
+    if more and less:
         claim = f"decode speeds up more than prefill for {', '.join(more)}, but not for {', '.join(less)}"
+    elif more:
+        claim = "decode speeds up more than prefill for " + ("every variant" if len(more) > 1 and not same
+                                                              else ", ".join(more))
+    elif less:
+        claim = "decode speeds up no more than prefill for " + ("any variant" if len(less) > 1 and not same
+                                                                else ", ".join(less))
+    else:
+        claim = "decode speeds up about as much as prefill for " + ("every variant" if len(same) > 1 else same[0])
+    if same and (more or less):
+        claim += f", and about as much as prefill for {', '.join(same)}"
     return f"Measured: {claim} (speedup of decode vs prefill: {parts})."
 
 

@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "evals" / "kernels" / "bench_decode_cpu.py"
+from .eval_scripts import load_eval_script
+
 TINY = ["--layers", "2", "--hidden", "256", "--intermediate", "768", "--heads", "4", "--kv-heads", "2",
         "--vocab", "512", "--prompt", "8", "--new-tokens", "3", "--rounds", "2", "--threads", "1"]
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_decode_cpu", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_decode_bench_runs_and_reports(tmp_path):
-    bench = _load()
+    bench = load_eval_script("bench_decode_cpu")
     result = bench.main(["--out", str(tmp_path), "--variants", "bf16,w8,w4-all", *TINY])
     saved = json.loads((tmp_path / "decode_cpu.json").read_text())
     assert set(saved["variants"]) == {"bf16", "w8", "w4-all"}
@@ -40,7 +30,7 @@ def test_decode_bench_runs_and_reports(tmp_path):
 
 
 def test_fused_projections_match_separate_linears():
-    bench = _load()
+    bench = load_eval_script("bench_decode_cpu")
     args = bench.argparse.Namespace(hidden=256, intermediate=768, layers=2, heads=4, kv_heads=2, vocab=512, seed=0)
     base = bench.build_model(args)
     separate = bench.quantized_copy(base, "w8a16-rtn", False, "torch", fuse=False)

@@ -2,32 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import torch
 
+from .eval_scripts import load_eval_script
 from .wna16_cases import tolerance
 
-SCRIPT = Path(__file__).resolve().parents[2] / "evals" / "kernels" / "bench_wna16.py"
 # On a GPU machine the same runs exercise the CUDA-graph timer on the Triton kernels.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BACKENDS = ("triton",) if DEVICE == "cuda" else ("triton", "torch", "reference")
 
 
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("bench_wna16", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_bench_runs_every_cpu_backend_and_reports_consistently(tmp_path):
-    bench = _load_bench()
+    bench = load_eval_script("bench_wna16")
     out = tmp_path / "bench"
     result = bench.main(["--out", str(out), "--quick", "--device", DEVICE, "--backends", ",".join(BACKENDS),
                          "--shapes", "256x64", "--ms", "1,3", "--schemes", "w4g128,w8ch", "--reps", "1",
@@ -54,7 +43,7 @@ def test_bench_runs_every_cpu_backend_and_reports_consistently(tmp_path):
 def test_bench_reports_peers_it_cannot_run(tmp_path):
     """tinygemm and gemlite are timed on CUDA only: elsewhere (or without gemlite) each is listed as skipped
     with its reason, never silently dropped."""
-    bench = _load_bench()
+    bench = load_eval_script("bench_wna16")
     result = bench.main(["--out", str(tmp_path), "--device", DEVICE, "--backends", "triton,tinygemm,gemlite",
                          "--shapes", "256x64", "--ms", "1", "--schemes", "w8ch", "--reps", "1", "--max-copies", "1"])
     assert [r["backend"] for r in result["rows"]] == ["triton"]  # int8: no peer runs it
@@ -65,7 +54,7 @@ def test_bench_reports_peers_it_cannot_run(tmp_path):
 
 
 def test_bench_sweep_times_alternative_configs(tmp_path):
-    bench = _load_bench()
+    bench = load_eval_script("bench_wna16")
     result = bench.main(["--out", str(tmp_path), "--device", DEVICE, "--backends", "triton", "--shapes", "256x64",
                          "--ms", "1", "--schemes", "w4g128", "--reps", "1", "--max-copies", "1", "--sweep"])
     (row,) = result["rows"]

@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "evals" / "kernels" / "cpu_dequant_crossover.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("cpu_dequant_crossover", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from .eval_scripts import load_eval_script
 
 
 def test_crossover_bench_runs_and_its_paths_agree(tmp_path):
-    bench = _load()
+    bench = load_eval_script("cpu_dequant_crossover")
     result = bench.main(["--out", str(tmp_path), "--shape", "256x128", "--ms", "2,40", "--reps", "1",
                          "--threads", "1"])
     saved = json.loads((tmp_path / "cpu_dequant_crossover.json").read_text())
