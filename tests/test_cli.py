@@ -64,11 +64,22 @@ def test_eval_on_the_tiny_reference_model(tmp_path, capsys):
     assert w8["kl_divergence"] < w4["kl_divergence"] and w8["top1_agreement"] > w4["top1_agreement"]
 
 
-def test_demo_end_to_end_on_tiny(tmp_path, capsys):
+def test_demo_end_to_end_on_tiny(tmp_path, capsys, monkeypatch):
+    from quantkit import cli
+    from quantkit.commands import bench
+
+    # the demo's bench step calls bench.benchmark with typed arguments, not the argument parser
+    parsers, calls, real_build_parser, real_benchmark = [], [], cli.build_parser, bench.benchmark
+    monkeypatch.setattr(cli, "build_parser", lambda: parsers.append(1) or real_build_parser())
+    monkeypatch.setattr(bench, "benchmark", lambda *a, **kw: calls.append((a, kw)) or real_benchmark(*a, **kw))
     out = tmp_path / "demo"
     assert main(["demo", "--model", "ref:tiny", "--recipes", "w8a16-rtn,w4a16-rtn-asym", "--max-tokens", "2048",
                  "--out", str(out)]) == 0
     capsys.readouterr()
+    assert len(parsers) == 1, "only the demo's own command line is parsed"
+    [(positional, keywords)] = calls
+    assert positional == ("ref:tiny",) and keywords["variants"] == ["w8a16-rtn", "w4a16-rtn-asym"]
+    assert all(isinstance(n, int) for n in keywords["prompt_lens"] + keywords["context_lens"])
     report = (out / "report.md").read_text()
     assert "| w8a16-rtn | int8 per-channel sym |" in report and "| w4a16-rtn-asym | int4 g128 asym |" in report
     # the results table is one Markdown block (a blank line between rows would break it)

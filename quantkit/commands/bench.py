@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from . import check_backend, int_at_least, positive_float
@@ -76,46 +77,89 @@ def _split(values: list[str]) -> list[str]:
     return [v for item in values for v in item.split(",") if v]
 
 
-def _command_line(args: argparse.Namespace, variants: list[str], device, settings) -> str:
+def _command_line(model: str, baseline: str | None, variants: list[str], device, settings, *, dtype: str,
+                  backend: str, gpu: str, seed: int, max_cache_gb: float | None, cuda_graphs: bool,
+                  compile: str | None, compile_backend: str, threads: int | None, json_out: str | None) -> str:
     """The command that repeats this measurement (every setting spelled out)."""
     import shlex
 
     def csv(values):
         return ",".join(str(v) for v in values)
 
-    parts = ["quantkit", "bench", args.model]
-    if args.baseline:
-        parts += ["--baseline", args.baseline]
+    parts = ["quantkit", "bench", model]
+    if baseline:
+        parts += ["--baseline", baseline]
     if variants:
         parts += ["--variants", ",".join(variants)]
-    parts += ["--device", str(device), "--dtype", args.dtype, "--backend", args.backend,
+    parts += ["--device", str(device), "--dtype", dtype, "--backend", backend,
               "--prompt-lens", csv(settings.prompt_lens), "--context-lens", csv(settings.context_lens),
               "--batch-sizes", csv(settings.batch_sizes), "--prefill-batch-sizes", csv(settings.prefill_batch_sizes),
-              "--warmup", str(settings.warmup), "--repeats", str(settings.repeats), "--gpu", args.gpu,
-              "--seed", str(args.seed)]
-    if args.max_cache_gb:
-        parts += ["--max-cache-gb", str(args.max_cache_gb)]
-    if args.no_cuda_graphs:
+              "--warmup", str(settings.warmup), "--repeats", str(settings.repeats), "--gpu", gpu,
+              "--seed", str(seed)]
+    if max_cache_gb:
+        parts += ["--max-cache-gb", str(max_cache_gb)]
+    if not cuda_graphs:
         parts.append("--no-cuda-graphs")
-    if args.compile:
-        parts += ["--compile", args.compile]
-        if args.compile_backend != "inductor":
-            parts += ["--compile-backend", args.compile_backend]
-    if args.threads:
-        parts += ["--threads", str(args.threads)]
-    if args.json_out:
-        parts += ["--json", args.json_out]
+    if compile:
+        parts += ["--compile", compile]
+        if compile_backend != "inductor":
+            parts += ["--compile-backend", compile_backend]
+    if threads:
+        parts += ["--threads", str(threads)]
+    if json_out:
+        parts += ["--json", json_out]
     env = [f"{k}={os.environ[k]}" for k in TIMING_ENV if os.environ.get(k)]
     return shlex.join(env + parts)
 
 
-def _say(args: argparse.Namespace, message: str) -> None:
-    """A progress line on stderr (stdout keeps the results), unless --quiet."""
-    if not args.quiet:
+def _say(quiet: bool, message: str) -> None:
+    """A progress line on stderr (stdout keeps the results), unless quiet."""
+    if not quiet:
         print(f"bench: {message}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
+    benchmark(
+        args.model, baseline=args.baseline, variants=_split(args.variants), json_out=args.json_out,
+        device=args.device, dtype=args.dtype, backend=args.backend, prompt_lens=args.prompt_lens,
+        context_lens=args.context_lens, batch_sizes=args.batch_sizes, prefill_batch_sizes=args.prefill_batch_sizes,
+        warmup=args.warmup, repeats=args.repeats, gpu=args.gpu, max_cache_gb=args.max_cache_gb,
+        cuda_graphs=not args.no_cuda_graphs, compile=args.compile, compile_backend=args.compile_backend,
+        threads=args.threads, seed=args.seed, quiet=args.quiet,
+    )
+    return 0
+
+
+def benchmark(
+    model: str,
+    *,
+    baseline: str | None = None,
+    variants: Sequence[str] = (),
+    json_out: str | os.PathLike | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    backend: str = "auto",
+    prompt_lens: Sequence[int] | None = None,
+    context_lens: Sequence[int] | None = None,
+    batch_sizes: Sequence[int] | None = None,
+    prefill_batch_sizes: Sequence[int] = (1,),
+    warmup: int = 2,
+    repeats: int = 5,
+    gpu: str = "probe",
+    max_cache_gb: float | None = None,
+    cuda_graphs: bool = True,
+    compile: str | None = None,
+    compile_backend: str = "inductor",
+    threads: int | None = None,
+    seed: int = 0,
+    quiet: bool = False,
+) -> dict:
+    """Time prefill (TTFT) and decode (TPOT) of `model` and its `variants` (recipes or quantized
+    checkpoint folders), as `quantkit bench` does: the keywords are its options (None: the device's
+    default lengths and batch sizes; `cuda_graphs=False` is --no-cuda-graphs; `compile` is None, "all"
+    or "decode"). Prints the summary (and progress lines on stderr unless `quiet`), writes `json_out`
+    when given, and returns the results as written there.
+    """
     import torch
 
     from quantkit.harness.hardware import resolve_device_spec
@@ -128,92 +172,99 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.loading import is_quantized_checkpoint, resolve_model_source
     from quantkit.outputs import atomic_write_text, check_writable
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.device == "auto":
+    if compile not in (None, "all", "decode"):
+        raise UsageError(f"compile is None, 'all' or 'decode', not {compile!r}")
+    if json_out is not None:
+        json_out = os.fspath(json_out)
+    if threads:
+        torch.set_num_threads(threads)
+    if device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
-        device = resolve_device(args.device, option="--device")
-    check_backend(args.backend)
-    if args.json_out:
-        check_writable(args.json_out, force=True, file=True)  # before any work
+        device = resolve_device(device, option="--device")
+    check_backend(backend)
+    if json_out:
+        check_writable(json_out, force=True, file=True)  # before any work
     features = None
     if device.type == "cpu":
         from quantkit.harness.cpu_features import detect_cpu_features
 
         features = detect_cpu_features()
-    if args.dtype == "auto":
+    if dtype == "auto":
         phase_dtypes = {"prefill": torch.bfloat16, "decode": torch.bfloat16} if features is None else {
             "prefill": getattr(torch, features.prefill_dtype), "decode": getattr(torch, features.decode_dtype)}
     else:
-        phase_dtypes = dict.fromkeys(("prefill", "decode"), parse_dtype(args.dtype))
+        phase_dtypes = dict.fromkeys(("prefill", "decode"), parse_dtype(dtype))
         if features is not None and phase_dtypes["prefill"] == torch.bfloat16 and features.prefill_dtype != "bfloat16":
             mm = features.matmul_flops
             print(f"warning: this CPU's bf16 matmul measured {mm['bfloat16'] / 1e9:.3g} GFLOP/s against "
                   f"{mm['float32'] / 1e9:.3g} in float32: bf16 prefill timings will measure that, not the model "
                   "(--dtype auto times each phase in the dtype fastest here)", file=sys.stderr)
     defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
-    if args.gpu.strip().lower() == "probe":
-        _say(args, f"measuring the memory bandwidth and matmul peak of {device} (the roofline's device)")
-    spec = resolve_device_spec(args.gpu, device, dtype=phase_dtypes["prefill"])
-    max_cache = args.max_cache_gb * 2**30 if args.max_cache_gb else spec.memory_bytes / 4
+    if gpu.strip().lower() == "probe":
+        _say(quiet, f"measuring the memory bandwidth and matmul peak of {device} (the roofline's device)")
+    spec = resolve_device_spec(gpu, device, dtype=phase_dtypes["prefill"])
+    max_cache = max_cache_gb * 2**30 if max_cache_gb else spec.memory_bytes / 4
     settings = BenchSettings(
-        prompt_lens=args.prompt_lens or int_list(defaults["prompt_lens"]),
-        context_lens=args.context_lens or int_list(defaults["context_lens"]),
-        batch_sizes=args.batch_sizes or int_list(defaults["batch_sizes"]),
-        prefill_batch_sizes=args.prefill_batch_sizes, warmup=args.warmup, repeats=args.repeats,
-        cuda_graphs=not args.no_cuda_graphs, max_cache_bytes=max_cache, seed=args.seed,
-        compile_backend=args.compile_backend if args.compile else None,
-        compile_prefill=args.compile == "all",
+        prompt_lens=list(prompt_lens) if prompt_lens else int_list(defaults["prompt_lens"]),
+        context_lens=list(context_lens) if context_lens else int_list(defaults["context_lens"]),
+        batch_sizes=list(batch_sizes) if batch_sizes else int_list(defaults["batch_sizes"]),
+        prefill_batch_sizes=list(prefill_batch_sizes), warmup=warmup, repeats=repeats,
+        cuda_graphs=cuda_graphs, max_cache_bytes=max_cache, seed=seed,
+        compile_backend=compile_backend if compile else None,
+        compile_prefill=compile == "all",
     )
-    variant_specs = _split(args.variants)
-    model_is_checkpoint = not args.model.endswith(".json") and is_quantized_checkpoint(resolve_model_source(args.model))
+    variant_specs = list(variants)
+    model_is_checkpoint = not model.endswith(".json") and is_quantized_checkpoint(resolve_model_source(model))
     if model_is_checkpoint:
-        variant_specs.insert(0, args.model)
-        base_source = args.baseline
-    elif args.baseline:
+        variant_specs.insert(0, model)
+        base_source = baseline
+    elif baseline:
         raise UsageError("--baseline is for a quantized MODEL; MODEL is a float model and is the baseline")
     else:
-        base_source = args.model
+        base_source = model
     if base_source is None and any(not Path(s).is_dir() for s in variant_specs):
         raise UsageError("recipes need a float model: give it with --baseline")
     one_dtype = phase_dtypes["prefill"] == phase_dtypes["decode"]
     # On CPU, "auto" would give float32 models the slow pure-torch reference path; a speed benchmark
     # wants PyTorch's weight-only kernels (they take activations in bf16) whatever the model dtype.
-    backend = "torch" if args.backend == "auto" and device.type == "cpu" else args.backend
+    kernel_backend = "torch" if backend == "auto" and device.type == "cpu" else backend
 
-    def build(dtype):
+    def build(model_dtype):
         base = None
         if base_source is not None:
-            _say(args, f"loading {base_source} ({str(dtype).removeprefix('torch.')}, {device})")
-            base = load_source_model(base_source, dtype=dtype, device=device, seed=args.seed)
+            _say(quiet, f"loading {base_source} ({str(model_dtype).removeprefix('torch.')}, {device})")
+            base = load_source_model(base_source, dtype=model_dtype, device=device, seed=seed)
         # one float baseline for both phases, whatever dtype each phase runs in
-        variants = [float_variant(base, name=None if one_dtype else "float")] if base is not None else []
+        built = [float_variant(base, name=None if one_dtype else "float")] if base is not None else []
         for i, s in enumerate(variant_specs):
-            _say(args, f"preparing variant {i + 1}/{len(variant_specs)}: {s} "
-                       f"({'loading the checkpoint' if Path(s).is_dir() else 'quantizing a copy of the float model'})")
-            variants.append(build_variant(s, base, dtype=dtype, device=device, backend=backend))
-        return variants
+            _say(quiet, f"preparing variant {i + 1}/{len(variant_specs)}: {s} "
+                        f"({'loading the checkpoint' if Path(s).is_dir() else 'quantizing a copy of the float model'})")
+            built.append(build_variant(s, base, dtype=model_dtype, device=device, backend=kernel_backend))
+        return built
 
-    label = str(base_source or args.model)
-    variants = build(phase_dtypes["prefill"])
-    names = [v.name for v in variants]
+    label = str(base_source or model)
+    built = build(phase_dtypes["prefill"])
+    names = [v.name for v in built]
     if len(set(names)) != len(names):
         raise UsageError(f"variant names collide: {names}; give each variant a distinct recipe or folder name")
     if one_dtype:
-        results = run_bench(variants, spec, settings, device=device, model_label=label, progress=not args.quiet)
+        results = run_bench(built, spec, settings, device=device, model_label=label, progress=not quiet)
     else:
-        prefill = run_bench(variants, spec, settings, device=device, model_label=label, progress=not args.quiet,
+        prefill = run_bench(built, spec, settings, device=device, model_label=label, progress=not quiet,
                             phases=("prefill",))
-        del variants  # free the prefill dtype's models before building the decode dtype's
+        del built  # free the prefill dtype's models before building the decode dtype's
         decode = run_bench(build(phase_dtypes["decode"]), spec, settings, device=device, model_label=label,
-                           progress=not args.quiet, phases=("decode",))
+                           progress=not quiet, phases=("decode",))
         results = merge_phases(prefill, decode)
     if features is not None:
         results["device"]["cpu_features"] = features.to_dict()
-    results["command"] = _command_line(args, variant_specs if not model_is_checkpoint else variant_specs[1:], device, settings)
+    results["command"] = _command_line(
+        model, baseline, variant_specs if not model_is_checkpoint else variant_specs[1:], device, settings,
+        dtype=dtype, backend=backend, gpu=gpu, seed=seed, max_cache_gb=max_cache_gb, cuda_graphs=cuda_graphs,
+        compile=compile, compile_backend=compile_backend, threads=threads, json_out=json_out)
     print("\n".join(summary_lines(results)))
-    if args.json_out:
-        atomic_write_text(args.json_out, json.dumps(results, indent=1) + "\n")
-        print(f"wrote {args.json_out}")
-    return 0
+    if json_out:
+        atomic_write_text(json_out, json.dumps(results, indent=1) + "\n")
+        print(f"wrote {json_out}")
+    return results

@@ -93,17 +93,12 @@ def _demo_command(args: argparse.Namespace) -> str:
 def _bench(model: str, recipes: list[str], out: Path, max_context: int | None) -> dict:
     """TTFT and TPOT of the float model and each recipe on this machine (short settings: two lengths
     within the model's context, each phase in the dtype fastest here)."""
-    from quantkit.cli import build_parser
+    from quantkit.commands.bench import benchmark
 
-    lengths = ",".join(str(n) for n in ((max_context // 8, max_context // 2) if max_context else (64, 256)))
-    args = build_parser().parse_args([
-        "bench", model, "--variants", ",".join(recipes), "--device", "cpu", "--dtype", "auto",
-        "--prompt-lens", lengths, "--context-lens", lengths, "--batch-sizes", "1,4", "--warmup", "1",
-        "--repeats", "3", "--quiet", "--json", str(out),
-    ])
-    if args.func(args) != 0:
-        raise RuntimeError("the prefill/decode benchmark failed")
-    return json.loads(out.read_text())
+    lengths = [max_context // 8, max_context // 2] if max_context else [64, 256]
+    benchmark(model, variants=recipes, device="cpu", dtype="auto", prompt_lens=lengths, context_lens=lengths,
+              batch_sizes=[1, 4], warmup=1, repeats=3, quiet=True, json_out=str(out))
+    return json.loads(out.read_text())  # the results as written, for the demo to amend
 
 
 def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int | None, dtype: str,
