@@ -11,7 +11,7 @@
 #          scheme x dtype x M matrix on the device when CUDA is present
 #   quick  bench_wna16.py --quick: 3 shapes x M 1,4,16,512 x W4 g128 / W8 channel, quantkit vs cuBLAS
 #          bf16 vs tinygemm vs gemlite (when installed), cold weights, CUDA-graph replays
-#   full   the 8 shapes x M 1..2048, W4 g128 and W8 per channel (same columns)
+#   full   8 decode shapes of Llama-3-8B/70B x M 1..2048, W4 g128 and W8 per channel (same columns)
 #   sweep  --sweep on two shapes: every alternative launch configuration next to the rule's pick,
 #          to refit kernels/wna16_heuristics.py
 # Writes $OUT/<stage>/bench_wna16.{json,md}, $OUT/<stage>.log, $OUT/env.txt, $OUT/status.txt.
