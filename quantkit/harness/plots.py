@@ -59,6 +59,9 @@ def _save(fig, out_dir: Path, name: str) -> str:
     return name
 
 
+ROOFLINE_LABEL = "roofline (dashed, in each variant's colour; black: the same for all variants)"
+
+
 def _figure_legend(fig, axes, roofline: bool = True) -> None:
     """One legend for all panels, below them: the variants' colours and (when drawn) the dashed roofline."""
     handles, labels = {}, []
@@ -68,16 +71,15 @@ def _figure_legend(fig, axes, roofline: bool = True) -> None:
                 handles[label] = h
                 labels.append(label)
     if roofline:
-        handles["roofline (dashed; grey: same for all variants)"] = Line2D(
-            [], [], color="gray", **ROOFLINE_MARKER)
-        labels.append("roofline (dashed; grey: same for all variants)")
+        handles[ROOFLINE_LABEL] = Line2D([], [], color="black", **ROOFLINE_MARKER)
+        labels.append(ROOFLINE_LABEL)
     fig.legend([handles[x] for x in labels], labels, loc="lower center", ncol=min(len(labels), 5),
                bbox_to_anchor=(0.5, -0.02), frameon=False)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
 
 
 def _plot_roofline_lines(ax, bench: dict, phase: str, length_key: str, batch: int, colors: dict[str, str]) -> None:
-    """Each variant's predicted times as a dashed line in its colour; one grey line when the
+    """Each variant's predicted times as a dashed line in its colour; one black line when the
     prediction is the same for every variant (e.g. a compute-bound prefill)."""
     lines = {}
     for name in variant_names(bench):
@@ -86,7 +88,7 @@ def _plot_roofline_lines(ax, bench: dict, phase: str, length_key: str, batch: in
             lines[name] = ([r[length_key] for r in rs], [1e3 * r["roofline"]["predicted_s"] for r in rs])
     same = len({(tuple(x), tuple(round(v, 9) for v in y)) for x, y in lines.values()}) == 1
     for name, (x, y) in lines.items():
-        ax.plot(x, y, color="gray" if same else colors[name], alpha=0.6, **ROOFLINE_MARKER)
+        ax.plot(x, y, color="black" if same else colors[name], alpha=0.6, **ROOFLINE_MARKER)
         if same:
             break
 
@@ -100,14 +102,7 @@ def plot_ttft(bench: dict, out_dir: Path, colors: dict[str, str]) -> str | None:
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(1, len(batches), figsize=(6.4 * len(batches), 4.6), squeeze=False)
         for ax, b in zip(axes[0], batches):
-            for name in names:
-                rs = records(bench, "prefill", name, batch=b)
-                if not rs:
-                    continue
-                x = [r["prompt_len"] for r in rs]
-                ax.plot(x, [1e3 * r["median_s"] for r in rs], "o-", color=colors[name], label=name)
-            if roofline:
-                _plot_roofline_lines(ax, bench, "prefill", "prompt_len", b, colors)
+            _plot_measured_lines(ax, bench, "prefill", "prompt_len", b, names, colors, roofline)
             _int_ticks(ax, [r["prompt_len"] for r in bench["prefill"]])
             ax.set_yscale("log")
             ax.set_xlabel("prompt length (tokens)")
@@ -115,6 +110,17 @@ def plot_ttft(bench: dict, out_dir: Path, colors: dict[str, str]) -> str | None:
             ax.set_title(f"Time to first token, batch {b}")
         _figure_legend(fig, axes.flat, roofline)
         return _save(fig, out_dir, "ttft_vs_prompt.png")
+
+
+def _plot_measured_lines(ax, bench: dict, phase: str, x_key: str, batch: int, names: list[str],
+                         colors: dict[str, str], roofline: bool) -> None:
+    """One line of measured median times (ms) per variant against ``x_key``, and its roofline lines."""
+    for name in names:
+        rs = records(bench, phase, name, batch=batch)
+        if rs:
+            ax.plot([r[x_key] for r in rs], [1e3 * r["median_s"] for r in rs], "o-", color=colors[name], label=name)
+    if roofline:
+        _plot_roofline_lines(ax, bench, phase, x_key, batch, colors)
 
 
 def plot_tpot(bench: dict, out_dir: Path, colors: dict[str, str]) -> str | None:
@@ -128,14 +134,7 @@ def plot_tpot(bench: dict, out_dir: Path, colors: dict[str, str]) -> str | None:
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 4.2 * rows + 0.5), squeeze=False)
         for ax, b in zip(axes.flat, batches):
-            for name in names:
-                rs = records(bench, "decode", name, batch=b)
-                if not rs:
-                    continue
-                x = [r["context_len"] for r in rs]
-                ax.plot(x, [1e3 * r["median_s"] for r in rs], "o-", color=colors[name], label=name)
-            if roofline:
-                _plot_roofline_lines(ax, bench, "decode", "context_len", b, colors)
+            _plot_measured_lines(ax, bench, "decode", "context_len", b, names, colors, roofline)
             _int_ticks(ax, [r["context_len"] for r in bench["decode"]])
             ax.set_ylim(bottom=0)
             ax.set_xlabel("context length (tokens in the KV cache)")
