@@ -1,8 +1,10 @@
 """Bad inputs a user can give the command line, each with the message it must get.
 
-Used twice: tests/test_robustness.py runs every case in process (exit status 2, the message on stderr,
-no traceback, nothing written), and evals/robustness.py runs every case as a real `quantkit` process to
-write the table in evals/robustness.md. A case builds what it needs under its own work folder (the
+More sets of cases live beside this file as `robustness_cases_<topic>.py`, each with a `CASES` list of
+its own (built with `Case` and the shared models below, imported relatively); `all_cases()` gathers
+them all. Used twice: tests/test_robustness.py runs every case in process (exit status 2, the message
+on stderr, no traceback, nothing written), and evals/robustness.py runs every case as a real `quantkit`
+process to write the table in evals/robustness.md (a topic's in evals/robustness-<topic>.md). A case builds what it needs under its own work folder (the
 current folder while it runs; models shared by all cases go beside it, in `_shared/`) and returns the
 command's arguments.
 """
@@ -297,3 +299,13 @@ CASES = [
     Case("inspect-a-file", "`inspect` of a weights file instead of its folder", _inspect_file,
          "is not a model folder"),
 ]
+
+
+def all_cases() -> list[Case]:
+    """CASES here, then those of every `robustness_cases_<topic>.py` beside this file, by file name."""
+    import importlib
+
+    cases = list(CASES)
+    for path in sorted(Path(__file__).parent.glob("robustness_cases_*.py")):
+        cases += importlib.import_module(f"{__package__}.{path.stem}").CASES
+    return cases
