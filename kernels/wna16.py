@@ -1,23 +1,25 @@
 """Backend dispatch for the weight-only (WNA16) linear: the contract quantkit.modules.QuantLinear calls.
 
-Backends (``resolve_backend`` turns "auto" into one of them, from the weight's device and the model
-dtype; "auto" never changes the numerics of a model: it picks the bf16 CPU kernels only for bf16 models):
+Backends (``resolve_backend`` turns "auto" into one of them, from the weight's device and the model dtype):
 
 - "triton": the Triton kernels (``torch.ops.quantkit.wna16_gemm``). "auto" picks it for CUDA tensors.
   Runs int2/int4/int8, per channel or in groups of a multiple of 32/bits, symmetric or not,
   activations fp16/bf16/fp32 (fp32 accumulation, output in x's dtype).
-- "torch": PyTorch's weight-only CPU kernels. "auto" picks it for CPU tensors of a bf16 model (or an
-  unknown dtype). Per layer, at prepare time:
+- "torch": PyTorch's weight-only CPU kernels. "auto" picks it for CPU tensors of a bf16 or fp32
+  model (or an unknown dtype). Per layer, at prepare time:
   int8 per channel -> ``torch.ops.quantkit.wna16_int8_cpu`` (aten._weight_int8pack_mm);
   int4, or int8 in groups, with N % 16 == 0 and a group size that is a multiple of 32 (or per
   channel with K % 32 == 0) -> ``torch.ops.quantkit.wna16_int4_cpu`` (aten._weight_int4pack_mm_for_cpu;
   int8 groups run as two exact int4 halves); any other layer (int2, odd shapes) -> the reference.
-  Numerics: these kernels compute in bf16 whatever x's dtype (their fp16/fp32 paths are 40-60x
-  slower), so fp32 and fp16 models get bf16-level precision (relative error ~2^-9) on this backend:
-  choose it explicitly for such a model to trade that precision for speed.
+  Numerics: below ``DEQUANT_MIN_ROWS`` rows (decode) these kernels compute in bf16 whatever x's dtype
+  (their fp16/fp32 paths are 1.3-47x slower: ``evals/kernels/cpu/cpu_activation_paths_*.md``);
+  from it on (prefill) fp32/fp16 activations multiply in fp32 a weight dequantized with the bf16
+  scales. An fp32 model thus gets bf16 precision: relative mean error <= 2^-7 (bf16's eps) against
+  the fp32 product with the exactly dequantized weight, 1e-3 to 3e-3 measured.
 - "reference": dequantize in fp32 and matmul in fp32 on any device (``wna16_linear_reference``): exact,
-  slow. "auto" picks it for fp32/fp16 models on CPU (whose quality evaluations must not pick up bf16
-  rounding) and for devices that are neither CUDA nor CPU.
+  slow. "auto" picks it for fp16 models on CPU (bf16 would drop 3 of fp16's mantissa bits, and at
+  M = 1 fp16 dense GEMVs are as fast as the bf16 kernels there) and for devices that are neither CUDA
+  nor CPU.
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ BACKENDS = ("auto", "triton", "torch", "reference")
 def resolve_backend(backend: str, device: torch.device | str, dtype: torch.dtype | None = None) -> str:
     """Map "auto" to a concrete backend for weights living on ``device``; check explicit choices.
 
-    "auto": CUDA -> "triton"; CPU -> "torch" for a bf16 model (``dtype`` bf16 or None), "reference"
-    for fp32/fp16 ones (the CPU kernels compute in bf16); any other device -> "reference".
+    "auto": CUDA -> "triton"; CPU -> "torch" for a bf16 or fp32 model (or ``dtype`` None: fast, bf16
+    precision), "reference" for an fp16 one; any other device -> "reference".
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {BACKENDS}")
@@ -54,7 +56,7 @@ def resolve_backend(backend: str, device: torch.device | str, dtype: torch.dtype
     if backend == "auto":
         if device.type == "cuda":
             return "triton"
-        if device.type == "cpu" and dtype in (torch.bfloat16, None):
+        if device.type == "cpu" and dtype in (torch.bfloat16, torch.float32, None):
             return "torch"
         return "reference"
     if backend == "triton" and not triton_can_run_on(device):

@@ -6,10 +6,10 @@
   through a rank-1 correction).
 
 Numerics: both aten kernels are fast for bf16 activations only (fp16 and fp32 take a scalar path,
-measured 40-60x slower on this machine), so these ops always compute in bf16: x is cast to bf16, the
-scales are stored in bf16, and the result is cast back to x's dtype. For fp32 or fp16 models this
-trades precision (about bf16's: relative error ~2^-9) for speed; backend "reference" keeps full
-precision. Layouts: quantkit.kernels.wna16_layout.
+measured 1.3-47x slower: evals/kernels/cpu/cpu_activation_paths_*.md), so these ops always compute in
+bf16: x is cast to bf16, the scales are stored in bf16, and the result is cast back to x's dtype. For
+fp32 or fp16 models this trades precision (about bf16's: relative error ~2^-9) for speed; backend
+"reference" keeps full precision. Layouts: quantkit.kernels.wna16_layout.
 
 Both ops switch by the number of rows: below ``DEQUANT_MIN_ROWS`` rows (decode) they run the fused aten
 kernels above; from it on (prefill) they dequantize the weight once into a scratch and run the dense

@@ -88,8 +88,8 @@ def test_layers_the_cpu_kernels_cannot_run_fall_back_to_the_reference(scheme, n,
 def test_resolve_backend_rules():
     assert qk.resolve_backend("auto", torch.device("cpu"), torch.bfloat16) == "torch"
     assert qk.resolve_backend("auto", "cpu") == "torch"
-    # the CPU kernels compute in bf16: "auto" keeps fp32/fp16 models exact
-    assert qk.resolve_backend("auto", torch.device("cpu"), torch.float32) == "reference"
+    # fp32 models get the CPU kernels at bf16 precision (test_wna16_auto_cpu); fp16 ones stay exact
+    assert qk.resolve_backend("auto", torch.device("cpu"), torch.float32) == "torch"
     assert qk.resolve_backend("auto", "cpu", torch.float16) == "reference"
     assert qk.resolve_backend("auto", "cuda", torch.float32) == "triton"
     assert qk.resolve_backend("auto", "cuda:0", torch.bfloat16) == "triton"
