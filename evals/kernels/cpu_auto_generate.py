@@ -11,7 +11,7 @@ turn, round after round (interleaved, so load drifts over all alike), the first 
 A variant's time is the median over the other rounds, shown with their range; the speedup is the
 float model's median over the variant's.
 
-Models: ``ref:small`` (trained, 5.3 M parameters: 21 MB of fp32 weights, which sit in the CPU's
+Models: ``ref:small`` (trained, 5.2 M parameters: 21 MB of fp32 weights, which sit in the CPU's
 caches, so its decode is bound by per-op overheads, not by memory) and
 ``evals/configs/llama-1b-random.json`` (random weights, 0.85 B parameters: 3.4 GB in fp32, far
 beyond any cache: decode reads every weight from DRAM). Outputs OUT/cpu_auto_generate.{json,md}.
