@@ -12,7 +12,7 @@ import pytest
 
 import quantkit
 from quantkit.errors import OutputExistsError
-from quantkit.outputs import atomic_output_dir, atomic_write_text, clean_stale, publish_files
+from quantkit.outputs import MARKER, atomic_output_dir, atomic_write_text, clean_stale, publish_files
 
 
 def _dead_pid() -> int:
@@ -44,16 +44,16 @@ def test_an_empty_folder_created_meanwhile_is_not_replaced_either(tmp_path):
 
 def test_force_replaces_only_after_the_new_folder_is_complete(tmp_path):
     out = tmp_path / "ckpt"
-    out.mkdir()
-    (out / "old.txt").write_text("old")
+    with atomic_output_dir(out) as tmp:
+        (tmp / "old.txt").write_text("old")
     with pytest.raises(RuntimeError):
         with atomic_output_dir(out, force=True) as tmp:
             (tmp / "new.txt").write_text("new")
             raise RuntimeError("killed halfway")
-    assert [p.name for p in out.iterdir()] == ["old.txt"]
+    assert (out / "old.txt").read_text() == "old" and not (out / "new.txt").exists()
     with atomic_output_dir(out, force=True) as tmp:
         (tmp / "new.txt").write_text("new")
-    assert [p.name for p in out.iterdir()] == ["new.txt"]
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "new.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 
 
