@@ -146,7 +146,7 @@ def check_replaceable(folder: str | os.PathLike, *, known_files: Collection[str]
             f"or choose another output path")
     listed = set(marker["files"])
     parents = {str(p) for f in listed for p in Path(f).parents}
-    others = sorted(f for f in files if f not in listed and f != MARKER) + sorted(d for d in folders if d not in parents)
+    others = sorted([f for f in files if f not in listed and f != MARKER] + [d for d in folders if d not in parents])
     if others:
         raise OutputRefusedError(
             f"refusing to replace {out}: it holds files quantkit did not write ({_listed(others)}); move them "
@@ -168,12 +168,14 @@ def _entries(folder: Path) -> tuple[list[str], list[str]]:
     return files, folders
 
 
-def write_marker(folder: Path) -> str:
-    """Write `folder`/MARKER listing every file below `folder`; returns the marker's unique id."""
-    files, _ = _entries(folder)
+def write_marker(folder: Path, files: Iterable[str] | None = None) -> str:
+    """Write `folder`/MARKER listing `files` (paths relative to `folder`; default: every file below it);
+    returns the marker's unique id."""
+    if files is None:
+        files, _ = _entries(folder)
     ident = f"{os.getpid()}-{time.time_ns()}-{secrets.token_hex(4)}"
     record = {"written_by": "quantkit", "id": ident, "files": sorted(f for f in files if f != MARKER)}
-    (folder / MARKER).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    atomic_write_text(folder / MARKER, json.dumps(record, indent=1) + "\n")
     return ident
 
 
@@ -256,7 +258,7 @@ def atomic_output_dir(out_dir: str | os.PathLike, *, force: bool = False,
     check_writable(out, force=force, inputs=inputs, known_files=known_files)
     before = output_state(out) if expect is None else expect
     if output_state(out) != before:
-        raise OutputExistsError(out, " (another process wrote it while this one worked)")
+        raise _written_meanwhile(out, force)
     if size_hint is not None:
         check_free_space(out, size_hint)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -267,7 +269,7 @@ def atomic_output_dir(out_dir: str | os.PathLike, *, force: bool = False,
             write_marker(tmp)
         with _locked(out.parent):
             if output_state(out) != before:
-                raise OutputExistsError(out, " (another process wrote it while this one worked)")
+                raise _written_meanwhile(out, force)
             if before.key is None:
                 rename_noreplace(tmp, out)
             else:
@@ -276,6 +278,14 @@ def atomic_output_dir(out_dir: str | os.PathLike, *, force: bool = False,
     except BaseException:
         _remove(tmp)
         raise
+
+
+def _written_meanwhile(out: Path, force: bool) -> OutputExistsError:
+    """The error of a writer that finds `out` written by another process since its work began."""
+    if not force:
+        return OutputExistsError(out, " (another process wrote it while this one worked)")
+    return OutputRefusedError(f"{out} was written by another process while this one worked: that output is kept "
+                              f"and this one's is discarded; run again to replace it")
 
 
 def _replace(new: Path, out: Path) -> None:
@@ -493,20 +503,19 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 @contextmanager
 def publish_files(out_dir: str | os.PathLike, names: Iterable[str], *, force: bool = False,
                   inputs: Iterable[str | os.PathLike | None] = ()) -> Iterator[Path]:
-    """Yield a temporary folder inside `out_dir`; on success move each file in it into `out_dir`.
+    """Yield a temporary folder inside `out_dir`; on success move each file in it into `out_dir`, and
+    add them to `out_dir`'s marker.
 
     names: files whose presence in `out_dir` means a previous output would be overwritten: refused
-    unless force. Other files of `out_dir` are kept; none of `inputs` (files the caller reads) is ever
-    overwritten, forced or not.
+    unless force. With force, only files an earlier publish listed in the marker are overwritten. Other
+    files of `out_dir` are kept; none of `inputs` (files the caller reads) is ever overwritten.
     """
     out = _absolute(out_dir)
     inputs = list(inputs)
     names = list(names)
     for name in names:
         refuse_inputs(out / name, inputs, file=True)
-    existing = [n for n in names if os.path.lexists(out / n)]
-    if existing and not force:
-        raise OutputExistsError(out / existing[0])
+    _check_overwrite(out, names, force)
     check_writable(out / ".probe", force=True, file=True)
     out.mkdir(parents=True, exist_ok=True)
     clean_stale(out / ".publish")
@@ -514,13 +523,29 @@ def publish_files(out_dir: str | os.PathLike, names: Iterable[str], *, force: bo
     try:
         with _no_space_named(out, out, lambda: _bytes_below(tmp), exact=False):
             yield tmp
-        files = sorted(tmp.iterdir())
-        for f in files:
-            refuse_inputs(out / f.name, inputs, file=True)
-        clash = [f.name for f in files if os.path.lexists(out / f.name)]
-        if clash and not force:
-            raise OutputExistsError(out / clash[0])
-        for f in files:
-            os.replace(f, out / f.name)
+            files = sorted(p.name for p in tmp.iterdir())
+            for name in files:
+                refuse_inputs(out / name, inputs, file=True)
+            with _locked(out):
+                _check_overwrite(out, files, force)
+                marker = read_marker(out)
+                listed = set(marker["files"]) if marker else set()
+                for name in files:
+                    os.replace(tmp / name, out / name)
+                write_marker(out, [f for f in listed | set(files) if os.path.lexists(out / f)])
     finally:
         _remove(tmp)
+
+
+def _check_overwrite(out: Path, names: list[str], force: bool) -> None:
+    """OutputExistsError for a file of `names` in `out` (unless force); OutputRefusedError, even with force,
+    for one that `out`'s marker does not list (quantkit did not write it)."""
+    existing = [n for n in names if os.path.lexists(out / n)]
+    if existing and not force:
+        raise OutputExistsError(out / existing[0])
+    marker = read_marker(out) if existing else None
+    foreign = [n for n in existing if marker is None or n not in marker["files"]]
+    if foreign:
+        raise OutputRefusedError(f"refusing to overwrite {_listed([str(out / n) for n in foreign])}: quantkit did not "
+                                 f"write it (no {MARKER} in {out} lists it); move it away, or choose another output "
+                                 f"path")

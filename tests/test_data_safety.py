@@ -14,7 +14,7 @@ import pytest
 
 import quantkit
 from quantkit.cli import main
-from quantkit.errors import OutputExistsError, OutputRefusedError
+from quantkit.errors import OutputRefusedError
 from quantkit.outputs import MARKER, atomic_output_dir, clean_stale, read_marker
 
 from .robustness_cases_safety import CASES
@@ -109,7 +109,7 @@ def test_a_forced_run_never_replaces_what_another_process_finished_meanwhile(tmp
     capsys.readouterr()
     status = main(["quantize", "ref:tiny", "--recipe", "w4a16-rtn", "--out", str(out), "--force"])
     err = capsys.readouterr().err
-    assert status == 2 and "another process wrote it while this one worked" in err, err
+    assert status == 2 and "was written by another process while this one worked: that output is kept" in err, err
     assert "w8a16-rtn" in (out / "recipe.yaml").read_text(), "the other writer's checkpoint is kept"
     assert [p.name for p in tmp_path.iterdir()] == ["out"], "nothing left beside it"
 
@@ -123,7 +123,7 @@ def test_the_last_of_two_writers_is_told_when_the_first_finished_while_it_worked
     seen = output_state(out)  # what a second forced writer saw when it started
     with atomic_output_dir(out, force=True) as tmp:  # a third writer replaces it meanwhile
         (tmp / "third.txt").write_text("third")
-    with pytest.raises(OutputExistsError, match="another process wrote it"):
+    with pytest.raises(OutputRefusedError, match="written by another process while this one worked"):
         with atomic_output_dir(out, force=True, expect=seen) as tmp:
             (tmp / "second.txt").write_text("second")
     assert (out / "third.txt").read_text() == "third"

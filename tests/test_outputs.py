@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import quantkit
-from quantkit.errors import OutputExistsError
+from quantkit.errors import OutputExistsError, OutputRefusedError
 from quantkit.outputs import MARKER, atomic_output_dir, atomic_write_text, clean_stale, publish_files
 
 
@@ -120,7 +120,22 @@ def test_publish_files_keeps_other_files_and_refuses_to_overwrite(tmp_path):
     with publish_files(tmp_path, ["report.md"], force=True) as tmp:
         (tmp / "report.md").write_text("third")
     assert (tmp_path / "report.md").read_text() == "third" and (tmp_path / "bench.json").read_text() == "input"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "report.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MARKER, "bench.json", "report.md"]
+
+
+def test_publish_files_never_overwrites_a_file_it_did_not_write(tmp_path):
+    (tmp_path / "report.md").write_text("the user's own report")
+    (tmp_path / "plot.png").write_text("the user's own plot")
+    with pytest.raises(OutputRefusedError, match="report.md: quantkit did not write it"):
+        with publish_files(tmp_path, ["report.md"], force=True) as tmp:
+            (tmp / "report.md").write_text("new")
+    (tmp_path / "report.md").unlink()
+    with pytest.raises(OutputRefusedError, match="plot.png: quantkit did not write it"):
+        with publish_files(tmp_path, ["report.md"], force=True) as tmp:
+            (tmp / "report.md").write_text("new")
+            (tmp / "plot.png").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plot.png"]
+    assert (tmp_path / "plot.png").read_text() == "the user's own plot"
 
 
 def test_a_missing_local_path_never_asks_the_hub(tmp_path, monkeypatch):

@@ -57,7 +57,6 @@ def build_atomically(spec: RefModelSpec, destination: Path, *, force: bool = Fal
     the same model there meanwhile, its folder is kept.
     ``heldout_max_bytes`` caps the held-out text scored for ``training.json`` (None: all of it).
     """
-    from ..errors import OutputExistsError
     from ..outputs import atomic_output_dir
 
     destination = Path(destination)
@@ -68,7 +67,7 @@ def build_atomically(spec: RefModelSpec, destination: Path, *, force: bool = Fal
             from .train import build_into  # torch and transformers: only when a model is trained
 
             build_into(staging, spec, num_threads=num_threads, progress=progress, heldout_max_bytes=heldout_max_bytes)
-    except OutputExistsError:
+    except FileExistsError:  # refused, or another process wrote it meanwhile: keep that if it is this model
         if not is_complete(destination, spec):
             raise
     return destination
