@@ -247,8 +247,9 @@ def atomic_output_dir(out_dir: str | os.PathLike, *, force: bool = False,
 
     An existing `out_dir` is refused unless force; with force it must pass `check_replaceable` (with
     `known_files`) and is replaced only after the new folder is complete. Either way the write is refused
-    (OutputExistsError) when `out_dir` is no longer what `expect` recorded (default: what it held at this
-    call): another process wrote it meanwhile. `inputs`: paths the caller reads, never overwritten.
+    (OutputExistsError; with force, OutputRefusedError) when `out_dir` is no longer what `expect` recorded
+    (default: what it held at this call): another process wrote it meanwhile. `inputs`: paths the caller
+    reads, never overwritten.
     `size_hint`: bytes the output will take, checked against the free space before anything is written.
     On failure the temporary folder is removed and `out_dir` is untouched.
     """
@@ -280,7 +281,7 @@ def atomic_output_dir(out_dir: str | os.PathLike, *, force: bool = False,
         raise
 
 
-def _written_meanwhile(out: Path, force: bool) -> OutputExistsError:
+def _written_meanwhile(out: Path, force: bool) -> FileExistsError:
     """The error of a writer that finds `out` written by another process since its work began."""
     if not force:
         return OutputExistsError(out, " (another process wrote it while this one worked)")

@@ -62,8 +62,12 @@ def test_a_disk_that_fills_while_writing_leaves_nothing(tmp_path, monkeypatch, w
     assert [p.name for p in tmp_path.iterdir()] == ["ck"] and list((tmp_path / "ck").iterdir()) == []
 
 
-def test_the_command_line_says_it_in_one_line(tmp_path, monkeypatch, capsys):
+def test_the_command_line_says_it_in_one_line_before_quantizing(tmp_path, monkeypatch, capsys):
+    def no_work(*args, **kwargs):
+        raise AssertionError("quantized although the checkpoint could not fit")
+
     monkeypatch.setattr(shutil, "disk_usage", lambda path: _Usage(10**9, 10**9 - 4096, 4096))
+    monkeypatch.setattr(quantkit, "quantize", no_work)
     status = main(["quantize", "ref:tiny", "--recipe", "w4a16-rtn", "--out", str(tmp_path / "ck")])
     err = capsys.readouterr().err
     assert status == 1 and "Traceback" not in err, err

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from quantkit import provenance
     from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source, source_dtype
     from quantkit.device import resolve_device
-    from quantkit.outputs import check_writable, output_state
+    from quantkit.outputs import check_free_space, check_writable, output_state
     from quantkit.summaries import SizeOnDisk, dtype_name, quantization_summary, state_bytes
 
     out = check_writable(args.out, force=args.force,  # before any work
@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         size_before = SizeOnDisk(folder_size_bytes(Path(source)), dtype_name(source_dtype(model)), "on disk")
     else:  # a hub model: its tensors as loaded
         size_before = SizeOnDisk(state_bytes(model), dtype_name(model.dtype), "as loaded")
+    check_free_space(out, _least_checkpoint_bytes(model, recipe, dtype or source_dtype(model)))  # before the work
     if calibrated:
         quantkit.quantize(model, recipe, calibration, device=args.calib_device)
     else:
@@ -94,3 +95,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"  calibration      : {provenance.describe_calibration(made.calibration if made else None)}")
     print(f"  recipe saved as  : {path / provenance.RECIPE_FILE} (repeat the run with --recipe on it)")
     return 0
+
+
+def _least_checkpoint_bytes(model, recipe, dtype) -> int:
+    """A lower bound of the checkpoint's size: the targeted linears' weights at the recipe's bits (scales
+    left out), every other parameter (tied ones once) in `dtype`."""
+    from quantkit.targets import select_linears
+
+    names = select_linears(model, recipe.targets, recipe.ignore)[0] if recipe.weights is not None else []
+    packed = {f"{name}.weight" for name in names}
+    return sum(p.numel() * recipe.weights.num_bits // 8 if name in packed else p.numel() * dtype.itemsize
+               for name, p in model.named_parameters())
