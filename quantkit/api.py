@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from . import provenance
 from .algorithms import rtn_quantize
 from .device import resolve_device
+from .dtypes import checkpoint_dtype
 from .errors import CheckpointError, QuantizationError
 from .finite import describe_nonfinite, nonfinite_tensors
 from .formats.compressed_tensors import build_quantization_config, kv_cache_scheme_of
@@ -22,9 +23,9 @@ from .formats.shapes import raise_on_mismatch, shape_mismatches, weight_shape_va
 from .formats.safetensors_io import read_state_dict, stored_float_dtype, write_state_dict
 from .loading import (
     SOURCE_DTYPE_ATTRIBUTE, copy_tokenizer_files, empty_quantized_model, is_quantized_checkpoint, load_float_model,
-    read_config_json, resolve_model_source, source_dtype,
+    read_config_json, resolve_model_source, source_dtype, tokenizer_bytes,
 )
-from .outputs import atomic_output_dir
+from .outputs import OutputState, atomic_output_dir
 from .modules.kv_cache import enable_fp8_kv_cache
 from .modules.kv_scales import attach_kv_scales, pop_kv_scales
 from .modules.quant_linear import QuantLinear
@@ -111,17 +112,25 @@ def quantize(
 
 def save(
     model: nn.Module, out_dir: "str | os.PathLike", *, tokenizer_source: str | None = None, force: bool = False,
-    dtype: torch.dtype | None = None,
+    dtype: "torch.dtype | str | None" = None, expect: OutputState | None = None,
 ) -> Path:
     """Write a quantized model as a compressed-tensors checkpoint folder, atomically, with
     ``recipe.yaml`` (the recipe and calibration data quantize used) when this process quantized it.
 
     tokenizer_source: folder or hub id whose tokenizer files are copied beside the weights
     (default: where the model was loaded from).
-    dtype: the dtype of every floating tensor written (embeddings, norms, scales, KV scales); default:
-    the dtype the source weights were stored in (a bf16 model stays bf16 even when it was loaded
-    in fp32 to compute), or the model's dtype for a model quantkit did not load.
+    force: replace an existing `out_dir` that quantkit wrote (an empty folder, or one whose
+    .quantkit-output.json lists every file in it); never the folder the model or tokenizer was loaded
+    from or one holding it, the working folder, or a folder holding other files.
+    dtype: the dtype of every floating tensor written (embeddings, norms, scales, KV scales):
+    torch.bfloat16, torch.float16 or torch.float32, or its name; default: the dtype the source weights
+    were stored in (a bf16 model stays bf16 even when it was loaded in fp32 to compute), or the model's
+    dtype for a model quantkit did not load.
+    expect: what `out_dir` held when the caller's work began (quantkit.outputs.output_state); the write
+    is refused if another process wrote `out_dir` since (default: since this call).
+    A disk too full for the checkpoint is found before anything is written (NoSpaceError, an OSError).
     """
+    dtype = source_dtype(model) if dtype is None else checkpoint_dtype(dtype)
     quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
     if not quantized and not getattr(model.config, "quantization_config", None):
         raise QuantizationError("the model has no quantized layers: call quantkit.quantize(model, recipe) first")
@@ -130,11 +139,14 @@ def save(
             "this model's layers released their checkpoint tensors for a faster backend; "
             "load it with quantkit.load(path, backend='reference') to save it again"
         )
-    state = _in_dtype(_deduplicated_state_dict(model), dtype or source_dtype(model))
+    state = _in_dtype(_deduplicated_state_dict(model), dtype)
     config = model.config.to_dict()
     config["quantization_config"] = build_quantization_config(model, kv_cache_scheme_of(model))
-    source = tokenizer_source or getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
-    with atomic_output_dir(out_dir, force=force) as tmp:
+    loaded_from = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
+    source = tokenizer_source or loaded_from
+    size = sum(t.numel() * t.element_size() for t in state.values()) + tokenizer_bytes(source)
+    with atomic_output_dir(out_dir, force=force, inputs=(loaded_from, tokenizer_source), expect=expect,
+                           size_hint=size) as tmp:
         write_state_dict(state, tmp)
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
         if getattr(model, "generation_config", None) is not None:

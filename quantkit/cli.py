@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     except OutputExistsError as e:
         return _fail(args, f"output {e.path} already exists{e.detail}: choose another --out, or pass --force to replace it")
     except QuantkitError as e:
-        return _fail(args, str(e))
+        return _fail(args, str(e), status=getattr(e, "exit_status", 2))
     except OSError as e:  # a file that cannot be read or written (permissions, full disk, not a folder)
         if e.filename is None:
             raise

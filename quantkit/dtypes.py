@@ -25,6 +25,21 @@ def parse_dtype(name: str, choices: tuple[str, ...] = SHORT_DTYPE_NAMES) -> torc
     return FLOAT_DTYPES[name]
 
 
+#: the floating dtypes a checkpoint's float tensors (embeddings, norms, scales) can be written in
+CHECKPOINT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def checkpoint_dtype(dtype: Any) -> torch.dtype:
+    """`dtype` as a torch dtype if a checkpoint can hold it: one of CHECKPOINT_DTYPES, given as a torch
+    dtype or by name ("bfloat16", "float16", "float32", their short names, or "torch.float16");
+    UsageError naming the choices otherwise."""
+    found = FLOAT_DTYPES.get(dtype.removeprefix("torch.")) if isinstance(dtype, str) else dtype
+    if found not in CHECKPOINT_DTYPES:
+        raise UsageError(f"dtype {dtype!r} cannot be written in a checkpoint: choose torch.bfloat16, torch.float16 "
+                         f"or torch.float32 (or their names 'bfloat16', 'float16', 'float32')")
+    return found
+
+
 def dtype_bytes(dtype: Any) -> int:
     """Bytes per element of a torch dtype or a config's dtype string ("bfloat16", "torch.float16", ...)."""
     if hasattr(dtype, "itemsize"):

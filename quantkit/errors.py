@@ -1,8 +1,8 @@
 """Exceptions with messages that name the problem and the fix.
 
 Every error quantkit raises for bad input is a QuantkitError: the command line prints its message
-(no traceback) and exits with status 2. Each kind is also a ValueError (or FileExistsError), so
-Python callers that caught those before still do.
+(no traceback) and exits with status 2 (NoSpaceError: 1). Each kind is also a ValueError (or
+FileExistsError, OSError), so Python callers that caught those before still do.
 """
 
 from __future__ import annotations
@@ -48,7 +48,21 @@ class OutputExistsError(QuantkitError, FileExistsError):
         )
 
 
+class OutputRefusedError(QuantkitError, FileExistsError):
+    """Writing the output would overwrite or delete what is not a previous output of quantkit: an input of
+    the command, the working folder, or a folder holding files quantkit did not write."""
+
+
+class NoSpaceError(QuantkitError, OSError):
+    """The disk (or the user's quota) has no room for the output; nothing was written.
+
+    exit_status: the command line's status for it (1: a file could not be written; not bad input).
+    """
+
+    exit_status = 1
+
+
 __all__ = [
-    "CheckpointError", "ConfigError", "EvaluationError", "OutputExistsError", "QuantizationError", "QuantkitError",
-    "UsageError",
+    "CheckpointError", "ConfigError", "EvaluationError", "NoSpaceError", "OutputExistsError", "OutputRefusedError",
+    "QuantizationError", "QuantkitError", "UsageError",
 ]

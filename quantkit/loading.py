@@ -188,5 +188,12 @@ def copy_tokenizer_files(source: str | None, dest: Path) -> list[str]:
         return []
 
 
+def tokenizer_bytes(source: str | None) -> int:
+    """Bytes of the tokenizer files copy_tokenizer_files would copy from a local folder (0 for a hub id)."""
+    if not source or not Path(source).is_dir():
+        return 0
+    return sum((Path(source) / name).stat().st_size for name in TOKENIZER_FILES if (Path(source) / name).is_file())
+
+
 def folder_size_bytes(folder: Path, pattern: str = "*.safetensors") -> int:
     return sum(p.stat().st_size for p in Path(folder).glob(pattern))

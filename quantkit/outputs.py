@@ -1,16 +1,25 @@
-"""Writing outputs: a folder or file appears whole or not at all, with the user's umask, and replaces
-what exists only when asked.
+"""Writing outputs: a folder or file appears whole or not at all, with the user's umask; it replaces only
+what quantkit itself wrote, only when asked, and never what the command reads.
 
-- `check_writable(path, force=...)` before any long work: the output must not exist (unless force) and
-  its nearest existing parent must be a folder this process can write into.
-- `atomic_output_dir(out, force=...)`: build a folder beside `out` (`.OUT.tmp-PID-XXXX`) and rename it
-  into place; the rename never replaces a folder another process finished meanwhile (unless force).
-  Temporary folders of killed runs (owner process gone) are removed on the next run into the same
-  place; a `.OUT.old-PID` left between the two renames of a forced replace is put back when `out` is
-  missing, else removed.
+- `check_writable(path, force=..., inputs=...)` before any long work: the output must not exist (unless
+  force, and then `check_replaceable`), must not be, hold or lie in one of the command's inputs (a file
+  it reads, a model folder), and its nearest existing parent must be a folder this process can write into.
+- `check_replaceable(folder)`: what force may replace: an empty folder, or one whose marker
+  (`.quantkit-output.json`, written into every output folder) lists every file in it. Never a symbolic
+  link, a file, the working folder or a folder holding it, or a folder with files quantkit did not write.
+- `atomic_output_dir(out, force=..., inputs=..., expect=..., size_hint=...)`: build a folder beside `out`
+  (`.OUT.tmp-PID-XXXX`), write its marker and move it into place: a new `out` by a rename that never
+  replaces, a forced replace by one atomic exchange of the two folders (renameat2 RENAME_EXCHANGE), so
+  that `out` is the old or the new output at every instant. Where the filesystem cannot exchange, two
+  renames: a `.OUT.old-PID` a killed run left between them is put back by the next run into the same place
+  (`clean_stale`, which also removes temporary folders whose owner process is gone). The final step holds
+  a lock on the parent folder and is refused when `out` changed since `expect` (default: since the call):
+  an output another process finished meanwhile is never replaced, forced or not.
 - `atomic_write_text(path, text)`: a file written beside `path`, then renamed over it.
 - `publish_files(out, names, force=...)`: files built in a temporary folder, then moved into an existing
   folder one by one (a report written into a folder that also holds its inputs).
+- A full disk or quota (ENOSPC, EDQUOT) while writing, or too little free space for a size known up front:
+  NoSpaceError naming the folder and the space needed; nothing half-written is left.
 
 Folders are created with mode 0777 and files with 0666, less the umask, as any other tool's;
 `give_default_mode` corrects files that a library wrote private (safetensors writes 0600).
@@ -21,32 +30,56 @@ from __future__ import annotations
 import ctypes
 import errno
 import glob
+import json
 import os
 import secrets
 import shutil
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import OutputExistsError, UsageError
+from .errors import NoSpaceError, OutputExistsError, OutputRefusedError, UsageError
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: no lock around the final rename
+    fcntl = None
 
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
+#: errno values of a full disk or quota
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+#: the file in every output folder that lists the files quantkit wrote there (JSON: written_by, id, files)
+MARKER = ".quantkit-output.json"
+_SHOWN = 5  # paths an error message lists
 
 
 def _absolute(path: str | os.PathLike) -> Path:
     return Path(os.path.abspath(Path(path).expanduser()))
 
 
-def check_writable(path: str | os.PathLike, *, force: bool = False, file: bool = False) -> Path:
-    """Fail now, before any work, if `path` cannot be written: it exists (and not force), it is a folder
-    where a file is meant (file=True), or its nearest existing parent is a file or is not writable.
-    Returns the absolute path."""
+def _listed(paths: list[str]) -> str:
+    return ", ".join(paths[:_SHOWN]) + (f" and {len(paths) - _SHOWN} more" if len(paths) > _SHOWN else "")
+
+
+def check_writable(path: str | os.PathLike, *, force: bool = False, file: bool = False,
+                   inputs: Iterable[str | os.PathLike | None] = (), known_files: Collection[str] = ()) -> Path:
+    """Fail now, before any work, if `path` cannot be written: it exists (and not force; with force, a folder
+    that `check_replaceable` refuses), it is a folder where a file is meant (file=True), it would overwrite
+    or delete one of `inputs` (paths the command reads; None and names that are no local path are skipped),
+    or its nearest existing parent is a file or is not writable. Returns the absolute path."""
     out = _absolute(path)
-    if out.exists() and not force:
-        raise OutputExistsError(out)
-    if file and out.is_dir():
-        raise UsageError(f"cannot write {out}: it is a folder; name a file to write")
+    refuse_inputs(out, inputs, file=file)
+    if os.path.lexists(out):
+        if not force:
+            raise OutputExistsError(out)
+        if file and out.is_dir():
+            raise UsageError(f"cannot write {out}: it is a folder; name a file to write")
+        if not file:
+            check_replaceable(out, known_files=known_files)
     parent = out.parent
     while not parent.exists():
         parent = parent.parent
@@ -59,6 +92,121 @@ def check_writable(path: str | os.PathLike, *, force: bool = False, file: bool =
             f"cannot write {out}: {parent} is not writable ({e.strerror}); choose another output path"
         ) from None
     return out
+
+
+def refuse_inputs(out: Path, inputs: Iterable[str | os.PathLike | None], *, file: bool) -> None:
+    """OutputRefusedError if writing `out` would overwrite or delete an input: `out` is an input (also through
+    a link), a folder output holds one, or a file output is an existing file inside an input folder."""
+    real_out = out.resolve()
+    for given in inputs:
+        if given is None or not os.path.lexists(_absolute(given)):
+            continue  # a hub id, a built-in name: nothing local to protect
+        real_in = _absolute(given).resolve()
+        same = real_out == real_in or (os.path.exists(out) and os.path.samefile(out, real_in))
+        if same:
+            raise OutputRefusedError(f"refusing to write {out}: it is {given}, an input of this command; "
+                                     f"choose another output path")
+        if not file and real_out in real_in.parents:
+            raise OutputRefusedError(f"refusing to write {out}: it holds {given}, an input of this command; "
+                                     f"choose another output path")
+        if file and os.path.lexists(out) and real_in in real_out.parents:
+            raise OutputRefusedError(f"refusing to overwrite {out}: it is a file of {given}, an input of this "
+                                     f"command; write the output elsewhere")
+
+
+def check_replaceable(folder: str | os.PathLike, *, known_files: Collection[str] = ()) -> None:
+    """OutputRefusedError unless a forced write may replace `folder`: an empty folder, a folder quantkit
+    wrote (its marker lists every file in it), or one holding exactly the files `known_files` names (and
+    maybe a marker: an output recognised by its files, such as a reference model written before markers
+    existed). Never a symbolic link, a file, the working folder or a folder holding it."""
+    out = _absolute(folder)
+    if out.is_symlink():
+        raise OutputRefusedError(f"refusing to replace {out}: it is a symbolic link; name the folder itself, "
+                                 f"or choose another output path")
+    if not out.is_dir():
+        raise OutputRefusedError(f"refusing to replace {out}: it is a file, not an output folder quantkit wrote; "
+                                 f"choose another output path")
+    try:
+        cwd = Path.cwd().resolve()
+    except OSError:  # the working folder was removed
+        cwd = None
+    if cwd is not None and (out.resolve() == cwd or out.resolve() in cwd.parents):
+        raise OutputRefusedError(f"refusing to replace {out}: it is the working folder or holds it; "
+                                 f"choose another output path")
+    files, folders = _entries(out)
+    if not files and not folders:
+        return
+    if not folders and known_files and set(files) - {MARKER} == set(known_files):
+        return
+    marker = read_marker(out)
+    if marker is None:
+        raise OutputRefusedError(
+            f"refusing to replace {out}: quantkit did not write it (it has no {MARKER} listing its files), and "
+            f"replacing it would delete {_listed(sorted(files + folders))}; delete it yourself if it should go, "
+            f"or choose another output path")
+    listed = set(marker["files"])
+    parents = {str(p) for f in listed for p in Path(f).parents}
+    others = sorted([f for f in files if f not in listed and f != MARKER] + [d for d in folders if d not in parents])
+    if others:
+        raise OutputRefusedError(
+            f"refusing to replace {out}: it holds files quantkit did not write ({_listed(others)}); move them "
+            f"out of the folder, or choose another output path")
+
+
+def _entries(folder: Path) -> tuple[list[str], list[str]]:
+    """(files, folders) below `folder`, as POSIX paths relative to it; links count as files."""
+    files, folders = [], []
+    for root, dirnames, filenames in os.walk(folder):
+        here = Path(root).relative_to(folder)
+        for name in list(dirnames):
+            if os.path.islink(os.path.join(root, name)):
+                dirnames.remove(name)
+                filenames.append(name)
+            else:
+                folders.append((here / name).as_posix())
+        files += [(here / name).as_posix() for name in filenames]
+    return files, folders
+
+
+def write_marker(folder: Path, files: Iterable[str] | None = None) -> str:
+    """Write `folder`/MARKER listing `files` (paths relative to `folder`; default: every file below it);
+    returns the marker's unique id."""
+    if files is None:
+        files, _ = _entries(folder)
+    ident = f"{os.getpid()}-{time.time_ns()}-{secrets.token_hex(4)}"
+    record = {"written_by": "quantkit", "id": ident, "files": sorted(f for f in files if f != MARKER)}
+    atomic_write_text(folder / MARKER, json.dumps(record, indent=1) + "\n")
+    return ident
+
+
+def read_marker(folder: Path) -> dict | None:
+    """`folder`'s marker as {"id": str, "files": [str]}, or None when it has none or it is unreadable."""
+    try:
+        record = json.loads((Path(folder) / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if (not isinstance(record, dict) or not isinstance(record.get("id"), str)
+            or not isinstance(record.get("files"), list) or not all(isinstance(f, str) for f in record["files"])):
+        return None
+    return record
+
+
+@dataclass(frozen=True)
+class OutputState:
+    """What an output path held at one moment: nothing (key None), or the entry at (device, inode) with its
+    marker's id (None without one). Two states differ when something replaced the path in between."""
+
+    key: tuple[int, int, str | None] | None
+
+
+def output_state(path: str | os.PathLike) -> OutputState:
+    out = _absolute(path)
+    try:
+        st = os.lstat(out)
+    except FileNotFoundError:
+        return OutputState(None)
+    marker = read_marker(out) if out.is_dir() and not out.is_symlink() else None
+    return OutputState((st.st_dev, st.st_ino, marker["id"] if marker else None))
 
 
 def current_umask() -> int:
@@ -92,48 +240,105 @@ def _make_unique_dir(parent: Path, prefix: str) -> Path:
 
 
 @contextmanager
-def atomic_output_dir(out_dir: str | os.PathLike, *, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary folder beside `out_dir`; on success it is renamed to `out_dir`.
+def atomic_output_dir(out_dir: str | os.PathLike, *, force: bool = False,
+                      inputs: Iterable[str | os.PathLike | None] = (), expect: OutputState | None = None,
+                      size_hint: int | None = None, known_files: Collection[str] = ()) -> Iterator[Path]:
+    """Yield a temporary folder beside `out_dir`; on success its marker is written and it becomes `out_dir`.
 
-    An existing `out_dir` is refused unless force, also when another process creates it while this one
-    works; with force it is replaced only after the new folder is complete. On failure the temporary
-    folder is removed and `out_dir` is untouched.
+    An existing `out_dir` is refused unless force; with force it must pass `check_replaceable` (with
+    `known_files`) and is replaced only after the new folder is complete. Either way the write is refused
+    (OutputExistsError; with force, OutputRefusedError) when `out_dir` is no longer what `expect` recorded
+    (default: what it held at this call): another process wrote it meanwhile. `inputs`: paths the caller
+    reads, never overwritten.
+    `size_hint`: bytes the output will take, checked against the free space before anything is written.
+    On failure the temporary folder is removed and `out_dir` is untouched.
     """
     out = _absolute(out_dir)
     if out.parent.is_dir():
         clean_stale(out)
-    check_writable(out, force=force)
+    check_writable(out, force=force, inputs=inputs, known_files=known_files)
+    before = output_state(out) if expect is None else expect
+    if output_state(out) != before:
+        raise _written_meanwhile(out, force)
+    if size_hint is not None:
+        check_free_space(out, size_hint)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = _make_unique_dir(out.parent, f".{out.name}.tmp-")
     try:
-        yield tmp
-        if force and os.path.lexists(out):
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.rename(out, old)
-            try:
+        with _no_space_named(out, out.parent, lambda: size_hint or _bytes_below(tmp), exact=size_hint is not None):
+            yield tmp
+            write_marker(tmp)
+        with _locked(out.parent):
+            if output_state(out) != before:
+                raise _written_meanwhile(out, force)
+            if before.key is None:
                 rename_noreplace(tmp, out)
-            except BaseException:
-                os.rename(old, out)
-                raise
-            _remove(old)
-        else:
-            rename_noreplace(tmp, out)
+            else:
+                check_replaceable(out, known_files=known_files)  # nothing was added to it meanwhile
+                _replace(tmp, out)
     except BaseException:
         _remove(tmp)
         raise
 
 
+def _written_meanwhile(out: Path, force: bool) -> FileExistsError:
+    """The error of a writer that finds `out` written by another process since its work began."""
+    if not force:
+        return OutputExistsError(out, " (another process wrote it while this one worked)")
+    return OutputRefusedError(f"{out} was written by another process while this one worked: that output is kept "
+                              f"and this one's is discarded; run again to replace it")
+
+
+def _replace(new: Path, out: Path) -> None:
+    """Put folder `new` in place of folder `out`. One atomic exchange where the filesystem can (then the old
+    folder, now at `new`, is removed; a killed run leaves it for clean_stale); else two renames, between
+    which `out` is missing for an instant (a killed run's `.OUT.old-PID` is put back by clean_stale)."""
+    if _exchange(new, out):
+        _remove(new)
+        return
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    os.rename(out, old)
+    try:
+        rename_noreplace(new, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    _remove(old)
+
+
+def _renameat2(src: Path, dst: Path, flags: int) -> int:
+    """0 when renameat2 did it, else its errno (ENOSYS where the C library lacks it)."""
+    libc = _libc()
+    if libc is None:
+        return errno.ENOSYS
+    if libc.renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return 0
+    return ctypes.get_errno()
+
+
+# errno of renameat2 when the kernel, the filesystem or a sandbox does not support a flag
+_UNSUPPORTED = (errno.ENOSYS, errno.EINVAL, errno.EPERM, errno.ENOTSUP)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two existing paths atomically; False where the OS or the filesystem cannot."""
+    err = _renameat2(a, b, _RENAME_EXCHANGE)
+    if err in _UNSUPPORTED:
+        return False
+    if err:
+        raise OSError(err, os.strerror(err), str(a), None, str(b))
+    return True
+
+
 def rename_noreplace(src: Path, dst: Path) -> None:
     """Rename `src` to `dst`; raise OutputExistsError if `dst` exists (atomically where the OS allows)."""
-    libc = _libc()
-    if libc is not None:
-        if libc.renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
-            return
-        err = ctypes.get_errno()
-        if err == errno.EEXIST:
-            raise OutputExistsError(dst, " (another process wrote it while this one worked)")
-        if err not in (errno.ENOSYS, errno.EINVAL, errno.EPERM):  # else: the filesystem lacks the flag
-            raise OSError(err, os.strerror(err), str(src), None, str(dst))
+    err = _renameat2(src, dst, _RENAME_NOREPLACE)
+    if err == 0:
+        return
+    if err == errno.EEXIST:
+        raise OutputExistsError(dst, " (another process wrote it while this one worked)")
+    if err not in _UNSUPPORTED:
+        raise OSError(err, os.strerror(err), str(src), None, str(dst))
     if os.path.lexists(dst):
         raise OutputExistsError(dst, " (another process wrote it while this one worked)")
     try:
@@ -159,6 +364,26 @@ def _libc():
         except (OSError, AttributeError, TypeError):
             _LIBC.append(None)
     return _LIBC[0]
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """Hold an exclusive lock (flock) on `folder` while the body runs: the last steps of two quantkit writers
+    into one folder never interleave. Where the system has no flock for folders, no lock."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:
+                pass
+        yield
+    finally:
+        os.close(fd)  # releases the lock (so does the end of a killed process)
 
 
 def _owner_alive(name: str, marker: str) -> bool:
@@ -202,15 +427,73 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def check_free_space(out: str | os.PathLike, needed: int) -> None:
+    """NoSpaceError, before anything is written, when the filesystem that will hold `out` has fewer than
+    `needed` bytes free (unknown free space passes; a quota is only found when it is hit)."""
+    out = _absolute(out)
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    try:
+        free = shutil.disk_usage(parent).free
+    except OSError:
+        return
+    if free < needed:
+        raise _no_space_error(out, parent, "not enough free space", needed, True, free)
+
+
+def _bytes_below(folder: Path) -> int:
+    """Bytes of the files below `folder` (what a write put there before it failed)."""
+    total = 0
+    for root, _, names in os.walk(folder):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _no_space_error(out: Path, where: Path, why: str, needed: int, exact: bool, free: int | None) -> NoSpaceError:
+    from .summaries import human_bytes
+
+    size = f"about {human_bytes(needed)}" if exact else f"more than the {human_bytes(needed)} written before it failed"
+    room = "" if free is None else f", {human_bytes(free)} free there"
+    error = NoSpaceError(f"cannot write {out}: {why} in {where} ({size} needed{room}); free some space or choose "
+                         f"another output path (nothing was written)")
+    error.errno = errno.ENOSPC
+    return error
+
+
+@contextmanager
+def _no_space_named(out: Path, where: Path, needed: Callable[[], int], *, exact: bool) -> Iterator[None]:
+    """Turn a full disk or quota (ENOSPC, EDQUOT) met while writing `out` into folder `where` into a
+    NoSpaceError naming them and `needed()` bytes (exact: an estimate made beforehand; else what was
+    written before the failure)."""
+    try:
+        yield
+    except OSError as e:
+        if isinstance(e, NoSpaceError) or e.errno not in _NO_SPACE:
+            raise
+        try:
+            free = shutil.disk_usage(where).free
+        except OSError:
+            free = None
+        raise _no_space_error(out, where, e.strerror or "no space left", needed(), exact, free) from None
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write `text` to `path` (UTF-8) through a temporary file renamed over it; parents are created."""
     path = _absolute(path)
+    data = text.encode("utf-8")
+    check_free_space(path, len(data))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with _no_space_named(path, path.parent, lambda: len(data), exact=True):
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -219,27 +502,51 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 
 
 @contextmanager
-def publish_files(out_dir: str | os.PathLike, names: Iterable[str], *, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary folder inside `out_dir`; on success move each file in it into `out_dir`.
+def publish_files(out_dir: str | os.PathLike, names: Iterable[str], *, force: bool = False,
+                  inputs: Iterable[str | os.PathLike | None] = ()) -> Iterator[Path]:
+    """Yield a temporary folder inside `out_dir`; on success move each file in it into `out_dir`, and
+    add them to `out_dir`'s marker.
 
     names: files whose presence in `out_dir` means a previous output would be overwritten: refused
-    unless force. Other files of `out_dir` are kept.
+    unless force. With force, only files an earlier publish listed in the marker are overwritten. Other
+    files of `out_dir` are kept; none of `inputs` (files the caller reads) is ever overwritten.
     """
     out = _absolute(out_dir)
-    existing = [n for n in names if os.path.lexists(out / n)]
-    if existing and not force:
-        raise OutputExistsError(out / existing[0])
-    check_writable(out / ".probe", force=True)
+    inputs = list(inputs)
+    names = list(names)
+    for name in names:
+        refuse_inputs(out / name, inputs, file=True)
+    _check_overwrite(out, names, force)
+    check_writable(out / ".probe", force=True, file=True)
     out.mkdir(parents=True, exist_ok=True)
     clean_stale(out / ".publish")
     tmp = _make_unique_dir(out, "..publish.tmp-")
     try:
-        yield tmp
-        files = sorted(tmp.iterdir())
-        clash = [f.name for f in files if os.path.lexists(out / f.name)]
-        if clash and not force:
-            raise OutputExistsError(out / clash[0])
-        for f in files:
-            os.replace(f, out / f.name)
+        with _no_space_named(out, out, lambda: _bytes_below(tmp), exact=False):
+            yield tmp
+            files = sorted(p.name for p in tmp.iterdir())
+            for name in files:
+                refuse_inputs(out / name, inputs, file=True)
+            with _locked(out):
+                _check_overwrite(out, files, force)
+                marker = read_marker(out)
+                listed = set(marker["files"]) if marker else set()
+                for name in files:
+                    os.replace(tmp / name, out / name)
+                write_marker(out, [f for f in listed | set(files) if os.path.lexists(out / f)])
     finally:
         _remove(tmp)
+
+
+def _check_overwrite(out: Path, names: list[str], force: bool) -> None:
+    """OutputExistsError for a file of `names` in `out` (unless force); OutputRefusedError, even with force,
+    for one that `out`'s marker does not list (quantkit did not write it)."""
+    existing = [n for n in names if os.path.lexists(out / n)]
+    if existing and not force:
+        raise OutputExistsError(out / existing[0])
+    marker = read_marker(out) if existing else None
+    foreign = [n for n in existing if marker is None or n not in marker["files"]]
+    if foreign:
+        raise OutputRefusedError(f"refusing to overwrite {_listed([str(out / n) for n in foreign])}: quantkit did not "
+                                 f"write it (no {MARKER} in {out} lists it); move it away, or choose another output "
+                                 f"path")

@@ -83,9 +83,13 @@ def test_existing_output_folder_is_refused_and_kept(tmp_path):
     (out / "precious.txt").write_text("keep me")
     with pytest.raises(FileExistsError, match="force=True"):
         quantkit.save(model, out)
-    assert (out / "precious.txt").read_text() == "keep me"
-    quantkit.save(model, out, force=True)
-    assert not (out / "precious.txt").exists() and (out / "model.safetensors").exists()
+    with pytest.raises(FileExistsError, match=r"quantkit did not write it .* would delete precious.txt"):
+        quantkit.save(model, out, force=True)
+    assert sorted(p.name for p in out.iterdir()) == ["precious.txt"]
+    (out / "precious.txt").unlink()
+    quantkit.save(model, out, force=True)  # an empty folder holds nothing to lose
+    quantkit.save(model, out, force=True)  # nor does a checkpoint quantkit wrote
+    assert (out / "model.safetensors").exists()
 
 
 def test_failed_save_leaves_nothing(tmp_path, monkeypatch):

@@ -68,3 +68,28 @@ def test_in_memory_model_computes_what_the_bf16_checkpoint_holds(tmp_path):
     model.apply(lambda m: m.prepare("reference") if hasattr(m, "prepare") else None)
     ids = torch.randint(0, model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(model(ids).logits, reloaded(ids).logits, rtol=0, atol=0)
+
+
+@pytest.fixture(scope="module")
+def w8_model():
+    from tests.conftest import make_random_model
+
+    return quantkit.quantize(make_random_model("llama"), "w8a16-rtn", progress=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.int8, torch.bool, torch.float64, torch.float8_e4m3fn,
+                                   "int8", "cuda", "float64", 16])
+def test_save_refuses_a_dtype_no_checkpoint_holds(tmp_path, w8_model, dtype):
+    from quantkit.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"cannot be written in a checkpoint: choose torch.bfloat16, torch.float16"):
+        quantkit.save(w8_model, tmp_path / "ck", dtype=dtype)
+    assert list(tmp_path.iterdir()) == [], "nothing is written"
+
+
+@pytest.mark.parametrize("name, stored", [("bfloat16", "BF16"), ("float16", "F16"), ("float32", "F32"),
+                                          ("torch.bfloat16", "BF16")])
+def test_save_takes_a_dtype_by_name(tmp_path, w8_model, name, stored):
+    out = quantkit.save(w8_model, tmp_path / "ck", dtype=name)
+    assert set(_float_dtypes(out)) == {stored}
+    quantkit.load(out)  # and the checkpoint loads

@@ -95,6 +95,13 @@ def test_demo_end_to_end_on_tiny(tmp_path, capsys, monkeypatch):
     assert rows[0]["linear_bits_per_weight"] > 8 > rows[1]["linear_bits_per_weight"] > 4
     assert (out / "checkpoints" / "w4a16-rtn-asym" / "model.safetensors").is_file()
     assert main(["demo", "--model", "ref:tiny", "--out", str(out)]) == 2, "an existing output folder is refused"
+    from quantkit.errors import OutputRefusedError
+    from quantkit.outputs import check_replaceable
+
+    check_replaceable(out)  # what demo --force may replace: its marker lists every file, checkpoints included
+    (out / "checkpoints" / "w8a16-rtn" / "notes.txt").write_text("the user's notes")
+    with pytest.raises(OutputRefusedError, match=r"files quantkit did not write \(checkpoints/w8a16-rtn/notes.txt\)"):
+        check_replaceable(out)
 
 
 def test_gptq_weights_and_fp8_kv_in_one_command(tmp_path, capsys):

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 import quantkit
-from quantkit.errors import OutputExistsError
-from quantkit.outputs import atomic_output_dir, atomic_write_text, clean_stale, publish_files
+from quantkit.errors import OutputExistsError, OutputRefusedError
+from quantkit.outputs import MARKER, atomic_output_dir, atomic_write_text, clean_stale, publish_files
 
 
 def _dead_pid() -> int:
@@ -44,16 +44,16 @@ def test_an_empty_folder_created_meanwhile_is_not_replaced_either(tmp_path):
 
 def test_force_replaces_only_after_the_new_folder_is_complete(tmp_path):
     out = tmp_path / "ckpt"
-    out.mkdir()
-    (out / "old.txt").write_text("old")
+    with atomic_output_dir(out) as tmp:
+        (tmp / "old.txt").write_text("old")
     with pytest.raises(RuntimeError):
         with atomic_output_dir(out, force=True) as tmp:
             (tmp / "new.txt").write_text("new")
             raise RuntimeError("killed halfway")
-    assert [p.name for p in out.iterdir()] == ["old.txt"]
+    assert (out / "old.txt").read_text() == "old" and not (out / "new.txt").exists()
     with atomic_output_dir(out, force=True) as tmp:
         (tmp / "new.txt").write_text("new")
-    assert [p.name for p in out.iterdir()] == ["new.txt"]
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "new.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 
 
@@ -120,7 +120,22 @@ def test_publish_files_keeps_other_files_and_refuses_to_overwrite(tmp_path):
     with publish_files(tmp_path, ["report.md"], force=True) as tmp:
         (tmp / "report.md").write_text("third")
     assert (tmp_path / "report.md").read_text() == "third" and (tmp_path / "bench.json").read_text() == "input"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json", "report.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MARKER, "bench.json", "report.md"]
+
+
+def test_publish_files_never_overwrites_a_file_it_did_not_write(tmp_path):
+    (tmp_path / "report.md").write_text("the user's own report")
+    (tmp_path / "plot.png").write_text("the user's own plot")
+    with pytest.raises(OutputRefusedError, match="report.md: quantkit did not write it"):
+        with publish_files(tmp_path, ["report.md"], force=True) as tmp:
+            (tmp / "report.md").write_text("new")
+    (tmp_path / "report.md").unlink()
+    with pytest.raises(OutputRefusedError, match="plot.png: quantkit did not write it"):
+        with publish_files(tmp_path, ["report.md"], force=True) as tmp:
+            (tmp / "report.md").write_text("new")
+            (tmp / "plot.png").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plot.png"]
+    assert (tmp_path / "plot.png").read_text() == "the user's own plot"
 
 
 def test_a_missing_local_path_never_asks_the_hub(tmp_path, monkeypatch):

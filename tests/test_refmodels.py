@@ -206,7 +206,7 @@ def test_cli_build_writes_into_out(tmp_path, short_heldout, monkeypatch, capsys)
 
 def test_build_refuses_to_replace_a_folder_that_is_not_a_model(tmp_path):
     (tmp_path / "notes.txt").write_text("keep me")
-    with pytest.raises(FileExistsError, match="not a model folder"):
+    with pytest.raises(FileExistsError, match="quantkit did not write it"):
         build_atomically(MICRO, tmp_path, force=True, progress=False)
     assert (tmp_path / "notes.txt").read_text() == "keep me"
 

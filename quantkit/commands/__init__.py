@@ -6,6 +6,7 @@ building the parser (``quantkit --help``) must stay fast.
 
 import argparse
 import math
+import os
 
 # --dtype choices; "auto" keeps the checkpoint's dtype.
 DTYPE_NAMES = ("auto", "bfloat16", "float16", "float32")
@@ -16,6 +17,20 @@ def torch_dtype(name: str):
     import torch
 
     return None if name == "auto" else getattr(torch, name)
+
+
+def input_paths(*names: str | None) -> list[str]:
+    """The local paths among `names` (ref:NAME as its folder), which an output must never overwrite; names
+    that are no local path (hub ids, recipe names, None) are left out."""
+    from quantkit.refmodels import resolve_model_name
+
+    paths = []
+    for name in names:
+        if name:
+            path = os.path.expanduser(resolve_model_name(name))
+            if os.path.lexists(path):
+                paths.append(path)
+    return paths
 
 
 def int_at_least(minimum: int, why: str = ""):

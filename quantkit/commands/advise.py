@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from . import int_at_least, nonnegative_float, positive_float
+from . import input_paths, int_at_least, nonnegative_float, positive_float
 
 
 def register(subparsers) -> None:
@@ -70,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.errors import UsageError
     from quantkit.outputs import atomic_write_text, check_writable
 
-    if args.json_out:
-        check_writable(args.json_out, force=True, file=True)
+    if args.json_out:  # never over a file this command reads
+        check_writable(args.json_out, force=True, file=True, inputs=input_paths(args.model, *args.quality))
     shape = load_shape(args.model)
     device = resolve_device_spec(args.gpu)
     workload = Workload(args.prompt_len, args.output_len, args.batch)

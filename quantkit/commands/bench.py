@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import check_backend, int_at_least, positive_float
+from . import check_backend, input_paths, int_at_least, positive_float
 
 GPU_DEFAULTS = {"prompt_lens": "128,512,1024,2048,4096", "context_lens": "128,512,1024,2048,4096",
                 "batch_sizes": "1,4,16,64"}
@@ -183,8 +183,9 @@ def benchmark(
     else:
         device = resolve_device(device, option="--device")
     check_backend(backend)
-    if json_out:
-        check_writable(json_out, force=True, file=True)  # before any work
+    if json_out:  # before any work; never over a file this command reads
+        check_writable(json_out, force=True, file=True,
+                       inputs=input_paths(model, baseline, *variants))
     features = None
     if device.type == "cpu":
         from quantkit.harness.cpu_features import detect_cpu_features

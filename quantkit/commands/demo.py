@@ -12,7 +12,7 @@ import json
 import time
 from pathlib import Path
 
-from . import int_at_least
+from . import input_paths, int_at_least
 
 DEFAULT_RECIPES = "w8a16-rtn,w4a16-rtn,w4a16-rtn-asym"
 
@@ -24,7 +24,8 @@ def register(sub) -> None:
     p.add_argument("--out", default="out/demo", help="output folder (default: out/demo)")
     p.add_argument("--max-tokens", type=int_at_least(2, " (at least one window of 2 tokens)"), default=32768, help="evaluation tokens (default: 32768)")
     p.add_argument("--no-bench", action="store_true", help="skip the prefill/decode timing")
-    p.add_argument("--force", action="store_true", help="replace an existing output folder")
+    p.add_argument("--force", action="store_true",
+                   help="replace an output folder an earlier demo wrote (never one holding other files)")
     p.set_defaults(func=run)
 
 
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     recipes = [quantkit.load_recipe(r.strip()) for r in args.recipes.split(",") if r.strip()]
     out = Path(args.out)
-    with atomic_output_dir(out, force=args.force) as tmp:
+    with atomic_output_dir(out, force=args.force, inputs=input_paths(args.model)) as tmp:
         steps = 3 if args.no_bench else 4
         print(f"[1/{steps}] reference model {args.model}")
         source = resolve_model_source(args.model)

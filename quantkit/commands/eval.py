@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from . import add_model_options, check_backend, int_at_least, torch_dtype
+from . import add_model_options, check_backend, input_paths, int_at_least, torch_dtype
 
 WINDOW_WHY = " (a window of W tokens predicts its tokens 2..W)"
 # Tokens evaluated unless --max-tokens says otherwise: minutes on a CPU for a small model, not the whole text.
@@ -30,7 +30,8 @@ def register(sub) -> None:
                         f"the text has, give a larger N to read more)")
     p.add_argument("--batch-size", type=int_at_least(1), default=8, help="windows per forward pass (default: 8)")
     p.add_argument("--backend", default="auto", help="kernel backend for quantized layers (auto, triton, torch, reference)")
-    p.add_argument("--json", default=None, help="write the results as JSON to this file")
+    p.add_argument("--json", default=None,
+                   help="write the results as JSON to this file (never one of the files the evaluation reads)")
     add_model_options(p)
     p.set_defaults(func=run)
 
@@ -44,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
 
     resolve_device(args.device, option="--device")
     check_backend(args.backend)
-    if args.json:
-        check_writable(args.json, force=True, file=True)  # before any work
+    if args.json:  # before any work; never over a file this command reads
+        check_writable(args.json, force=True, file=True, inputs=input_paths(args.model, args.baseline, args.data))
     dtype = torch_dtype(args.dtype)
     baseline = quantkit.load(args.baseline, dtype=dtype, device=args.device, trust_remote_code=args.trust_remote_code)
     model = quantkit.load(args.model, backend=args.backend, dtype=dtype, device=args.device,

@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from . import add_model_options, torch_dtype
+from . import add_model_options, input_paths, torch_dtype
 
 
 def register(sub) -> None:
@@ -15,7 +15,8 @@ def register(sub) -> None:
     p.add_argument("model", help="model folder, hub id, or a built-in reference model (ref:tiny, ref:small)")
     p.add_argument("--recipe", required=True, help="built-in recipe name (e.g. w4a16-rtn) or a YAML file")
     p.add_argument("--out", required=True, help="output folder (must not exist unless --force)")
-    p.add_argument("--force", action="store_true", help="replace an existing output folder")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing output folder that quantkit wrote (never one holding other files)")
     add_model_options(p, dtype_help="dtype to load the model in and to write the checkpoint's float tensors in "
                                     "(default: load in config.json's dtype, write in the dtype the source weights "
                                     "are stored in, e.g. bfloat16 stays bfloat16)")
@@ -57,10 +58,12 @@ def run(args: argparse.Namespace) -> int:
     from quantkit import provenance
     from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source, source_dtype
     from quantkit.device import resolve_device
-    from quantkit.outputs import check_writable
+    from quantkit.outputs import check_free_space, check_writable, output_state
     from quantkit.summaries import SizeOnDisk, dtype_name, quantization_summary, state_bytes
 
-    out = check_writable(args.out, force=args.force)  # before any work
+    out = check_writable(args.out, force=args.force,  # before any work
+                         inputs=input_paths(args.model, args.recipe, args.calib))
+    out_state = output_state(out)  # a folder another process writes there meanwhile is never replaced
     resolve_device(args.device, option="--device")
     if args.calib_device is not None:
         resolve_device(args.calib_device, option="--calib-device")
@@ -76,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         size_before = SizeOnDisk(folder_size_bytes(Path(source)), dtype_name(source_dtype(model)), "on disk")
     else:  # a hub model: its tensors as loaded
         size_before = SizeOnDisk(state_bytes(model), dtype_name(model.dtype), "as loaded")
+    check_free_space(out, _least_checkpoint_bytes(model, recipe, dtype or source_dtype(model)))  # before the work
     if calibrated:
         quantkit.quantize(model, recipe, calibration, device=args.calib_device)
     else:
@@ -83,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"note: --calib is ignored: {recipe.name} uses {recipe.algorithm.name}, which needs no calibration")
         quantkit.quantize(model, recipe)
     saved_dtype = dtype or source_dtype(model)  # the source's dtype unless --dtype asks for another
-    path = quantkit.save(model, out, tokenizer_source=source, force=args.force, dtype=saved_dtype)
+    path = quantkit.save(model, out, tokenizer_source=source, force=args.force, dtype=saved_dtype, expect=out_state)
     elapsed = time.perf_counter() - start
     size_after = SizeOnDisk(folder_size_bytes(path), dtype_name(saved_dtype), "on disk")
     print(quantization_summary(model, recipe, source, path, size_before, size_after, elapsed))
@@ -91,3 +95,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"  calibration      : {provenance.describe_calibration(made.calibration if made else None)}")
     print(f"  recipe saved as  : {path / provenance.RECIPE_FILE} (repeat the run with --recipe on it)")
     return 0
+
+
+def _least_checkpoint_bytes(model, recipe, dtype) -> int:
+    """A lower bound of the checkpoint's size: the targeted linears' weights at the recipe's bits (scales
+    left out), every other parameter (tied ones once) in `dtype`."""
+    from quantkit.targets import select_linears
+
+    names = select_linears(model, recipe.targets, recipe.ignore)[0] if recipe.weights is not None else []
+    packed = {f"{name}.weight" for name in names}
+    return sum(p.numel() * recipe.weights.num_bits // 8 if name in packed else p.numel() * dtype.itemsize
+               for name, p in model.named_parameters())

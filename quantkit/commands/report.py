@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("nothing to report: give --bench FILE and/or --quality FILE...")
     bench = load_bench(args.bench) if args.bench else None
     quality = load_quality(args.quality)
-    with publish_files(args.out, REPORT_FILES, force=args.force) as tmp:
+    with publish_files(args.out, REPORT_FILES, force=args.force, inputs=(args.bench, *args.quality)) as tmp:
         render_report(bench, quality, tmp, title=args.title, notes=args.note)
     path = Path(args.out) / "report.md"
     print(f"wrote {path}")

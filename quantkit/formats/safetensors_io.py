@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import struct
 from pathlib import Path
 
@@ -34,19 +36,32 @@ def write_state_dict(state: dict[str, torch.Tensor], folder: Path, max_shard_byt
     from ..outputs import give_default_mode
 
     if len(shards) == 1:
-        save_file(shards[0], str(folder / SINGLE_FILE), metadata={"format": "pt"})
+        _save_file(shards[0], folder / SINGLE_FILE)
         give_default_mode(folder / SINGLE_FILE)
         return [SINGLE_FILE]
     names, weight_map = [], {}
     for i, shard in enumerate(shards, 1):
         fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(folder / fname), metadata={"format": "pt"})
+        _save_file(shard, folder / fname)
         give_default_mode(folder / fname)
         names.append(fname)
         weight_map.update({k: fname for k in shard})
     total = sum(_tensor_bytes(t) for t in state.values())
     (folder / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     return names
+
+
+def _save_file(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """safetensors' save_file; its I/O errors (reported as SafetensorError, "... (os error N)") come back as
+    the OSError they are, so that a full disk reads as one."""
+    try:
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    except Exception as e:  # safetensors raises its own error types
+        code = re.search(r"\(os error (\d+)\)", str(e))
+        if code is None:
+            raise
+        number = int(code.group(1))
+        raise OSError(number, os.strerror(number), str(path)) from e
 
 
 def safetensors_files(folder: Path) -> list[Path]:

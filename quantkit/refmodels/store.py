@@ -7,8 +7,6 @@ current spec's hash (so weights trained under an older spec are never returned f
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 from . import corpus
@@ -48,51 +46,28 @@ def is_complete(folder: Path, spec: RefModelSpec) -> bool:
     return record.get("spec_hash") == spec.spec_hash()
 
 
-def _check_replaceable(destination: Path) -> None:
-    """Refuse to replace anything but an empty folder or a (stale or partial) model folder."""
-    if not destination.exists():
-        return
-    if not destination.is_dir():
-        raise FileExistsError(f"{destination} is a file, not a model folder: choose another --out")
-    entries = {p.name for p in destination.iterdir()}
-    if entries and not entries & {TRAINING_RECORD, "config.json"}:
-        raise FileExistsError(
-            f"{destination} holds files that are not a model folder ({', '.join(sorted(entries)[:5])}); "
-            f"refusing to replace it: choose an empty or new folder for --out"
-        )
-
-
 def build_atomically(spec: RefModelSpec, destination: Path, *, force: bool = False,
                      num_threads: int | None = None, progress: bool = True,
                      heldout_max_bytes: int | None = None) -> Path:
-    """Train ``spec`` into ``destination``: built in a temporary sibling folder, then renamed.
+    """Train ``spec`` into ``destination``: built in a temporary sibling folder, then moved into place.
 
-    An existing complete ``destination`` is kept unless ``force``; a stale or partial model folder
-    (or an empty folder) is replaced; any other existing path raises FileExistsError.
+    An existing complete ``destination`` is kept unless ``force``; otherwise an existing ``destination``
+    is replaced only when it is an output quantkit wrote (an empty folder, a reference model folder, see
+    quantkit.outputs.check_replaceable), else FileExistsError. When another process finishes a build of
+    the same model there meanwhile, its folder is kept.
     ``heldout_max_bytes`` caps the held-out text scored for ``training.json`` (None: all of it).
     """
+    from ..outputs import atomic_output_dir
+
     destination = Path(destination)
     if not force and is_complete(destination, spec):
         return destination
-    _check_replaceable(destination)
-    destination.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.building."))
-    staging.chmod(0o755)  # mkdtemp makes it private; the finished model folder is an ordinary one
     try:
-        from .train import build_into  # torch and transformers: only when a model is trained
+        with atomic_output_dir(destination, force=True, known_files=REQUIRED_FILES) as staging:
+            from .train import build_into  # torch and transformers: only when a model is trained
 
-        build_into(staging, spec, num_threads=num_threads, progress=progress, heldout_max_bytes=heldout_max_bytes)
-        if destination.exists():
-            retired = Path(tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}.old."))
-            destination.rename(retired / destination.name)
-            shutil.rmtree(retired, ignore_errors=True)
-        try:
-            staging.rename(destination)
-        except OSError:
-            # Another process finished the same build first: keep its folder if it is complete.
-            if not is_complete(destination, spec):
-                raise
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+            build_into(staging, spec, num_threads=num_threads, progress=progress, heldout_max_bytes=heldout_max_bytes)
+    except FileExistsError:  # refused, or another process wrote it meanwhile: keep that if it is this model
+        if not is_complete(destination, spec):
+            raise
     return destination
