@@ -8,13 +8,17 @@ from .errors import UsageError
 
 
 def resolve_device(device: "str | torch.device", *, option: str = "device") -> torch.device:
-    """A torch.device for `device` ("cpu", "cuda", "cuda:1", ...); UsageError when the name is malformed
-    or the device is not on this machine. option: how the caller names the setting in messages."""
+    """A torch.device for `device` ("cpu", "cuda", "cuda:1", ...); UsageError when the name is malformed,
+    names the meta device (shapes without data: nothing can be computed or saved there) or the device is
+    not on this machine. option: how the caller names the setting in messages."""
     try:
         d = torch.device(device)
     except (RuntimeError, TypeError, ValueError):
         raise UsageError(f"{option} {device!r} is not a device name; use cpu, cuda or cuda:N") from None
-    if d.type in ("cpu", "meta"):
+    if d.type == "meta":
+        raise UsageError(f"{option} {device!r}: the meta device holds tensor shapes without their values, so "
+                         f"nothing can be computed or saved there; use cpu or cuda")
+    if d.type == "cpu":
         return d
     backend = getattr(torch, d.type, None)
     available = getattr(backend, "is_available", None)

@@ -170,8 +170,42 @@ def load_recipe(recipe: "str | Path | Recipe | dict") -> Recipe:
             f"recipe {str(recipe)!r} is neither a built-in recipe nor a YAML file; "
             f"built-in recipes: {', '.join(sorted(builtins))}"
         )
+    return recipe_from_dict(read_recipe_yaml(path), name=path.stem)
+
+
+#: Recipes are a few hundred bytes (a long ignore list a few KiB); a file beyond this is not one.
+MAX_RECIPE_BYTES = 64 << 10
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses aliases (`*name`): a few nested aliases expand to billions of values."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise ConfigError(f"{mark.name}, line {mark.line + 1}: recipes do not use YAML aliases (*name); "
+                              f"write the value out")
+        return super().compose_node(parent, index)
+
+
+def read_recipe_yaml(path: Path):
+    """The YAML data of a recipe file (UTF-8, or UTF-16 with a byte-order mark); ConfigError for a file over
+    MAX_RECIPE_BYTES, text in another encoding, invalid YAML or an alias."""
+    with open(path, "rb") as f:
+        raw = f.read(MAX_RECIPE_BYTES + 1)
+    if len(raw) > MAX_RECIPE_BYTES:
+        raise ConfigError(f"recipe file {path} is larger than {MAX_RECIPE_BYTES >> 10} KiB: not a recipe "
+                          f"(recipes are a few lines of YAML)")
+    loader = None
     try:
-        data = yaml.safe_load(path.read_text())
+        loader = _NoAliasLoader(raw)  # decodes the first bytes already
+        loader.name = str(path)  # messages name the file
+        return loader.get_single_data()
+    except yaml.reader.ReaderError as e:
+        raise ConfigError(f"recipe file {path} cannot be read as text ({e.reason} at byte {e.position}); "
+                          f"save it as UTF-8 text") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"recipe file {path} is not valid YAML: {e}") from None
-    return recipe_from_dict(data, name=path.stem)
+    finally:
+        if loader is not None:
+            loader.dispose()

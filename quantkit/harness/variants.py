@@ -65,8 +65,12 @@ def is_random_config(source: str) -> bool:
     return str(source).endswith(".json") and Path(source).is_file()
 
 
-def load_source_model(source: str, *, dtype: torch.dtype, device: str | torch.device, seed: int = 0) -> nn.Module:
-    """A float model from a folder / hub id / ``ref:NAME``, or a random one from a config.json file."""
+def load_source_model(
+    source: str, *, dtype: torch.dtype, device: str | torch.device, seed: int = 0, strict: bool = True,
+) -> nn.Module:
+    """A float model from a folder / hub id / ``ref:NAME``, or a random one from a config.json file.
+
+    strict: refuse a folder whose weights do not match its config.json (loading.load_float_model)."""
     if is_random_config(source):
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -89,7 +93,7 @@ def load_source_model(source: str, *, dtype: torch.dtype, device: str | torch.de
         raise UsageError(
             f"{source} is a quantized checkpoint; pass the float model as MODEL and the checkpoint with --variants"
         )
-    return load_float_model(resolved, dtype=dtype, device=device)
+    return load_float_model(resolved, dtype=dtype, device=device, strict=strict)
 
 
 def float_variant(model: nn.Module, name: str | None = None) -> Variant:
