@@ -151,21 +151,35 @@ def load_model_config(source: str, *, trust_remote_code: bool = False):
     """transformers' config of a model folder or hub id. CheckpointError when config.json is invalid (a value
     of the wrong type, an impossible size, no model_type) or names model code (auto_map) that
     trust_remote_code does not allow."""
-    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        with config_errors(source):
+            return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     except OSError as e:
         raise CheckpointError(f"could not load {source!r}: {e}") from None
+
+
+@contextlib.contextmanager
+def config_errors(source: str):
+    """Turn transformers' errors about a model config (a value of the wrong type, an impossible size, no
+    model_type, model code that may not run) into a CheckpointError naming `source`."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    from .errors import QuantkitError
+
+    try:
+        yield
+    except QuantkitError:
+        raise
     except (StrictDataclassError, ValueError, TypeError, KeyError, AttributeError) as e:
         if "trust_remote_code" in str(e):
             raise CheckpointError(
                 f"{source} needs its own model code (config.json's auto_map), which quantkit runs only when asked: "
                 f"pass --trust-remote-code (Python: trust_remote_code=True) if you trust that code"
             ) from None
-        raise CheckpointError(f"{source}: config.json is invalid ({_one_line(e)}); correct it or re-download "
-                              f"the model") from None
+        raise CheckpointError(f"{source}: invalid model config ({_one_line(e)}); correct config.json or "
+                              f"re-download the model") from None
 
 
 def _one_line(error: BaseException, limit: int = 300) -> str:

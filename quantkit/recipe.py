@@ -25,6 +25,7 @@ import yaml
 
 from .algorithms.registry import ALGORITHMS
 from .config_utils import ConfigError, from_dict
+from .inputs import read_input_bytes
 from .scheme import QuantScheme
 from .targets import check_patterns
 
@@ -191,11 +192,7 @@ class _NoAliasLoader(yaml.SafeLoader):
 def read_recipe_yaml(path: Path):
     """The YAML data of a recipe file (UTF-8, or UTF-16 with a byte-order mark); ConfigError for a file over
     MAX_RECIPE_BYTES, text in another encoding, invalid YAML or an alias."""
-    with open(path, "rb") as f:
-        raw = f.read(MAX_RECIPE_BYTES + 1)
-    if len(raw) > MAX_RECIPE_BYTES:
-        raise ConfigError(f"recipe file {path} is larger than {MAX_RECIPE_BYTES >> 10} KiB: not a recipe "
-                          f"(recipes are a few lines of YAML)")
+    raw = read_input_bytes(path, "recipe file", MAX_RECIPE_BYTES, ConfigError)
     loader = None
     try:
         loader = _NoAliasLoader(raw)  # decodes the first bytes already

@@ -80,10 +80,16 @@ def load_source_model(
             raise UsageError(f"{source} is not a JSON model config ({e})") from None
         if not isinstance(d, dict) or "model_type" not in d:
             raise UsageError(f"{source}: a random-model config needs a model_type (e.g. \"llama\")")
-        config = AutoConfig.for_model(**d)
+        from quantkit.loading import config_errors
+
+        with config_errors(source):
+            config = AutoConfig.for_model(**d)
         torch.manual_seed(seed)
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        try:
+            with torch.device(device), config_errors(source):
+                model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        except RuntimeError as e:  # sizes torch cannot allocate (negative, or beyond memory)
+            raise UsageError(f"{source}: cannot build a model of these sizes ({str(e).splitlines()[0]})") from None
         model.name_or_path = f"random:{Path(source).name}"
         return model.eval()
     from quantkit.loading import is_quantized_checkpoint, load_float_model, resolve_model_source

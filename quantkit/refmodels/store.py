@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..errors import QuantkitError
 from . import corpus
 from .spec import TRAINING_RECORD, WEIGHTS_FILE, RefModelSpec
 
@@ -48,15 +49,19 @@ def is_complete(folder: Path, spec: RefModelSpec) -> bool:
     return record.get("spec_hash") == spec.spec_hash()
 
 
+class NotAModelFolderError(QuantkitError, FileExistsError):
+    """The output path exists and is not a model folder (a file, or a folder of other files)."""
+
+
 def _check_replaceable(destination: Path) -> None:
     """Refuse to replace anything but an empty folder or a (stale or partial) model folder."""
     if not destination.exists():
         return
     if not destination.is_dir():
-        raise FileExistsError(f"{destination} is a file, not a model folder: choose another --out")
+        raise NotAModelFolderError(f"{destination} is a file, not a model folder: choose another --out")
     entries = {p.name for p in destination.iterdir()}
     if entries and not entries & {TRAINING_RECORD, "config.json"}:
-        raise FileExistsError(
+        raise NotAModelFolderError(
             f"{destination} holds files that are not a model folder ({', '.join(sorted(entries)[:5])}); "
             f"refusing to replace it: choose an empty or new folder for --out"
         )
@@ -68,7 +73,7 @@ def build_atomically(spec: RefModelSpec, destination: Path, *, force: bool = Fal
     """Train ``spec`` into ``destination``: built in a temporary sibling folder, then renamed.
 
     An existing complete ``destination`` is kept unless ``force``; a stale or partial model folder
-    (or an empty folder) is replaced; any other existing path raises FileExistsError.
+    (or an empty folder) is replaced; any other existing path raises NotAModelFolderError (a FileExistsError).
     ``heldout_max_bytes`` caps the held-out text scored for ``training.json`` (None: all of it).
     """
     destination = Path(destination)
