@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .errors import UsageError
@@ -29,3 +31,12 @@ def resolve_device(device: "str | torch.device", *, option: str = "device") -> t
     if d.index is not None and d.index >= count:
         raise UsageError(f"{option} {device!r}: this machine has {count} {d.type.upper()} device(s), numbered from 0")
     return d
+
+
+def check_cpu_threads(threads: int, *, option: str = "--threads") -> int:
+    """`threads` (CPU threads for torch) when 1 <= threads <= this machine's CPUs; UsageError otherwise
+    (OpenMP aborts, or crashes, creating thousands of threads)."""
+    cpus = os.cpu_count() or 1
+    if not 1 <= threads <= cpus:
+        raise UsageError(f"{option} {threads}: this machine has {cpus} CPUs; give {option} 1 to {cpus}")
+    return threads

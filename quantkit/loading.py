@@ -127,14 +127,14 @@ def load_float_model(
                 source, config=config, dtype=dtype or "auto", use_safetensors=True, trust_remote_code=trust_remote_code,
                 output_loading_info=True, ignore_mismatched_sizes=True,
             )
-    except ValueError as e:
+    except (ValueError, KeyError, TypeError) as e:  # the model's code refusing its config (e.g. an unknown rope_type)
         msg = str(e)
         if "Unrecognized configuration class" in msg or "model type" in msg:
             raise CheckpointError(
                 f"{source}: unsupported architecture ({msg.splitlines()[0]}); quantkit quantizes causal LMs "
                 f"that transformers can load with AutoModelForCausalLM (pass trust_remote_code only if you trust the code)"
             ) from None
-        raise CheckpointError(f"{source}: transformers could not build the model ({_one_line(e)}); check "
+        raise CheckpointError(f"{source}: transformers could not build the model ({type(e).__name__}: {_one_line(e)}); check "
                               f"config.json, or re-download the model") from None
     except OSError as e:
         raise CheckpointError(f"could not load {source!r}: {e}") from None

@@ -177,6 +177,36 @@ def _max_tokens_beyond_text(work):
     return ["eval", str(checkpoint(work)), "--baseline", "ref:tiny", "--data", str(path), "--max-tokens", "100000000"]
 
 
+def _unknown_rope_type(work):
+    return _quantize(_source(work, "rope", config=lambda c: c.update(rope_parameters={"rope_type": "nonsense"})), work)
+
+
+def _corrupt_tokenizer(work):
+    folder = Path(_source(work, "corrupt-tokenizer"))
+    (folder / "tokenizer.json").write_text('{"version": "1.0", "model": 5}')
+    return ["eval", str(checkpoint(work)), "--baseline", str(folder), "--max-tokens", "512"]
+
+
+def _bench_random_config(work):
+    settings = json.loads((float_folder(work) / "config.json").read_text())
+    path = work / "random.json"
+    path.write_text(json.dumps(settings | {"hidden_size": "128"}))
+    return ["bench", str(path), "--device", "cpu", "--gpu", "h200", "--quiet"]
+
+
+def _bench_threads(work):
+    return ["bench", "ref:tiny", "--device", "cpu", "--gpu", "h200", "--threads", "100000"]
+
+
+def _report_dev_zero(work):
+    return ["report", "--quality", "/dev/zero", "--out", str(work / "report")]
+
+
+def _refmodel_over_file(work):
+    (work / "a-file").write_text("notes\n")
+    return ["refmodel", "build", "tiny", "--out", str(work / "a-file")]
+
+
 CASES = [
     Case("source-missing-linear", "a source `model.safetensors` without one linear's weight", _missing_linear,
          "missing from the weights (random values would take their place): model.layers.0.mlp.down_proj.weight",
@@ -225,6 +255,18 @@ CASES = [
     Case("eval-data-utf16", "`eval --data` a UTF-16 text file", _eval_data_utf16, "could not be read as UTF-8 text"),
     Case("eval-data-nul", "`eval --data` a `.txt` file of NUL bytes", _eval_data_nul, "holds NUL bytes"),
     Case("eval-data-dev-zero", "`eval --data /dev/zero`", _eval_dev_zero, "is not a file, a folder or a hub dataset"),
+    Case("config-unknown-rope-type", "`config.json` with `rope_type: nonsense`", _unknown_rope_type,
+         "transformers could not build the model", creates="out"),
+    Case("baseline-corrupt-tokenizer", "a baseline whose `tokenizer.json` is corrupt", _corrupt_tokenizer,
+         "could not load a tokenizer for"),
+    Case("bench-random-config-string", "`bench` of a random-model config with `hidden_size: \"128\"`",
+         _bench_random_config, "invalid model config"),
+    Case("bench-threads-100000", "`bench --threads 100000` (OpenMP crashed creating them)", _bench_threads,
+         "this machine has"),
+    Case("report-quality-dev-zero", "`report --quality /dev/zero` (read forever before)", _report_dev_zero,
+         "not a regular file", creates="report"),
+    Case("refmodel-out-file", "`refmodel build --out` naming a file", _refmodel_over_file,
+         "is a file, not a model folder"),
     Case("eval-max-tokens-beyond-text", "`eval --max-tokens 100000000` over a 1000-token text", _max_tokens_beyond_text,
          "is more than the evaluation text has"),
 ]

@@ -172,7 +172,7 @@ def benchmark(
     from quantkit.dtypes import parse_dtype
     from quantkit.harness.timing import BenchSettings, merge_phases, run_bench
     from quantkit.harness.variants import build_variant, float_variant, load_source_model
-    from quantkit.device import resolve_device
+    from quantkit.device import check_cpu_threads, resolve_device
     from quantkit.errors import UsageError
     from quantkit.loading import is_quantized_checkpoint, resolve_model_source
     from quantkit.outputs import atomic_write_text, check_writable
@@ -182,7 +182,7 @@ def benchmark(
     if json_out is not None:
         json_out = os.fspath(json_out)
     if threads:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(check_cpu_threads(threads))
     if device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:

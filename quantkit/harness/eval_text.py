@@ -94,10 +94,10 @@ def load_tokenizer(source: str):
 
     try:
         return AutoTokenizer.from_pretrained(resolve_model_source(source))
-    except (OSError, ValueError) as e:
+    except Exception as e:  # noqa: BLE001 (a corrupt tokenizer file raises KeyError, or tokenizers' own Exception)
         raise CheckpointError(
-            f"no tokenizer found for {source!r} ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
-            f"the model folder needs its tokenizer files (tokenizer.json, tokenizer_config.json)"
+            f"could not load a tokenizer for {source!r} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            f"the model folder needs its tokenizer files (tokenizer.json, tokenizer_config.json), readable ones"
         ) from None
 
 
