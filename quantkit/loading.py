@@ -71,7 +71,7 @@ def read_config_json(folder: Path) -> dict:
         raise CheckpointError(f"{folder} is not a model folder: it has no config.json")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: JSON nested thousands of levels deep
         raise CheckpointError(f"{path} is not valid JSON ({e}); re-create the checkpoint") from None
     if not isinstance(config, dict):
         raise CheckpointError(
@@ -134,8 +134,8 @@ def load_float_model(
                 f"{source}: unsupported architecture ({msg.splitlines()[0]}); quantkit quantizes causal LMs "
                 f"that transformers can load with AutoModelForCausalLM (pass trust_remote_code only if you trust the code)"
             ) from None
-        raise CheckpointError(f"{source}: transformers could not build the model ({type(e).__name__}: {_one_line(e)}); check "
-                              f"config.json, or re-download the model") from None
+        raise CheckpointError(f"{source}: transformers could not build the model ({type(e).__name__}: "
+                              f"{_one_line(e)}); check config.json, or re-download the model") from None
     except OSError as e:
         raise CheckpointError(f"could not load {source!r}: {e}") from None
     except RuntimeError as e:  # transformers' own report of weights it cannot place (e.g. a failed conversion)

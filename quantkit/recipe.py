@@ -178,15 +178,29 @@ def load_recipe(recipe: "str | Path | Recipe | dict") -> Recipe:
 MAX_RECIPE_BYTES = 64 << 10
 
 
+#: How deep a recipe's values may nest (a recipe needs 3 levels; thousands exhaust Python's stack).
+MAX_RECIPE_DEPTH = 32
+
+
 class _NoAliasLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses aliases (`*name`): a few nested aliases expand to billions of values."""
+    """yaml.SafeLoader that refuses aliases (`*name`: a few nested aliases expand to billions of values)
+    and values nested deeper than MAX_RECIPE_DEPTH."""
+
+    depth = 0
 
     def compose_node(self, parent, index):
+        mark = self.peek_event().start_mark
         if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark
             raise ConfigError(f"{mark.name}, line {mark.line + 1}: recipes do not use YAML aliases (*name); "
                               f"write the value out")
-        return super().compose_node(parent, index)
+        if self.depth >= MAX_RECIPE_DEPTH:
+            raise ConfigError(f"{mark.name}, line {mark.line + 1}: values nested more than {MAX_RECIPE_DEPTH} "
+                              f"levels deep; a recipe is a few flat settings")
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
 
 def read_recipe_yaml(path: Path):

@@ -105,9 +105,11 @@ def source_mismatch(model: nn.Module, loading_info: dict, dtypes: dict[str, str]
     layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
     stored_layers = {int(m.group(1)) for n in unexpected if (m := _LAYER.search(n))}
     if isinstance(layers, int) and stored_layers and min(stored_layers) >= layers:
-        hints.append(f"config.json says num_hidden_layers: {layers}, but the weights hold {max(stored_layers) + 1} layers")
+        hints.append(f"config.json says num_hidden_layers: {layers}, but the weights hold "
+                     f"{max(stored_layers) + 1} layers")
     if mismatched:
-        hints.append("config.json's sizes (hidden_size, intermediate_size, vocab_size, heads) disagree with the weights")
+        hints.append("config.json's sizes (hidden_size, intermediate_size, vocab_size, heads) disagree with "
+                     "the weights")
     return SourceMismatch(missing, unexpected, mismatched, not_float, tuple(hints))
 
 

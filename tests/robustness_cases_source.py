@@ -39,12 +39,16 @@ def _as(name: str, dtype_name: str):
     return edit
 
 
+def _without(name: str):
+    return lambda state: state.pop(name)
+
+
 def _missing_linear(work):
-    return _quantize(_source(work, "missing-linear", tensors=lambda s: s.pop("model.layers.0.mlp.down_proj.weight")), work)
+    return _quantize(_source(work, "missing-linear", tensors=_without("model.layers.0.mlp.down_proj.weight")), work)
 
 
 def _missing_norm(work):
-    return _quantize(_source(work, "missing-norm", tensors=lambda s: s.pop("model.layers.1.input_layernorm.weight")), work)
+    return _quantize(_source(work, "missing-norm", tensors=_without("model.layers.1.input_layernorm.weight")), work)
 
 
 def _untied_no_lm_head(work):
@@ -109,12 +113,12 @@ def _remote_code(work):
 
 
 def _baseline_missing(work):
-    source = _source(work, "baseline-missing", tensors=lambda s: s.pop("model.layers.1.mlp.up_proj.weight"))
+    source = _source(work, "baseline-missing", tensors=_without("model.layers.1.mlp.up_proj.weight"))
     return ["eval", str(checkpoint(work)), "--baseline", source, "--max-tokens", "512"]
 
 
 def _bench_missing(work):
-    source = _source(work, "bench-missing", tensors=lambda s: s.pop("model.norm.weight"))
+    source = _source(work, "bench-missing", tensors=_without("model.norm.weight"))
     return ["bench", source, "--device", "cpu", "--gpu", "h200", "--quiet"]
 
 
@@ -198,6 +202,23 @@ def _bench_threads(work):
     return ["bench", "ref:tiny", "--device", "cpu", "--gpu", "h200", "--threads", "100000"]
 
 
+def _recipe_deep(work):
+    recipe = _recipe(work, "deep", W4 + "targets: " + "[" * 20000 + "]" * 20000 + "\n")
+    return ["quantize", "ref:tiny", "--recipe", recipe, "--out", _out(work)]
+
+
+def _config_deep(work):
+    folder = _copy(float_folder(work), work / "deep-config")
+    (folder / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    return _quantize(str(folder), work)
+
+
+def _report_deep_json(work):
+    path = work / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    return ["report", "--quality", str(path), "--out", str(work / "report")]
+
+
 def _report_dev_zero(work):
     return ["report", "--quality", "/dev/zero", "--out", str(work / "report")]
 
@@ -263,6 +284,12 @@ CASES = [
          _bench_random_config, "invalid model config"),
     Case("bench-threads-100000", "`bench --threads 100000` (OpenMP crashed creating them)", _bench_threads,
          "this machine has"),
+    Case("recipe-deep-nesting", "a recipe nesting a list 20000 levels deep", _recipe_deep,
+         "values nested more than 32 levels deep", creates="out"),
+    Case("config-json-deep-nesting", "a source `config.json` nesting 100000 levels deep", _config_deep,
+         "is not valid JSON", creates="out"),
+    Case("report-quality-deep-json", "`report --quality` of JSON nested 100000 levels deep", _report_deep_json,
+         "maximum recursion depth", creates="report"),
     Case("report-quality-dev-zero", "`report --quality /dev/zero` (read forever before)", _report_dev_zero,
          "not a regular file", creates="report"),
     Case("refmodel-out-file", "`refmodel build --out` naming a file", _refmodel_over_file,

@@ -96,8 +96,9 @@ def load_tokenizer(source: str):
         return AutoTokenizer.from_pretrained(resolve_model_source(source))
     except Exception as e:  # noqa: BLE001 (a corrupt tokenizer file raises KeyError, or tokenizers' own Exception)
         raise CheckpointError(
-            f"could not load a tokenizer for {source!r} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-            f"the model folder needs its tokenizer files (tokenizer.json, tokenizer_config.json), readable ones"
+            f"could not load a tokenizer for {source!r} ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); the model folder needs its tokenizer files "
+            f"(tokenizer.json, tokenizer_config.json), readable ones"
         ) from None
 
 

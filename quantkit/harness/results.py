@@ -33,7 +33,7 @@ def load_bench(path: str | Path) -> dict:
     text = read_input_text(path, "bench results", MAX_RESULTS_BYTES)
     try:
         data = json.loads(text)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: nested thousands of levels deep
         raise UsageError(f"cannot read bench results {path}: {e}") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or "prefill" not in data or "decode" not in data:
         raise UsageError(f"{path} is not a `quantkit bench --json` file (schema {SCHEMA!r} with prefill and decode)")
@@ -138,7 +138,7 @@ def load_quality(paths: Sequence[str | Path]) -> list[QualityResult]:
         text = read_input_text(path, "quality results", MAX_RESULTS_BYTES)
         try:
             data = json.loads(text)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: nested thousands of levels deep
             raise UsageError(f"cannot read quality results {path}: {e}") from None
         found = list(_quality_records(data, path.stem))
         if not found:
