@@ -28,8 +28,9 @@ def from_dict(cls: type[T], data: Any, where: str) -> T:
     if unknown:
         hints = []
         for k in unknown[:UNKNOWN_KEYS_SHOWN]:
-            close = difflib.get_close_matches(str(k)[:100], allowed, n=1)
-            hints.append(f"{str(k)[:100]!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+            shown = k[:100] + "..." if isinstance(k, str) and len(k) > 100 else k
+            close = difflib.get_close_matches(str(shown), allowed, n=1)
+            hints.append(f"{shown!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         if len(unknown) > UNKNOWN_KEYS_SHOWN:
             hints.append(f"and {len(unknown) - UNKNOWN_KEYS_SHOWN} more")
         raise ConfigError(f"{where}: unknown key(s) {', '.join(hints)}; allowed keys: {', '.join(allowed)}")
