@@ -76,6 +76,19 @@ def test_utf16_recipe_with_a_byte_order_mark_reads_as_its_utf8_twin(tmp_path):
     assert (a.weights, a.description) == (b.weights, b.description) == (a.weights, "café")
 
 
+def test_alias_bomb_inside_targets_is_refused_before_it_expands(tmp_path):
+    """Nine levels of nine aliases in `targets`: quoting the value in an error expanded 9**9 strings (GBs)."""
+    import quantkit
+
+    levels = ["&a [x, x, x, x, x, x, x, x, x]"]
+    levels += [f"&{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]" for i in range(8)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("weights: {num_bits: 4, type: int, strategy: channel}\ntargets: [" + ", ".join(levels) + "]\n")
+    with pytest.raises(ConfigError, match="line 2: recipes do not use YAML aliases") as info:
+        quantkit.load_recipe(path)
+    assert len(str(info.value)) < 300
+
+
 def test_error_messages_are_capped_keeping_start_and_end(tmp_path, capsys):
     error = ConfigError("start " + "x" * 1_000_000 + " end")
     assert len(str(error)) <= MAX_MESSAGE_CHARS
