@@ -205,7 +205,7 @@ class _NoAliasLoader(yaml.SafeLoader):
 
 def read_recipe_yaml(path: Path):
     """The YAML data of a recipe file (UTF-8, or UTF-16 with a byte-order mark); ConfigError for a file over
-    MAX_RECIPE_BYTES, text in another encoding, invalid YAML or an alias."""
+    MAX_RECIPE_BYTES, text in another encoding, invalid YAML, an alias or values nested too deep."""
     raw = read_input_bytes(path, "recipe file", MAX_RECIPE_BYTES, ConfigError)
     loader = None
     try:
