@@ -197,17 +197,19 @@ def _deduplicated_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def load(
     path: "str | os.PathLike", *, backend: str = "auto", device: str | torch.device = "cpu",
-    dtype: torch.dtype | None = None, trust_remote_code: bool = False,
+    dtype: torch.dtype | None = None, trust_remote_code: bool = False, strict: bool = True,
 ) -> nn.Module:
     """A ready model from a quantkit/compressed-tensors checkpoint (or a float model folder / hub id).
 
     Quantized linears run through quantkit.kernels with `backend` ("auto", "triton", "torch",
-    "reference"); weights load from safetensors only.
+    "reference"); weights load from safetensors only. strict (float models): refuse one whose weights
+    transformers would not load as stored (see loading.load_float_model); False loads it with a warning.
     """
     device = resolve_device(device)
     source = resolve_model_source(str(path))
     if not is_quantized_checkpoint(source):
-        return load_float_model(source, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+        return load_float_model(source, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
+                                strict=strict)
     return _load_quantized(Path(source), backend=backend, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
 
 

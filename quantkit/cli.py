@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fail(args: argparse.Namespace, message: str, status: int = 2) -> int:
-    print(f"quantkit {args.command}: error: {message}", file=sys.stderr)
+    from .errors import shorten
+
+    print(f"quantkit {args.command}: error: {shorten(message)}", file=sys.stderr)
     return status
 
 

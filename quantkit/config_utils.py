@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 from .errors import ConfigError
 
 T = TypeVar("T")
+#: Unknown keys an error names (with a suggestion each); the rest are counted.
+UNKNOWN_KEYS_SHOWN = 10
 
 
 def from_dict(cls: type[T], data: Any, where: str) -> T:
@@ -25,9 +27,12 @@ def from_dict(cls: type[T], data: Any, where: str) -> T:
     unknown = [k for k in data if k not in allowed]
     if unknown:
         hints = []
-        for k in unknown:
-            close = difflib.get_close_matches(str(k), allowed, n=1)
-            hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        for k in unknown[:UNKNOWN_KEYS_SHOWN]:
+            shown = k[:100] + "..." if isinstance(k, str) and len(k) > 100 else k
+            close = difflib.get_close_matches(str(shown), allowed, n=1)
+            hints.append(f"{shown!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        if len(unknown) > UNKNOWN_KEYS_SHOWN:
+            hints.append(f"and {len(unknown) - UNKNOWN_KEYS_SHOWN} more")
         raise ConfigError(f"{where}: unknown key(s) {', '.join(hints)}; allowed keys: {', '.join(allowed)}")
     hints = typing.get_type_hints(cls)
     for key, value in data.items():

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .errors import UsageError
 
 
 def resolve_device(device: "str | torch.device", *, option: str = "device") -> torch.device:
-    """A torch.device for `device` ("cpu", "cuda", "cuda:1", ...); UsageError when the name is malformed
-    or the device is not on this machine. option: how the caller names the setting in messages."""
+    """A torch.device for `device` ("cpu", "cuda", "cuda:1", ...); UsageError when the name is malformed,
+    names the meta device (shapes without data: nothing can be computed or saved there) or the device is
+    not on this machine. option: how the caller names the setting in messages."""
     try:
         d = torch.device(device)
     except (RuntimeError, TypeError, ValueError):
         raise UsageError(f"{option} {device!r} is not a device name; use cpu, cuda or cuda:N") from None
-    if d.type in ("cpu", "meta"):
+    if d.type == "meta":
+        raise UsageError(f"{option} {device!r}: the meta device holds tensor shapes without their values, so "
+                         f"nothing can be computed or saved there; use cpu or cuda")
+    if d.type == "cpu":
         return d
     backend = getattr(torch, d.type, None)
     available = getattr(backend, "is_available", None)
@@ -25,3 +31,12 @@ def resolve_device(device: "str | torch.device", *, option: str = "device") -> t
     if d.index is not None and d.index >= count:
         raise UsageError(f"{option} {device!r}: this machine has {count} {d.type.upper()} device(s), numbered from 0")
     return d
+
+
+def check_cpu_threads(threads: int, *, option: str = "--threads") -> int:
+    """`threads` (CPU threads for torch) when 1 <= threads <= this machine's CPUs; UsageError otherwise
+    (OpenMP aborts, or crashes, creating thousands of threads)."""
+    cpus = os.cpu_count() or 1
+    if not 1 <= threads <= cpus:
+        raise UsageError(f"{option} {threads}: this machine has {cpus} CPUs; give {option} 1 to {cpus}")
+    return threads

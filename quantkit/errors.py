@@ -9,9 +9,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
+#: The longest message an error carries: whatever it quotes of the input (a value, a list of keys), it stays
+#: one readable line.
+MAX_MESSAGE_CHARS = 2000
+
+
+def shorten(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """`message` cut to at most `limit` characters: its start and its end (which says what to do) are kept,
+    the middle is replaced by the number of characters left out."""
+    if len(message) <= limit:
+        return message
+    head = (limit - 60) * 3 // 4
+    tail = limit - 60 - head
+    return f"{message[:head]} [... {len(message) - head - tail} characters left out ...] {message[-tail:]}"
+
 
 class QuantkitError(Exception):
-    """Bad input that quantkit can name: the message says what is wrong and what to do."""
+    """Bad input that quantkit can name: the message says what is wrong and what to do (at most
+    MAX_MESSAGE_CHARS characters)."""
+
+    def __init__(self, *args):
+        super().__init__(*(shorten(a) if isinstance(a, str) else a for a in args))
 
 
 class UsageError(QuantkitError, ValueError):
@@ -64,5 +82,5 @@ class NoSpaceError(QuantkitError, OSError):
 
 __all__ = [
     "CheckpointError", "ConfigError", "EvaluationError", "NoSpaceError", "OutputExistsError", "OutputRefusedError",
-    "QuantizationError", "QuantkitError", "UsageError",
+    "QuantizationError", "QuantkitError", "UsageError", "shorten",
 ]

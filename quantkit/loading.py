@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -69,7 +71,7 @@ def read_config_json(folder: Path) -> dict:
         raise CheckpointError(f"{folder} is not a model folder: it has no config.json")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # RecursionError: JSON nested thousands of levels deep
         raise CheckpointError(f"{path} is not valid JSON ({e}); re-create the checkpoint") from None
     if not isinstance(config, dict):
         raise CheckpointError(
@@ -86,21 +88,25 @@ def is_quantized_checkpoint(source: str) -> bool:
 
 def load_float_model(
     source: str, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
-    trust_remote_code: bool = False,
+    trust_remote_code: bool = False, strict: bool = True,
 ) -> nn.Module:
     """A transformers causal LM from a local folder or hub id, weights from safetensors only.
 
     dtype: the dtype to run in (default: config.json's). For a local folder the dtype its weights
     are stored in is recorded on the model (source_dtype(model)): checkpoints are saved in it.
+    strict: refuse (CheckpointError naming the tensors) a source the model would not reproduce: tensors
+    missing, unexpected or of another shape than config.json describes, float weights stored as integers
+    or fp8 (quantkit.source_check); False loads it as transformers does, with a warning.
     """
     from transformers import AutoModelForCausalLM
 
     from .device import resolve_device
+    from .source_check import check_source, source_mismatch, stored_dtypes
 
     device = resolve_device(device)
     source = resolve_model_source(source)
     local = Path(source)
-    stored = None
+    stored = dtypes = None
     if local.exists():
         if not local.is_dir():
             raise CheckpointError(f"{source} is a file; pass the model folder (with config.json and *.safetensors)")
@@ -109,26 +115,95 @@ def load_float_model(
                 f"{source} is already a quantized checkpoint; quantize the float model it was made from "
                 f"(quantkit.load / `quantkit eval` run it as it is)"
             )
-        for f in safetensors_files(local):
+        files = safetensors_files(local)
+        for f in files:
             check_complete(f)
         stored = stored_float_dtype(local)
+        dtypes = stored_dtypes(files)
+    config = load_model_config(source, trust_remote_code=trust_remote_code)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype or "auto", use_safetensors=True, trust_remote_code=trust_remote_code,
-        )
-    except ValueError as e:
+        with _quiet_loading_report():  # check_source names what it reports
+            model, info = AutoModelForCausalLM.from_pretrained(
+                source, config=config, dtype=dtype or "auto", use_safetensors=True, trust_remote_code=trust_remote_code,
+                output_loading_info=True, ignore_mismatched_sizes=True,
+            )
+    except (ValueError, KeyError, TypeError) as e:  # the model's code refusing its config (e.g. an unknown rope_type)
         msg = str(e)
         if "Unrecognized configuration class" in msg or "model type" in msg:
             raise CheckpointError(
                 f"{source}: unsupported architecture ({msg.splitlines()[0]}); quantkit quantizes causal LMs "
                 f"that transformers can load with AutoModelForCausalLM (pass trust_remote_code only if you trust the code)"
             ) from None
-        raise
+        raise CheckpointError(f"{source}: transformers could not build the model ({type(e).__name__}: "
+                              f"{_one_line(e)}); check config.json, or re-download the model") from None
     except OSError as e:
         raise CheckpointError(f"could not load {source!r}: {e}") from None
+    except RuntimeError as e:  # transformers' own report of weights it cannot place (e.g. a failed conversion)
+        raise CheckpointError(f"{source}: transformers could not load the weights ({_one_line(e)}); "
+                              f"check config.json against the weights, or re-download the model") from None
+    check_source(source, source_mismatch(model, info, dtypes), strict=strict)
     if stored is not None:
         setattr(model, SOURCE_DTYPE_ATTRIBUTE, stored)
     return model.to(device).eval()
+
+
+def load_model_config(source: str, *, trust_remote_code: bool = False):
+    """transformers' config of a model folder or hub id. CheckpointError when config.json is invalid (a value
+    of the wrong type, an impossible size, no model_type) or names model code (auto_map) that
+    trust_remote_code does not allow."""
+    from transformers import AutoConfig
+
+    try:
+        with config_errors(source):
+            return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except OSError as e:
+        raise CheckpointError(f"could not load {source!r}: {e}") from None
+
+
+@contextlib.contextmanager
+def config_errors(source: str):
+    """Turn transformers' errors about a model config (a value of the wrong type, an impossible size, no
+    model_type, model code that may not run) into a CheckpointError naming `source`."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    from .errors import QuantkitError
+
+    try:
+        yield
+    except QuantkitError:
+        raise
+    except (StrictDataclassError, ValueError, TypeError, KeyError, AttributeError) as e:
+        if "trust_remote_code" in str(e):
+            raise CheckpointError(
+                f"{source} needs its own model code (config.json's auto_map), which quantkit runs only when asked: "
+                f"pass --trust-remote-code (Python: trust_remote_code=True) if you trust that code"
+            ) from None
+        raise CheckpointError(f"{source}: invalid model config ({_one_line(e)}); correct config.json or "
+                              f"re-download the model") from None
+
+
+def _one_line(error: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line (transformers' messages span several), at most `limit` characters."""
+    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@contextlib.contextmanager
+def _quiet_loading_report():
+    """Hold back transformers' table of missing/unexpected/mismatched keys while a model loads (a filter, not a
+    level: transformers logs other tables when its logger's level changes)."""
+    logger = logging.getLogger("transformers.modeling_utils")
+    only_others = _DropLoadReport()
+    logger.addFilter(only_others)
+    try:
+        yield
+    finally:
+        logger.removeFilter(only_others)
+
+
+class _DropLoadReport(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in record.getMessage()
 
 
 def empty_quantized_model(folder: Path, *, dtype: torch.dtype | None = None, trust_remote_code: bool = False):

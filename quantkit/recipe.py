@@ -25,6 +25,7 @@ import yaml
 
 from .algorithms.registry import ALGORITHMS
 from .config_utils import ConfigError, from_dict
+from .inputs import read_input_bytes
 from .scheme import QuantScheme
 from .targets import check_patterns
 
@@ -170,8 +171,52 @@ def load_recipe(recipe: "str | Path | Recipe | dict") -> Recipe:
             f"recipe {str(recipe)!r} is neither a built-in recipe nor a YAML file; "
             f"built-in recipes: {', '.join(sorted(builtins))}"
         )
+    return recipe_from_dict(read_recipe_yaml(path), name=path.stem)
+
+
+#: Recipes are a few hundred bytes (a long ignore list a few KiB); a file beyond this is not one.
+MAX_RECIPE_BYTES = 64 << 10
+
+
+#: How deep a recipe's values may nest (a recipe needs 3 levels; thousands exhaust Python's stack).
+MAX_RECIPE_DEPTH = 32
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses aliases (`*name`: a few nested aliases expand to billions of values)
+    and values nested deeper than MAX_RECIPE_DEPTH."""
+
+    depth = 0
+
+    def compose_node(self, parent, index):
+        mark = self.peek_event().start_mark
+        if self.check_event(yaml.AliasEvent):
+            raise ConfigError(f"{mark.name}, line {mark.line + 1}: recipes do not use YAML aliases (*name); "
+                              f"write the value out")
+        if self.depth >= MAX_RECIPE_DEPTH:
+            raise ConfigError(f"{mark.name}, line {mark.line + 1}: values nested more than {MAX_RECIPE_DEPTH} "
+                              f"levels deep; a recipe is a few flat settings")
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+def read_recipe_yaml(path: Path):
+    """The YAML data of a recipe file (UTF-8, or UTF-16 with a byte-order mark); ConfigError for a file over
+    MAX_RECIPE_BYTES, text in another encoding, invalid YAML, an alias or values nested too deep."""
+    raw = read_input_bytes(path, "recipe file", MAX_RECIPE_BYTES, ConfigError)
+    loader = None
     try:
-        data = yaml.safe_load(path.read_text())
+        loader = _NoAliasLoader(raw)  # decodes the first bytes already
+        loader.name = str(path)  # messages name the file
+        return loader.get_single_data()
+    except yaml.reader.ReaderError as e:
+        raise ConfigError(f"recipe file {path} cannot be read as text ({e.reason} at byte {e.position}); "
+                          f"save it as UTF-8 text") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"recipe file {path} is not valid YAML: {e}") from None
-    return recipe_from_dict(data, name=path.stem)
+    finally:
+        if loader is not None:
+            loader.dispose()

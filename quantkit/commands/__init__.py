@@ -56,6 +56,16 @@ def add_model_options(parser: argparse.ArgumentParser, *,
     parser.add_argument("--device", default="cpu", help="torch device to run on (default: cpu)")
     parser.add_argument("--trust-remote-code", action="store_true",
                         help="allow model code from the model folder / hub (only for sources you trust)")
+    add_source_mismatch_option(parser)
+
+
+def add_source_mismatch_option(parser: argparse.ArgumentParser) -> None:
+    """--allow-source-mismatch: load a float model whose weights do not match its config.json as transformers does."""
+    parser.add_argument("--allow-source-mismatch", action="store_true",
+                        help="use a float model even when its weights do not match the model config.json describes "
+                             "(tensors missing, unexpected, of another shape, or integer/fp8 float weights): "
+                             "transformers fills missing tensors with random values and drops unexpected ones "
+                             "(default: refuse, naming the tensors)")
 
 
 def positive_float(text: str) -> float:
@@ -84,11 +94,17 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def check_backend(name: str) -> str:
-    """`--backend` value, checked before any work (UsageError listing the backends)."""
+def check_backend(name: str, device=None) -> str:
+    """`--backend` value, checked before any work (UsageError listing the backends, or saying why the
+    backend cannot run on `device` when one is given)."""
     from quantkit.errors import UsageError
-    from quantkit.kernels.wna16 import BACKENDS
+    from quantkit.kernels.wna16 import BACKENDS, resolve_backend
 
     if name not in BACKENDS:
         raise UsageError(f"--backend {name!r} is unknown; choose one of {', '.join(BACKENDS)}")
+    if device is not None:
+        try:
+            resolve_backend(name, device)
+        except ValueError as e:
+            raise UsageError(f"--backend {name}: {e}") from None
     return name

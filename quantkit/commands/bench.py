@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import check_backend, input_paths, int_at_least, positive_float
+from . import add_source_mismatch_option, check_backend, input_paths, int_at_least, positive_float
 
 GPU_DEFAULTS = {"prompt_lens": "128,512,1024,2048,4096", "context_lens": "128,512,1024,2048,4096",
                 "batch_sizes": "1,4,16,64"}
@@ -70,6 +70,7 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of random models, prompts and caches")
     p.add_argument("--quiet", action="store_true", help="no progress lines (by default each step and each "
                                                         "measured shape is announced on stderr as it starts)")
+    add_source_mismatch_option(p)
     p.set_defaults(func=run)
 
 
@@ -79,7 +80,8 @@ def _split(values: list[str]) -> list[str]:
 
 def _command_line(model: str, baseline: str | None, variants: list[str], device, settings, *, dtype: str,
                   backend: str, gpu: str, seed: int, max_cache_gb: float | None, cuda_graphs: bool,
-                  compile: str | None, compile_backend: str, threads: int | None, json_out: str | None) -> str:
+                  compile: str | None, compile_backend: str, threads: int | None, json_out: str | None,
+                  allow_source_mismatch: bool = False) -> str:
     """The command that repeats this measurement (every setting spelled out)."""
     import shlex
 
@@ -108,6 +110,8 @@ def _command_line(model: str, baseline: str | None, variants: list[str], device,
         parts += ["--threads", str(threads)]
     if json_out:
         parts += ["--json", json_out]
+    if allow_source_mismatch:
+        parts.append("--allow-source-mismatch")
     env = [f"{k}={os.environ[k]}" for k in TIMING_ENV if os.environ.get(k)]
     return shlex.join(env + parts)
 
@@ -125,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         context_lens=args.context_lens, batch_sizes=args.batch_sizes, prefill_batch_sizes=args.prefill_batch_sizes,
         warmup=args.warmup, repeats=args.repeats, gpu=args.gpu, max_cache_gb=args.max_cache_gb,
         cuda_graphs=not args.no_cuda_graphs, compile=args.compile, compile_backend=args.compile_backend,
-        threads=args.threads, seed=args.seed, quiet=args.quiet,
+        threads=args.threads, seed=args.seed, quiet=args.quiet, allow_source_mismatch=args.allow_source_mismatch,
     )
     return 0
 
@@ -153,6 +157,7 @@ def benchmark(
     threads: int | None = None,
     seed: int = 0,
     quiet: bool = False,
+    allow_source_mismatch: bool = False,
 ) -> dict:
     """Time prefill (TTFT) and decode (TPOT) of `model` and its `variants` (recipes or quantized
     checkpoint folders), as `quantkit bench` does: the keywords are its options (None: the device's
@@ -167,7 +172,7 @@ def benchmark(
     from quantkit.dtypes import parse_dtype
     from quantkit.harness.timing import BenchSettings, merge_phases, run_bench
     from quantkit.harness.variants import build_variant, float_variant, load_source_model
-    from quantkit.device import resolve_device
+    from quantkit.device import check_cpu_threads, resolve_device
     from quantkit.errors import UsageError
     from quantkit.loading import is_quantized_checkpoint, resolve_model_source
     from quantkit.outputs import atomic_write_text, check_writable
@@ -177,12 +182,12 @@ def benchmark(
     if json_out is not None:
         json_out = os.fspath(json_out)
     if threads:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(check_cpu_threads(threads))
     if device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
         device = resolve_device(device, option="--device")
-    check_backend(backend)
+    check_backend(backend, device)
     if json_out:  # before any work; never over a file this command reads
         check_writable(json_out, force=True, file=True,
                        inputs=input_paths(model, baseline, *variants))
@@ -235,7 +240,8 @@ def benchmark(
         base = None
         if base_source is not None:
             _say(quiet, f"loading {base_source} ({str(model_dtype).removeprefix('torch.')}, {device})")
-            base = load_source_model(base_source, dtype=model_dtype, device=device, seed=seed)
+            base = load_source_model(base_source, dtype=model_dtype, device=device, seed=seed,
+                                     strict=not allow_source_mismatch)
         # one float baseline for both phases, whatever dtype each phase runs in
         built = [float_variant(base, name=None if one_dtype else "float")] if base is not None else []
         for i, s in enumerate(variant_specs):
@@ -263,7 +269,8 @@ def benchmark(
     results["command"] = _command_line(
         model, baseline, variant_specs if not model_is_checkpoint else variant_specs[1:], device, settings,
         dtype=dtype, backend=backend, gpu=gpu, seed=seed, max_cache_gb=max_cache_gb, cuda_graphs=cuda_graphs,
-        compile=compile, compile_backend=compile_backend, threads=threads, json_out=json_out)
+        compile=compile, compile_backend=compile_backend, threads=threads, json_out=json_out,
+        allow_source_mismatch=allow_source_mismatch)
     print("\n".join(summary_lines(results)))
     if json_out:
         atomic_write_text(json_out, json.dumps(results, indent=1) + "\n")

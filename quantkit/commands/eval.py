@@ -24,10 +24,11 @@ def register(sub) -> None:
     p.add_argument("--window", type=int_at_least(2, WINDOW_WHY), default=None,
                    help="tokens per window, 2 to the model's context (default: min(context, 2048))")
     p.add_argument("--max-tokens", type=int_at_least(2, " (at least one window of 2 tokens)"),
-                   default=DEFAULT_MAX_TOKENS,
-                   help=f"evaluate the first N tokens of the text (default: {DEFAULT_MAX_TOKENS}, e.g. 16 windows of "
-                        f"2048, enough to separate W8 from W4 by KL and top-1 agreement; eval says how many tokens "
-                        f"the text has, give a larger N to read more)")
+                   default=None,
+                   help=f"evaluate the first N tokens of the text (default: {DEFAULT_MAX_TOKENS}, or the whole text "
+                        f"if shorter; e.g. 16 windows of 2048, enough to separate W8 from W4 by KL and top-1 "
+                        f"agreement; eval says how many tokens the text has, give a larger N to read more, up to "
+                        f"that many)")
     p.add_argument("--batch-size", type=int_at_least(1), default=8, help="windows per forward pass (default: 8)")
     p.add_argument("--backend", default="auto", help="kernel backend for quantized layers (auto, triton, torch, reference)")
     p.add_argument("--json", default=None,
@@ -40,29 +41,35 @@ def run(args: argparse.Namespace) -> int:
     import quantkit
     from quantkit.device import resolve_device
     from quantkit.errors import UsageError
-    from quantkit.harness.eval_text import eval_token_windows
+    from quantkit.harness.eval_text import eval_window, load_tokenizer, read_eval_tokens
     from quantkit.outputs import atomic_write_text, check_writable
 
-    resolve_device(args.device, option="--device")
-    check_backend(args.backend)
+    check_backend(args.backend, resolve_device(args.device, option="--device"))
     if args.json:  # before any work; never over a file this command reads
         check_writable(args.json, force=True, file=True, inputs=input_paths(args.model, args.baseline, args.data))
     dtype = torch_dtype(args.dtype)
-    baseline = quantkit.load(args.baseline, dtype=dtype, device=args.device, trust_remote_code=args.trust_remote_code)
+    strict = not args.allow_source_mismatch
+    baseline = quantkit.load(args.baseline, dtype=dtype, device=args.device, trust_remote_code=args.trust_remote_code,
+                             strict=strict)
     model = quantkit.load(args.model, backend=args.backend, dtype=dtype, device=args.device,
-                          trust_remote_code=args.trust_remote_code)
-    all_windows = eval_token_windows(args.baseline, args.data, window=args.window, model_config=baseline.config)
-    window = all_windows.shape[1]
-    if args.max_tokens < window:
-        raise UsageError(f"--max-tokens {args.max_tokens} is less than one window of {window} tokens; "
+                          trust_remote_code=args.trust_remote_code, strict=strict)
+    window = eval_window(args.window, baseline.config)
+    max_tokens = args.max_tokens or DEFAULT_MAX_TOKENS
+    if max_tokens < window:
+        raise UsageError(f"--max-tokens {max_tokens} is less than one window of {window} tokens; "
                          f"give --max-tokens {window} or more, or a smaller --window")
-    windows = all_windows[: args.max_tokens // window]  # [N, W]: the first max_tokens tokens, whole windows
-    from quantkit.harness.quality import check_comparable, evaluate_quality
+    text = read_eval_tokens(load_tokenizer(args.baseline), args.data, max_tokens)  # reads only what it needs
+    if args.max_tokens is not None and text.whole and text.ids.numel() < args.max_tokens:
+        raise UsageError(f"--max-tokens {args.max_tokens} is more than the evaluation text has: "
+                         f"{text.ids.numel()} tokens; give --max-tokens {text.ids.numel()} or less, or more text")
+    from quantkit.harness.quality import check_comparable, evaluate_quality, token_windows
 
+    windows = token_windows(text.ids, window, max_tokens)  # [N, W]: the first max_tokens tokens, whole windows
     check_comparable({"model": model}, baseline, windows)  # before the models run for the time estimate
 
-    print(f"eval: {windows.shape[0]} windows of {window} tokens = {windows.numel()} of the text's "
-          f"{all_windows.numel()} tokens (--max-tokens {args.max_tokens}); "
+    of_text = f"of the text's {text.ids.numel()} tokens" if text.whole else "tokens from the start of the text"
+    print(f"eval: {windows.shape[0]} windows of {window} tokens = {windows.numel()} {of_text} "
+          f"(--max-tokens {max_tokens}); "
           f"expect up to ~{_estimate_seconds(model, baseline, windows):.0f} s (one window timed through both models, "
           f"times {windows.shape[0]}; batches of {args.batch_size} run faster)", file=sys.stderr, flush=True)
 

@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     source = resolve_model_source(args.model)
     start = time.perf_counter()
     dtype = torch_dtype(args.dtype)
-    model = load_float_model(source, dtype=dtype, device=args.device, trust_remote_code=args.trust_remote_code)
+    model = load_float_model(source, dtype=dtype, device=args.device, trust_remote_code=args.trust_remote_code,
+                             strict=not args.allow_source_mismatch)
     if Path(source).is_dir():
         size_before = SizeOnDisk(folder_size_bytes(Path(source)), dtype_name(source_dtype(model)), "on disk")
     else:  # a hub model: its tensors as loaded

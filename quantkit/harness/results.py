@@ -17,19 +17,23 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..inputs import read_input_text
 from .hardware import DeviceSpec
 from .timing import SCHEMA
 
 SHAPE_KEYS = {"prefill": ("batch", "prompt_len"), "decode": ("batch", "context_len")}
+#: The largest results file read (a bench JSON of many shapes is a few hundred KiB).
+MAX_RESULTS_BYTES = 64 << 20
 
 
 # -- reading ----------------------------------------------------------------------------------------
 
 def load_bench(path: str | Path) -> dict:
     path = Path(path)
+    text = read_input_text(path, "bench results", MAX_RESULTS_BYTES)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as e:  # RecursionError: nested thousands of levels deep
         raise UsageError(f"cannot read bench results {path}: {e}") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or "prefill" not in data or "decode" not in data:
         raise UsageError(f"{path} is not a `quantkit bench --json` file (schema {SCHEMA!r} with prefill and decode)")
@@ -131,9 +135,10 @@ def load_quality(paths: Sequence[str | Path]) -> list[QualityResult]:
     results = []
     for path in paths:
         path = Path(path)
+        text = read_input_text(path, "quality results", MAX_RESULTS_BYTES)
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as e:  # RecursionError: nested thousands of levels deep
             raise UsageError(f"cannot read quality results {path}: {e}") from None
         found = list(_quality_records(data, path.stem))
         if not found:

@@ -65,8 +65,12 @@ def is_random_config(source: str) -> bool:
     return str(source).endswith(".json") and Path(source).is_file()
 
 
-def load_source_model(source: str, *, dtype: torch.dtype, device: str | torch.device, seed: int = 0) -> nn.Module:
-    """A float model from a folder / hub id / ``ref:NAME``, or a random one from a config.json file."""
+def load_source_model(
+    source: str, *, dtype: torch.dtype, device: str | torch.device, seed: int = 0, strict: bool = True,
+) -> nn.Module:
+    """A float model from a folder / hub id / ``ref:NAME``, or a random one from a config.json file.
+
+    strict: refuse a folder whose weights do not match its config.json (loading.load_float_model)."""
     if is_random_config(source):
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -76,10 +80,16 @@ def load_source_model(source: str, *, dtype: torch.dtype, device: str | torch.de
             raise UsageError(f"{source} is not a JSON model config ({e})") from None
         if not isinstance(d, dict) or "model_type" not in d:
             raise UsageError(f"{source}: a random-model config needs a model_type (e.g. \"llama\")")
-        config = AutoConfig.for_model(**d)
+        from quantkit.loading import config_errors
+
+        with config_errors(source):
+            config = AutoConfig.for_model(**d)
         torch.manual_seed(seed)
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        try:
+            with torch.device(device), config_errors(source):
+                model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        except RuntimeError as e:  # sizes torch cannot allocate (negative, or beyond memory)
+            raise UsageError(f"{source}: cannot build a model of these sizes ({str(e).splitlines()[0]})") from None
         model.name_or_path = f"random:{Path(source).name}"
         return model.eval()
     from quantkit.loading import is_quantized_checkpoint, load_float_model, resolve_model_source
@@ -89,7 +99,7 @@ def load_source_model(source: str, *, dtype: torch.dtype, device: str | torch.de
         raise UsageError(
             f"{source} is a quantized checkpoint; pass the float model as MODEL and the checkpoint with --variants"
         )
-    return load_float_model(resolved, dtype=dtype, device=device)
+    return load_float_model(resolved, dtype=dtype, device=device, strict=strict)
 
 
 def float_variant(model: nn.Module, name: str | None = None) -> Variant:

@@ -35,9 +35,11 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 def run_build(args: argparse.Namespace) -> int:
     """Build the model named by ``args`` (from ``add_build_arguments``); prints where it went."""
+    from ..device import check_cpu_threads
+
     spec = get_spec(args.name)
-    if args.threads is not None and args.threads < 1:
-        raise SystemExit(f"--threads must be at least 1, got {args.threads}")
+    if args.threads is not None:
+        check_cpu_threads(args.threads)
     destination = args.out if args.out is not None else cache_folder(spec)
     folder = build_atomically(spec, destination, force=args.force, num_threads=args.threads,
                               progress=not args.no_progress)
@@ -53,4 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     add_build_arguments(commands.add_parser("build", help="train a reference model into a folder"))
     args = parser.parse_args(argv)
-    return run_build(args)
+    from ..errors import QuantkitError
+
+    try:
+        return run_build(args)
+    except QuantkitError as e:
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
