@@ -293,7 +293,7 @@ CASES = [
     Case("report-quality-dev-zero", "`report --quality /dev/zero` (read forever before)", _report_dev_zero,
          "not a regular file", creates="report"),
     Case("refmodel-out-file", "`refmodel build --out` naming a file", _refmodel_over_file,
-         "is a file, not a model folder"),
+         "it is a file, not an output folder quantkit wrote"),
     Case("eval-max-tokens-beyond-text", "`eval --max-tokens 100000000` over a 1000-token text", _max_tokens_beyond_text,
          "is more than the evaluation text has"),
 ]
