@@ -233,7 +233,8 @@ CHECKPOINTS = {  # name -> recipe (a built-in name or YAML text)
     "w4a16-g64-rtn-asym": "version: 1\nweights: {num_bits: 4, type: int, symmetric: false, strategy: group, "
                           "group_size: 64}\ntargets: [Linear]\nignore: [lm_head]\nalgorithm: {name: rtn}\n",
     "w4a16-gptq": "w4a16-gptq",
-    "w4a16-awq": "w4a16-awq",
+    "w4a16-awq": "version: 1\nweights: {num_bits: 4, type: int, symmetric: true, strategy: group, group_size: 128}\n"
+                 "targets: [Linear]\nignore: [lm_head]\nalgorithm: {name: awq, grid: 5, clip_grid: 5}\n",  # coarse: quick
 }
 CALIBRATION = ["--calib-samples", "4", "--calib-seq-len", "64"]  # enough to exercise GPTQ and AWQ; quick
 
@@ -344,6 +345,30 @@ def test_teacher_forced_agreement_within_bf16_tolerance(engine_runs, name):
     assert control["vllm"]["kernels"] == set() and control["vllm"]["greedy"] == control["quantkit"]["greedy"]
     assert run["top1_agreement"] >= min(control["top1_agreement"], 0.97)
     assert run["max_abs_logprob_delta"] <= max(2 * control["max_abs_logprob_delta"], 0.1)
+
+
+# -- FP8 KV cache ---------------------------------------------------------------------------------------------
+def test_kv_fp8_checkpoint_runs_with_a_bf16_cache_where_vllm_has_no_fp8_cache(engine_runs, tmp_path):
+    """A kv-fp8 checkpoint turns vLLM's FP8 cache on by itself (also with kv_cache_dtype="auto"); on CPUs
+    without AVX-512 or AMX vLLM has none and refuses. An explicit kv_cache_dtype="bfloat16" wins over
+    the checkpoint: the model runs (k/v scales unused), as the unquantized model does."""
+    from quantkit.cli import main
+
+    folder = tmp_path / "kv-fp8"
+    assert main(["quantize", "ref:small", "--recipe", "kv-fp8", "--out", str(folder), *CALIBRATION]) == 0
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids(folder)]
+    greedy = SamplingParams(temperature=0, max_tokens=NEW_TOKENS)
+    llm = LLM(model=str(folder), **ENGINE, kv_cache_dtype="bfloat16")
+    try:
+        tokens = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, greedy, use_tqdm=False)]
+    finally:
+        del llm
+        gc.collect()
+    assert tokens == engine_runs["float"]["vllm"]["greedy"]
+    if not (torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()):
+        with pytest.raises(Exception, match="FP8 KV cache on CPU requires x86 with AVX-512 or AMX"):
+            LLM(model=str(folder), **ENGINE)
+    gc.collect()
 
 
 # -- serving -------------------------------------------------------------------------------------------------
