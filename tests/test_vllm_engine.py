@@ -5,8 +5,10 @@
 - every shard vLLM's loaders build (fused QKV, gate-up, column- and row-parallel ranks) runs exactly:
   the layer is made and loaded by vLLM's own compressed-tensors scheme and parameter loaders;
 - ``vllm.LLM`` over quantkit checkpoints of ``ref:small`` (W8 per channel sym/asym, W4 g128 sym/asym,
-  GPTQ, AWQ, W4 g64) generates the same greedy tokens as ``quantkit.load`` + ``generate`` in bf16, with
-  teacher-forced top-1 agreement and log-probabilities as close as the unquantized model's;
+  GPTQ, AWQ, W4 g64) generates the same greedy tokens as ``quantkit.load`` + ``generate`` in bf16 (a
+  continuation may part only at a near-tie, within bf16 noise), with teacher-forced top-1 agreement and
+  log-probabilities as close as the unquantized model's;
+- a kv-fp8 checkpoint runs with an explicit bf16 KV cache where vLLM has no FP8 cache (no AVX-512);
 - vLLM's OpenAI server answers a completion request with the same tokens.
 
 bf16 throughout: vLLM with a float32 model and its default bf16 KV cache gives wrong tokens on AVX2
