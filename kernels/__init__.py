@@ -31,7 +31,7 @@ else:
     from .kv_cache_write import fp8_kv_cache_write, fp8_kv_cache_write_reference
     from .packing import pack_int32, unpack_int32
     from .reference import dequantize_wna16, wna16_linear_reference
-    from .wna16 import BACKENDS, prepare_wna16, prepared_layout, resolve_backend, wna16_linear
+    from .wna16 import BACKENDS, planned_layout, prepare_wna16, prepared_layout, resolve_backend, wna16_linear
     from .wna16_heuristics import WNA16Config, choose_config
     from .wna16_triton import wna16_gemm_torch, wna16_gemm_triton
 
@@ -47,6 +47,7 @@ else:
         "fp8_kv_cache_write",
         "fp8_kv_cache_write_reference",
         "pack_int32",
+        "planned_layout",
         "prepare_wna16",
         "prepared_layout",
         "resolve_backend",

@@ -30,6 +30,8 @@ from . import wna16_cpu  # noqa: F401  (registers torch.ops.quantkit.wna16_int4_
 from .reference import wna16_linear_reference
 from .wna16_layout import (
     ACTIVATION_DTYPES as _ACTIVATION_DTYPES,
+    TRITON_WORD_BLOCK,
+    WNA16Shape,
     check_activation,
     check_wna16_weight,
     cpu_int4_supports,
@@ -98,22 +100,46 @@ def prepare_wna16(
         chosen = resolve_backend(backend, weight_packed.device, weight_scale.dtype)
         # "auto" never fails on a layer a kernel cannot hold: it keeps the exact reference instead.
         backend = "reference" if backend == "auto" and chosen == "triton" and not triton_supports(shape) else chosen
-    if backend == "triton":
+    layout = planned_layout(shape, backend)
+    if layout == "triton":
         prepared = to_triton_layout(weight_packed, weight_scale, weight_zero_point, shape)
         probe = weight_scale.new_empty((0, in_features))
         check_triton_operands(
             probe, prepared["triton_qweight"], prepared["triton_scales"], prepared.get("triton_zeros"), None, bits
         )
         return prepared
-    if backend == "torch":
-        if cpu_int8_supports(shape):
-            return to_cpu_int8_layout(weight_packed, weight_scale, weight_zero_point, shape)
-        if cpu_int4_supports(shape):
-            return to_cpu_int4_layout(weight_packed, weight_scale, weight_zero_point, shape)
+    if layout == "cpu_int8":
+        return to_cpu_int8_layout(weight_packed, weight_scale, weight_zero_point, shape)
+    if layout == "cpu_int4":
+        return to_cpu_int4_layout(weight_packed, weight_scale, weight_zero_point, shape)
     prepared = {"weight_packed": weight_packed, "weight_scale": weight_scale}
     if weight_zero_point is not None:
         prepared["weight_zero_point"] = weight_zero_point
     return prepared
+
+
+def planned_layout(shape: WNA16Shape, backend: str) -> str:
+    """The layout ``prepare_wna16`` builds for a layer of ``shape`` on a concrete ``backend``:
+    "triton", "cpu_int8", "cpu_int4" or "reference" (the "torch" backend keeps the reference for layers
+    its kernels cannot run). Raises ValueError where the backend cannot hold the layer at all (the Triton
+    layout and a group size that is not a multiple of its word block).
+
+    ``shape`` comes from ``check_wna16_weight``, which reads only dtypes and shapes: an engine can ask
+    before any weight exists, with tensors on the meta device.
+    """
+    if backend == "triton":
+        if not triton_supports(shape):
+            raise ValueError(
+                f"the Triton kernels need a group size that is a multiple of {TRITON_WORD_BLOCK} (or per-channel "
+                f"scales), got {shape.group_size}"
+            )
+        return "triton"
+    if backend == "torch":
+        if cpu_int8_supports(shape):
+            return "cpu_int8"
+        if cpu_int4_supports(shape):
+            return "cpu_int4"
+    return "reference"
 
 
 def prepared_layout(prepared: dict[str, torch.Tensor]) -> str:

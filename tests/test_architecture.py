@@ -23,6 +23,9 @@ FORBIDDEN = {
     "quantkit.algorithms": ("quantkit.calibration", "quantkit.harness", "quantkit.commands", "quantkit.formats",
                             "quantkit.modules"),
     "quantkit.calibration": ("quantkit.harness", "quantkit.commands"),
+    # engine adapters translate to the kernels' contract and nothing else
+    "quantkit.engines": ("quantkit.algorithms", "quantkit.api", "quantkit.calibration", "quantkit.commands",
+                         "quantkit.harness", "quantkit.formats", "quantkit.modules", "quantkit.recipe"),
 }
 
 
@@ -132,6 +135,18 @@ def test_no_wrong_way_arrows():
         if _under(importer, layer) and any(_under(imported, f) for f in forbidden)
     )
     assert wrong == []
+
+
+def test_engine_adapters_are_loaded_by_their_engines_only():
+    """quantkit.engines.* import their engine (vLLM, ...): nothing else in quantkit may import them, so
+    that `import quantkit` never needs an engine installed (the engines load them through entry points)."""
+    graph = import_graph()
+    assert "quantkit.engines.vllm_wna16" in graph
+    importers = sorted(
+        importer for importer, targets in graph.items()
+        if not _under(importer, "quantkit.engines") and any(_under(t, "quantkit.engines") for t in targets)
+    )
+    assert importers == []
 
 
 def test_the_checks_can_fail():
