@@ -78,16 +78,19 @@ def config(weight_type=scalar_types.uint4b8, *, k=256, n=512, group_size=128, ze
 
 
 # -- choice -------------------------------------------------------------------------------------------------
-def test_the_plugin_puts_quantkit_first(plugin):
+def test_the_plugin_puts_quantkit_first_on_cpu_and_behind_vllms_own_on_cuda(plugin):
     import vllm.model_executor.kernels.linear as vllm_linear
     import vllm.plugins
 
-    for platform in (PlatformEnum.CPU, PlatformEnum.CUDA):
-        assert vllm_linear._POSSIBLE_KERNELS[platform][0] is plugin
-        assert vllm_linear._POSSIBLE_KERNELS[platform].count(plugin) == 1
+    def check():
+        cpu, cuda = (vllm_linear._POSSIBLE_KERNELS[p] for p in (PlatformEnum.CPU, PlatformEnum.CUDA))
+        assert cpu[0] is plugin and cpu.count(plugin) == 1
+        assert cuda[-1] is plugin and cuda.count(plugin) == 1 and len(cuda) > 1
+
+    check()
     vllm.plugins.plugins_loaded = False  # load again, as vLLM does in each process it starts
     load_general_plugins()
-    assert vllm_linear._POSSIBLE_KERNELS[PlatformEnum.CPU].count(plugin) == 1
+    check()
 
 
 @pytest.mark.parametrize("weight_type, zero_points, group_size", [

@@ -1,10 +1,12 @@
 """quantkit's weight-only linear as a vLLM mixed-precision kernel, installed by a vLLM plugin.
 
 vLLM calls ``register`` through the entry point ``quantkit`` of the group ``vllm.general_plugins``
-(pyproject.toml), in every process it starts. ``register`` puts ``QuantkitWNA16LinearKernel`` at the
-head of vLLM's mixed-precision kernel list for CPU and CUDA, so every compressed-tensors WNA16 layer
-(``pack-quantized`` int2/int4/int8, symmetric or not, per channel or in groups) that quantkit's kernels
-can run goes through them; where ``can_implement`` says no, vLLM goes on down its own list. vLLM logs
+(pyproject.toml), in every process it starts. On CPU, ``register`` puts ``QuantkitWNA16LinearKernel`` at
+the head of vLLM's mixed-precision kernel list, so every compressed-tensors WNA16 layer (``pack-quantized``
+int2/int4/int8, symmetric or not, per channel or in groups) that quantkit's kernels can run goes through
+them (vLLM's own CPU kernel takes int4 only and its op is missing from the AVX2 builds); where
+``can_implement`` says no, vLLM goes on down its own list. On CUDA it is appended behind vLLM's own
+kernels (Marlin, Machete, ...): a fallback for the layers none of them takes. vLLM logs
 the kernel it chose per scheme ("Using QuantkitWNA16LinearKernel for CompressedTensorsWNA16").
 
 The layer stays vLLM's. Its loader fills parameters that have exactly the on-disk layout, whatever the
@@ -14,7 +16,7 @@ shard: ``weight_packed`` int32 [N, ceil(K*bits/32)], ``weight_scale`` [N, G] and
 on this rank (row-parallel: a slice of K and of the groups). That is the input of
 ``quantkit.kernels.prepare_wna16``, so this kernel only translates: one ``prepare_wna16`` at load, one
 ``wna16_linear`` per call, with the backend ``quantkit.load`` would pick for the same device and dtype
-(CUDA: the Triton kernels; CPU, bf16 model: PyTorch's weight-only CPU kernels; CPU, fp32/fp16 model:
+(CUDA: the Triton kernels; CPU, bf16 or fp32 model: PyTorch's weight-only CPU kernels; CPU, fp16 model:
 the exact reference).
 
 Switch it off with vLLM's own settings: ``VLLM_DISABLED_KERNELS=QuantkitWNA16LinearKernel`` (this
@@ -44,6 +46,7 @@ WEIGHT_TYPES = {
     scalar_types.uint8: (8, False),
 }
 PLATFORMS = (PlatformEnum.CPU, PlatformEnum.CUDA)
+FIRST_ON = (PlatformEnum.CPU,)  # the platforms where quantkit's kernel goes before vLLM's own
 PREFIX = "quantkit_"  # the layer attributes holding the prepared tensors: PREFIX + prepared-dict key
 
 
@@ -131,15 +134,16 @@ class QuantkitWNA16LinearKernel(MPLinearKernel):
 
 
 def register() -> None:
-    """The plugin entry point: make quantkit's kernel vLLM's first choice on CPU and CUDA (idempotent).
+    """The plugin entry point: add quantkit's kernel to vLLM's lists for CPU and CUDA (idempotent).
 
-    ``register_linear_kernel`` appends to vLLM's list, behind vLLM's own kernels (whose CPU int4 kernel
-    is chosen first and then fails on CPUs without AVX-512); the class is then moved to the head of
-    the list, which vLLM keeps in ``_POSSIBLE_KERNELS``.
+    ``register_linear_kernel`` appends to vLLM's list, behind vLLM's own kernels. On CPU (``FIRST_ON``)
+    the class is then moved to the head of the list, which vLLM keeps in ``_POSSIBLE_KERNELS``: vLLM's
+    CPU int4 kernel would be chosen first and then fail on CPUs without AVX-512.
     """
     for platform in PLATFORMS:
         kernels = vllm_linear._POSSIBLE_KERNELS.setdefault(platform, [])
         if QuantkitWNA16LinearKernel not in kernels:
             register_linear_kernel(QuantkitWNA16LinearKernel, platform)
-        kernels.remove(QuantkitWNA16LinearKernel)
-        kernels.insert(0, QuantkitWNA16LinearKernel)
+        if platform in FIRST_ON:
+            kernels.remove(QuantkitWNA16LinearKernel)
+            kernels.insert(0, QuantkitWNA16LinearKernel)
