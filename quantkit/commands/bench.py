@@ -193,8 +193,13 @@ def benchmark(
     if dtype == "auto":
         phase_dtypes = {"prefill": torch.bfloat16, "decode": torch.bfloat16} if features is None else {
             "prefill": getattr(torch, features.prefill_dtype), "decode": getattr(torch, features.decode_dtype)}
+        dtype_reasons = {p: "bf16 on GPU (--dtype auto)" if features is None else features.choice_reason(p)
+                         for p in phase_dtypes}
     else:
         phase_dtypes = dict.fromkeys(("prefill", "decode"), parse_dtype(dtype))
+        dtype_reasons = dict.fromkeys(phase_dtypes, f"--dtype {dtype}")
+    for phase, reason in dtype_reasons.items():
+        _say(quiet, f"{phase} runs in {str(phase_dtypes[phase]).removeprefix('torch.')} ({reason})")
         if features is not None and phase_dtypes["prefill"] == torch.bfloat16 and features.prefill_dtype != "bfloat16":
             mm = features.matmul_flops
             print(f"warning: this CPU's bf16 matmul measured {mm['bfloat16'] / 1e9:.3g} GFLOP/s against "
@@ -259,6 +264,7 @@ def benchmark(
         results = merge_phases(prefill, decode)
     if features is not None:
         results["device"]["cpu_features"] = features.to_dict()
+    results["dtype_reasons"] = dtype_reasons
     results["command"] = _command_line(
         model, baseline, variant_specs if not model_is_checkpoint else variant_specs[1:], device, settings,
         dtype=dtype, backend=backend, gpu=gpu, seed=seed, max_cache_gb=max_cache_gb, cuda_graphs=cuda_graphs,

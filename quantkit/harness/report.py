@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from .formatting import fmt_intensity, fmt_perplexity_change
+from .hardware import DeviceSpec
 from .results import SHAPE_KEYS, QualityResult, records, roofline_problem, shape_key, speedup_summary, variant_names
+from .timing import describe_skipped
 
 
 def _fmt_ms(seconds: float) -> str:
@@ -42,7 +44,8 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
 def summary_lines(bench: dict) -> list[str]:
     """A short plain-text summary of bench results (printed by `quantkit bench`)."""
     problem = roofline_problem(bench)
-    lines = [f"model {bench['model']['name']} on {bench['device']['name']} ({bench['device']['type']})"]
+    lines = [f"model {bench['model']['name']} on {bench['device']['name']} ({bench['device']['type']})",
+             f"  {_dtype_line(bench, why=True)}"]
     for phase, unit in (("prefill", "TTFT"), ("decode", "TPOT")):
         for r in sorted(bench[phase], key=lambda r: (shape_key(r, phase), r["variant"])):
             shape = ", ".join(f"{k}={r[k]}" for k in SHAPE_KEYS[phase])
@@ -97,12 +100,12 @@ def render_report(bench: dict | None, quality: Sequence[QualityResult], out_dir:
     return out / "report.md"
 
 
-def _dtype_line(bench: dict) -> str:
-    """Which dtype each phase was timed in."""
-    dtypes = bench.get("dtypes") or {}
-    if len(set(dtypes.values())) > 1:
-        return f"prefill timed in {dtypes['prefill']}, decode in {dtypes['decode']}"
-    return bench["model"]["dtype"]
+def _dtype_line(bench: dict, why: bool = False) -> str:
+    """Which dtype each phase was timed in, and (``why``, when the results say) why."""
+    dtypes = bench.get("dtypes") or dict.fromkeys(("prefill", "decode"), bench["model"]["dtype"])
+    reasons = (bench.get("dtype_reasons") or {}) if why else {}
+    return ", ".join(f"{phase} timed in {d}" + (f" ({reasons[phase]})" if reasons.get(phase) else "")
+                     for phase, d in dtypes.items())
 
 
 def _cpu_lines(bench: dict) -> list[str]:
@@ -139,9 +142,10 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
     md += _cpu_lines(bench)
     params = model["params"]
     params = f"{params / 1e9:.2f} B" if params >= 1e8 else f"{params / 1e6:.2f} M"
-    md += [f"- Model: `{model['name']}` ({params} parameters, {_dtype_line(bench)}; hidden "
+    md += [f"- Model: `{model['name']}` ({params} parameters; hidden "
            f"{shape['hidden']}, intermediate {shape['intermediate']}, {shape['layers']} layers, {shape['heads']} heads, "
            f"{shape['kv_heads']} KV heads, vocab {shape['vocab']})",
+           f"- Dtypes: {_dtype_line(bench, why=True)}",
            f"- Device: {dev['name']} ({dev['type']}" + (f", {dev['threads']} threads" if "threads" in dev else "")
            + f"), torch {dev['torch']}",
            f"- Timing: {settings['timer']}, {settings['warmup']} warm-up run{'s' if settings['warmup'] != 1 else ''}, "
@@ -155,9 +159,8 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
     if problem:
         md += [f"- Roofline: not shown, because {problem}."]
     else:
-        md += [f"- Roofline device: {spec['name']} ({spec['source']}{', ' + spec['notes'] if spec.get('notes') else ''}): "
-               f"bandwidth {spec['memory_bandwidth'] / 1e9:.1f} GB/s, matmul peak {_fmt_flops(spec['peak_flops'])}, "
-               f"ridge {fmt_intensity(spec['ridge_intensity'])} flop/byte" + _datasheet_note(spec)]
+        md += [f"- Roofline device: {spec['name']}: {DeviceSpec.from_dict(spec).figures()}; ridge "
+               f"{fmt_intensity(spec['ridge_intensity'])} flop/byte"]
     md += [""]
     md += ["| variant | source | backend | weights in memory |", "|---|---|---|---|"]
     md += [f"| {v['name']} | {v['source']} | {v.get('backend') or '–'} | {_fmt_bytes(v['weight_bytes'])} |"
@@ -198,7 +201,7 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
         md += _roofline_section(bench, images)
     md += _memory_section(bench)
     if bench.get("skipped"):
-        md += ["## Skipped shapes", ""] + [f"- {_fmt_skipped(s)}" for s in bench["skipped"]] + [""]
+        md += ["## Skipped shapes", ""] + [f"- {describe_skipped(s)}" for s in bench["skipped"]] + [""]
     if bench.get("command"):
         md += ["## Reproduce", "", "```", bench["command"], "```", ""]
     return md
@@ -206,24 +209,6 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
 
 def _fmt_flops(flops: float) -> str:
     return f"{flops / 1e12:.2f} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:.3g} GFLOP/s"
-
-
-def _fmt_skipped(s: dict) -> str:
-    """'decode, context 2048, batch 4: <reason>' from a skipped-shape record."""
-    words = {"prompt_len": "prompt", "context_len": "context", "batch": "batch"}
-    where = [f"{words[k]} {s[k]}" for k in ("prompt_len", "context_len", "batch") if k in s]
-    return f"{s.get('phase', '?')}, {', '.join(where)}: {s.get('reason', 'skipped')}"
-
-
-def _datasheet_note(spec: dict) -> str:
-    notes = []
-    if spec.get("datasheet_bandwidth"):
-        notes.append(f"{spec['memory_bandwidth'] / spec['datasheet_bandwidth']:.2f}x the datasheet's "
-                     f"{spec['datasheet_bandwidth'] / 1e12:.2f} TB/s")
-    if spec.get("datasheet_flops"):
-        notes.append(f"{spec['peak_flops'] / spec['datasheet_flops']:.2f}x the datasheet's "
-                     f"{spec['datasheet_flops'] / 1e12:.0f} TFLOP/s")
-    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def _phase_table(bench: dict, phase: str, length_key: str, unit: str, batch: int | None = None) -> list[str]:

@@ -26,6 +26,7 @@ SHAPE_KEYS = {"prefill": ("batch", "prompt_len"), "decode": ("batch", "context_l
 # -- reading ----------------------------------------------------------------------------------------
 
 def load_bench(path: str | Path) -> dict:
+    """Read a `quantkit bench --json` file; every number the report and plots use is checked here."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -33,7 +34,90 @@ def load_bench(path: str | Path) -> dict:
         raise UsageError(f"cannot read bench results {path}: {e}") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or "prefill" not in data or "decode" not in data:
         raise UsageError(f"{path} is not a `quantkit bench --json` file (schema {SCHEMA!r} with prefill and decode)")
+    _check_bench(data, path)
     return data
+
+
+# -- checking results files at the edge -------------------------------------------------------------
+# field -> (lowest allowed, highest allowed, what the range means)
+QUALITY_FIELDS = {
+    "perplexity": (1.0, math.inf, "a perplexity is exp(cross-entropy), at least 1"),
+    "baseline_perplexity": (1.0, math.inf, "a perplexity is exp(cross-entropy), at least 1"),
+    # KL of two distributions is >= 0; float32 sums may round a zero a hair below it
+    "kl_divergence": (-1e-6, math.inf, "KL divergence in nats per token, at least 0"),
+    "top1_agreement": (0.0, 1.0, "a share of positions, from 0 to 1"),
+    "log_ppl_ratio_stderr": (0.0, math.inf, "a standard error, at least 0"),
+}
+QUALITY_COUNTS = {"window": 2, "windows": 1, "tokens": 1}  # field -> smallest allowed
+
+
+def _bad(path: Path, where: str, value: Any, allowed: str) -> UsageError:
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return UsageError(f"{path}: {where} is {shown}; allowed: {allowed}. The file is not what `quantkit` wrote: "
+                      "re-run the command that makes it")
+
+
+def _number(path: Path, where: str, value: Any, low: float, high: float, why: str, *, low_open: bool = False,
+            optional: bool = False) -> float | None:
+    """``value`` as a float, if it is a finite number within [low, high] ((low, high] with ``low_open``)."""
+    if value is None and optional:
+        return None
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g}{']' if math.isfinite(high) else ')'}"
+    allowed = f"a finite number in {interval} ({why})"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(path, where, value, allowed)
+    v = float(value)
+    if not math.isfinite(v) or v < low or (low_open and v == low) or v > high:
+        raise _bad(path, where, value, allowed)
+    return v
+
+
+def _count(path: Path, where: str, value: Any, low: int, *, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise _bad(path, where, value, f"a whole number >= {low}")
+    return value
+
+
+def _check_bench(data: dict, path: Path) -> None:
+    """Every field the report, plots and speedups read: positive times and shapes, a usable device spec."""
+    variants = data.get("variants")
+    if not isinstance(variants, list) or not variants or not all(
+            isinstance(v, dict) and isinstance(v.get("name"), str) for v in variants):
+        raise _bad(path, "variants", variants, "a non-empty list of objects with a name")
+    for v in variants:
+        _count(path, f"variants[{v['name']!r}].weight_bytes", v.get("weight_bytes"), 0)
+    names = {v["name"] for v in variants}
+    spec = (data.get("device") or {}).get("spec") if isinstance(data.get("device"), dict) else None
+    if not isinstance(spec, dict):
+        raise _bad(path, "device.spec", spec, "an object (the roofline's device)")
+    for key in ("memory_bandwidth", "peak_flops"):
+        _number(path, f"device.spec.{key}", spec.get(key), 0.0, math.inf, "per second", low_open=True)
+    for phase, keys in SHAPE_KEYS.items():
+        recs = data[phase]
+        if not isinstance(recs, list):
+            raise _bad(path, phase, recs, "a list of records")
+        for i, r in enumerate(recs):
+            where = f"{phase}[{i}]"
+            if not isinstance(r, dict) or r.get("variant") not in names:
+                raise _bad(path, f"{where}.variant", r.get("variant") if isinstance(r, dict) else r,
+                           f"one of the variants {sorted(names)}")
+            for k in keys:
+                _count(path, f"{where}.{k}", r.get(k), 1)
+            _number(path, f"{where}.median_s", r.get("median_s"), 0.0, math.inf, "seconds", low_open=True)
+            times = r.get("times_s")
+            if times is not None:
+                if not isinstance(times, list) or not times:
+                    raise _bad(path, f"{where}.times_s", times, "a non-empty list of seconds")
+                for j, t in enumerate(times):
+                    _number(path, f"{where}.times_s[{j}]", t, 0.0, math.inf, "seconds", low_open=True)
+            roof = r.get("roofline")
+            if not isinstance(roof, dict):
+                raise _bad(path, f"{where}.roofline", roof, "an object (the roofline prediction)")
+            for k in ("predicted_s", "intensity", "measured_over_predicted"):
+                _number(path, f"{where}.roofline.{k}", roof.get(k), 0.0, math.inf, "positive", low_open=True)
 
 
 @dataclass
@@ -139,25 +223,22 @@ def load_quality(paths: Sequence[str | Path]) -> list[QualityResult]:
         if not found:
             raise UsageError(f"{path} has no `perplexity`: pass the JSON written by `quantkit eval`")
         for label, d in found:
-            results.append(QualityResult(
-                name=label, perplexity=float(d["perplexity"]),
-                baseline_perplexity=_opt_float(d.get("baseline_perplexity")),
-                kl_divergence=_opt_float(d.get("kl_divergence")),
-                top1_agreement=_opt_float(d.get("top1_agreement")), source=str(path),
-                model=d.get("model") if isinstance(d.get("model"), str) else None,
-                log_ppl_ratio_stderr=_opt_float(d.get("log_ppl_ratio_stderr")),
-                dtype=d.get("dtype") if isinstance(d.get("dtype"), str) else None,
-                window=_opt_int(d.get("window")), windows=_opt_int(d.get("windows")), tokens=_opt_int(d.get("tokens")),
-            ))
+            results.append(_quality_result(label, d, path, f"result {label!r}: " if len(found) > 1 else ""))
     return results
 
 
-def _opt_float(v) -> float | None:
-    return None if v is None else float(v)
-
-
-def _opt_int(v) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+def _quality_result(label: str, d: dict, path: Path, which: str) -> QualityResult:
+    """One `quantkit eval` record, its numbers checked against what they can be (``which``: names the
+    record in errors when the file holds several)."""
+    values = {key: _number(path, f"{which}{key}", d.get(key), low, high, why, optional=key != "perplexity")
+              for key, (low, high, why) in QUALITY_FIELDS.items()}
+    counts = {key: _count(path, f"{which}{key}", d.get(key), low, optional=True)
+              for key, low in QUALITY_COUNTS.items()}
+    if values["kl_divergence"] is not None:
+        values["kl_divergence"] = max(values["kl_divergence"], 0.0)
+    return QualityResult(name=label, **values, **counts, source=str(path),
+                         model=d.get("model") if isinstance(d.get("model"), str) else None,
+                         dtype=d.get("dtype") if isinstance(d.get("dtype"), str) else None)
 
 
 # -- derived numbers --------------------------------------------------------------------------------
