@@ -258,8 +258,22 @@ def variant_names(bench: dict) -> list[str]:
     return [v["name"] for v in bench["variants"]]
 
 
+def time_range(r: dict) -> tuple[float, float]:
+    """(fastest, slowest) of a record's timed repeats; (median, median) when the record has none."""
+    times = r.get("times_s") or [r["median_s"]]
+    return min(times), max(times)
+
+
+def ranges_overlap(a: dict, b: dict) -> bool:
+    """Whether two records' repeat ranges overlap: then the run does not show which is faster."""
+    (a_lo, a_hi), (b_lo, b_hi) = time_range(a), time_range(b)
+    return a_lo <= b_hi and b_lo <= a_hi
+
+
 def speedups(bench: dict, phase: str) -> list[dict]:
-    """Measured and roofline speedup of each variant over the baseline, shape by shape."""
+    """Measured and roofline speedup of each variant over the baseline, shape by shape. ``measured`` is
+    the ratio of medians; ``low`` / ``high`` bound it by the repeats (slowest baseline over fastest
+    variant repeat, and the other way round); ``separated``: the two repeat ranges do not overlap."""
     base = bench.get("baseline")
     if base is None or base not in variant_names(bench):
         return []
@@ -271,8 +285,10 @@ def speedups(bench: dict, phase: str) -> list[dict]:
         b = base_by_shape.get(shape)
         if r["variant"] == base or b is None:
             continue
+        (b_lo, b_hi), (r_lo, r_hi) = time_range(b), time_range(r)
         out.append({"variant": r["variant"], **dict(zip(keys, shape)),
-                    "measured": b["median_s"] / r["median_s"],
+                    "measured": b["median_s"] / r["median_s"], "low": b_lo / r_hi, "high": b_hi / r_lo,
+                    "separated": not ranges_overlap(b, r),
                     "predicted": b["roofline"]["predicted_s"] / r["roofline"]["predicted_s"]})
     return sorted(out, key=lambda s: (s["variant"], shape_key(s, phase)))
 
@@ -282,7 +298,8 @@ def shape_key(r: dict, phase: str) -> tuple:
 
 
 def speedup_summary(bench: dict) -> list[dict]:
-    """Per quantized variant: median measured/predicted speedup of prefill and of batch-1 decode."""
+    """Per quantized variant: median measured/predicted speedup of prefill and of decode at the smallest
+    batch, over the measured lengths, and the range (``*_low`` .. ``*_high``) the repeats allow over them."""
     pf, dc = speedups(bench, "prefill"), speedups(bench, "decode")
     out = []
     for name in variant_names(bench):
@@ -290,12 +307,11 @@ def speedup_summary(bench: dict) -> list[dict]:
         d = [s for s in dc if s["variant"] == name and s["batch"] == min(x["batch"] for x in dc)]
         if not p and not d:
             continue
-        out.append({
-            "variant": name,
-            "prefill_measured": statistics.median(s["measured"] for s in p) if p else None,
-            "prefill_predicted": statistics.median(s["predicted"] for s in p) if p else None,
-            "decode_measured": statistics.median(s["measured"] for s in d) if d else None,
-            "decode_predicted": statistics.median(s["predicted"] for s in d) if d else None,
-            "decode_batch": d[0]["batch"] if d else None,
-        })
+        row = {"variant": name, "decode_batch": d[0]["batch"] if d else None}
+        for phase, rows in (("prefill", p), ("decode", d)):
+            row[f"{phase}_measured"] = statistics.median(s["measured"] for s in rows) if rows else None
+            row[f"{phase}_predicted"] = statistics.median(s["predicted"] for s in rows) if rows else None
+            row[f"{phase}_low"] = min(s["low"] for s in rows) if rows else None
+            row[f"{phase}_high"] = max(s["high"] for s in rows) if rows else None
+        out.append(row)
     return out
