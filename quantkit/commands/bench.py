@@ -153,12 +153,14 @@ def benchmark(
     threads: int | None = None,
     seed: int = 0,
     quiet: bool = False,
+    model_label: str | None = None,
 ) -> dict:
     """Time prefill (TTFT) and decode (TPOT) of `model` and its `variants` (recipes or quantized
     checkpoint folders), as `quantkit bench` does: the keywords are its options (None: the device's
     default lengths and batch sizes; `cuda_graphs=False` is --no-cuda-graphs; `compile` is None, "all"
     or "decode"). Prints the summary (and progress lines on stderr unless `quiet`), writes `json_out`
-    when given, and returns the results as written there.
+    when given, and returns the results as written there. `model_label`: how the results name the
+    model (default: the float model's source as given).
     """
     import torch
 
@@ -248,7 +250,7 @@ def benchmark(
             built.append(build_variant(s, base, dtype=model_dtype, device=device, backend=kernel_backend))
         return built
 
-    label = str(base_source or model)
+    label = model_label or str(base_source or model)
     built = build(phase_dtypes["prefill"])
     names = [v.name for v in built]
     if len(set(names)) != len(names):
