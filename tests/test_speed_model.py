@@ -1,7 +1,7 @@
 """The model speed is timed on: sized from the last-level cache, read from a (fake) /sys."""
 
 from quantkit.harness.roofline import ModelShape, RooflineScheme, decoder_weight_bytes
-from quantkit.harness.speed_model import CACHE_MULTIPLE, bandwidth_bound_config, last_level_cache
+from quantkit.harness.speed_model import CACHE_MULTIPLE, MAX_FLOAT32_BYTES, bandwidth_bound_config, last_level_cache
 
 
 def _cache(root, cpu, index, level, kind, size, shared):
@@ -23,7 +23,7 @@ def test_last_level_cache_is_the_highest_level_over_its_instances(tmp_path):
 
 def test_even_the_smallest_variant_exceeds_the_cache():
     w4 = RooflineScheme("w4g128", 4, 128, scale_bytes=2)
-    for cache in (64 << 10, 8 << 20, 32 << 20, 256 << 20):
+    for cache in (64 << 10, 8 << 20, 32 << 20):
         config = bandwidth_bound_config(cache)
         shape = ModelShape.from_config(config)
         assert decoder_weight_bytes(shape, w4) >= CACHE_MULTIPLE * cache * 0.99, cache
@@ -31,3 +31,7 @@ def test_even_the_smallest_variant_exceeds_the_cache():
     # a 32 MiB L3: 0.14 B parameters, about 0.5 GiB of float32 decoder weights
     big = ModelShape.from_config(bandwidth_bound_config(32 << 20))
     assert 4 * 2**30 > decoder_weight_bytes(big, RooflineScheme("fp32", 32)) > 16 * (32 << 20)
+    # a huge cache: float32 weights capped, the smallest variant still beyond the cache
+    huge = ModelShape.from_config(bandwidth_bound_config(256 << 20))
+    assert decoder_weight_bytes(huge, RooflineScheme("fp32", 32)) <= MAX_FLOAT32_BYTES
+    assert decoder_weight_bytes(huge, w4) > 256 << 20
