@@ -84,7 +84,7 @@ def bandwidth_bound_config(cache_bytes: int) -> dict:
     target = min(target, MAX_FLOAT32_BYTES / 4)
     hidden = next((h for h in HIDDEN_SIZES if target / _layer_params(h)[0] >= MIN_LAYERS), HIDDEN_SIZES[-1])
     per_layer, intermediate, heads, kv_heads = _layer_params(hidden)
-    layers = max(2, math.ceil(target / per_layer))
+    layers = max(2, min(math.ceil(target / per_layer), MAX_FLOAT32_BYTES // (4 * per_layer)))
     return {"model_type": "llama", "hidden_size": hidden, "intermediate_size": intermediate,
             "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
             "vocab_size": VOCAB, "max_position_embeddings": 2048, "tie_word_embeddings": False}
