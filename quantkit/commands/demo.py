@@ -96,7 +96,8 @@ def _bench(model: str, recipes: list[str], tmp: Path, out: Path) -> tuple[dict, 
     each phase in the dtype fastest here; short settings (two lengths, five repeats). Returns the
     results and a paragraph saying what was timed and why."""
     from quantkit.commands.bench import benchmark
-    from quantkit.harness.speed_model import CACHE_MULTIPLE, bandwidth_bound_config, last_level_cache
+    from quantkit.harness.speed_model import (CACHE_MULTIPLE, MAX_FLOAT32_BYTES, bandwidth_bound_config,
+                                              last_level_cache)
 
     cache = last_level_cache()
     config = bandwidth_bound_config(cache.bytes)
@@ -112,8 +113,8 @@ def _bench(model: str, recipes: list[str], tmp: Path, out: Path) -> tuple[dict, 
             f"{bench['model']['params'] / 1e6:.0f} M parameters), not on {model}, so that its weights exceed the "
             f"CPU's last-level cache: a model that fits in that cache is timed at cache speed, where decode is not "
             f"bound by memory bandwidth and the roofline (DRAM bandwidth) does not apply. The cache is "
-            f"{_mib(cache.bytes)} ({cache.source}); the model is sized so that even the smallest variant's decoder "
-            f"weights are {CACHE_MULTIPLE:g}x it or more. Weights in memory: {bench['baseline']} {_mib(weights[bench['baseline']])} "
+            f"{_mib(cache.bytes)} ({cache.source}); the model is sized for even the smallest variant's decoder "
+            f"weights to be {CACHE_MULTIPLE:g}x it (float32 weights capped at {_mib(MAX_FLOAT32_BYTES)}). Weights in memory: {bench['baseline']} {_mib(weights[bench['baseline']])} "
             f"({weights[bench['baseline']] / cache.bytes:.1f}x the cache), {smallest} {_mib(weights[smallest])} "
             f"({weights[smallest] / cache.bytes:.1f}x). Random weights take the same time as trained ones; the "
             f"quality above is measured on the trained reference model.")
