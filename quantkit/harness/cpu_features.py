@@ -122,7 +122,7 @@ class CpuFeatures:
 
     def choice_reason(self, phase: str) -> str:
         """Why ``phase`` ("prefill": matrix products, "decode": matrix-vector products) runs in its
-        dtype, from the probe's rates: e.g. "float32 measured 12.1x bfloat16's rate (> the 2x margin)"."""
+        dtype, from the probe's rates: e.g. "matmul probe: float32 measured 12x bfloat16's rate (the margin is 2x)"."""
         rates = self.matmul_flops if phase == "prefill" else self.gemv_flops
         kind = "matmul" if phase == "prefill" else "matrix-vector product"
         if not rates:
