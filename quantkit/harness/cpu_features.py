@@ -130,10 +130,10 @@ class CpuFeatures:
         ratio = rates["float32"] / max(rates["bfloat16"], 1e-30)
         rule = f"the margin is {FLOAT32_MARGIN:g}x"
         if _choose(rates) == "float32":
-            return f"{kind} probe: float32 measured {ratio:.2g}x bfloat16's rate ({rule})"
+            return f"{kind} probe: float32 measured {_x(ratio)} bfloat16's rate ({rule})"
         if ratio >= 1.0:
-            return f"{kind} probe: float32 measured only {ratio:.2g}x bfloat16's rate ({rule}; bf16 moves half the bytes)"
-        return f"{kind} probe: bfloat16 measured {1 / ratio:.2g}x float32's rate"
+            return f"{kind} probe: float32 measured only {_x(ratio)} bfloat16's rate ({rule}; bf16 moves half the bytes)"
+        return f"{kind} probe: bfloat16 measured {_x(1 / ratio)} float32's rate"
 
     def sentences(self, timed: dict[str, str] | None = None) -> list[str]:
         """What was found and what follows from it, for a report. ``timed``: the dtype each phase
@@ -189,6 +189,10 @@ def _choose(rates: dict[str, float]) -> str:
     if rates and rates.get("float32", 0.0) > FLOAT32_MARGIN * rates.get("bfloat16", 0.0):
         return "float32"
     return "bfloat16"
+
+
+def _x(ratio: float) -> str:
+    return f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.2g}x"
 
 
 def _g(flops: float) -> str:
