@@ -144,6 +144,16 @@ def test_why_paragraph_follows_the_bound(tmp_path, no_plots):
     assert "(memory-bound)" in why and f"w4a16-rtn cuts them {ratio:.1f}x" in why
 
 
+def test_why_paragraph_says_when_quantized_decode_falls_short_of_the_roofline(tmp_path, no_plots):
+    slow_kernels = {"bf16": {"prefill": 1.0, "decode": 1.0}, "w4a16-rtn": {"prefill": 1.0, "decode": 8.0}}
+    md = render_report(synthetic_bench(CPU, slow_kernels), [], tmp_path).read_text()
+    why = next(line for line in md.splitlines() if line.startswith("Why:"))
+    assert "the baseline reaches 100% of the bandwidth, but w4a16-rtn gains" in why
+    assert "their kernels, not the bytes they read, set their decode time" in why
+    md = render_report(synthetic_bench(CPU, SAME), [], tmp_path / "b").read_text()
+    assert "not the bytes they read" not in md
+
+
 def test_roofline_title_only_claims_what_the_points_show():
     bench = synthetic_bench(CPU, SAME)
     assert "left of the ridge" in plots._roofline_title(bench)  # ridge 10: decode ~1, prefill >> 10
