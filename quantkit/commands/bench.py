@@ -200,13 +200,13 @@ def benchmark(
     else:
         phase_dtypes = dict.fromkeys(("prefill", "decode"), parse_dtype(dtype))
         dtype_reasons = dict.fromkeys(phase_dtypes, f"--dtype {dtype}")
-    for phase, reason in dtype_reasons.items():
-        _say(quiet, f"{phase} runs in {str(phase_dtypes[phase]).removeprefix('torch.')} ({reason})")
         if features is not None and phase_dtypes["prefill"] == torch.bfloat16 and features.prefill_dtype != "bfloat16":
             mm = features.matmul_flops
             print(f"warning: this CPU's bf16 matmul measured {mm['bfloat16'] / 1e9:.3g} GFLOP/s against "
                   f"{mm['float32'] / 1e9:.3g} in float32: bf16 prefill timings will measure that, not the model "
                   "(--dtype auto times each phase in the dtype fastest here)", file=sys.stderr)
+    for phase, reason in dtype_reasons.items():
+        _say(quiet, f"{phase} runs in {str(phase_dtypes[phase]).removeprefix('torch.')} ({reason})")
     defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
     if gpu.strip().lower() == "probe":
         _say(quiet, f"measuring the memory bandwidth and matmul peak of {device} (the roofline's device)")

@@ -407,7 +407,6 @@ def _announced(shapes: Sequence[tuple[int, int]], phase: str, variants: Sequence
     """Yield ``shapes``, first printing (stderr) which measurement starts and how many remain.
 
     A shape of a large model can take minutes, so the line comes before the work, not after it."""
-
     length = "prompt_len" if phase == "prefill" else "context_len"
     runs = f"{len(variants)} variant(s) x {settings.warmup} warm-up + {settings.repeats} timed runs"
     for i, (length_value, batch) in enumerate(shapes):
