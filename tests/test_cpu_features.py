@@ -121,7 +121,8 @@ def test_bench_times_each_phase_in_the_fastest_dtype(tmp_path, monkeypatch, tiny
     dc = next(r for r in data["decode"] if r["variant"] == "float")
     assert pf["roofline"]["bytes_breakdown"]["weights"] == 2 * dc["roofline"]["bytes_breakdown"]["weights"]
     md = render_report(data, [], tmp_path / "report").read_text()
-    assert "prefill timed in float32, decode in bfloat16" in md
+    assert ("prefill timed in float32 (matmul probe: float32 measured 490x bfloat16's rate (the margin is 2x)), "
+            "decode timed in bfloat16 (matrix-vector product probe: bfloat16 measured 1.8x float32's rate)") in md
     assert "PyTorch emulates bf16 matrix products" in md and "This run timed prefill in float32" in md
     capsys.readouterr()
 
