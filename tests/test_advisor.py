@@ -118,7 +118,8 @@ def test_advise_command(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "recommendation:" in text and "w4g128" in text
     advice = json.loads(out.read_text())
-    assert advice["recommended"] in {"w8", "w8+kv8"}
+    # W4 exceeds the 5% budget and no other lossy scheme was measured: only the float model is known to be within it
+    assert advice["recommended"] == "fp16"
     assert len(advice["candidates"]) == 6
     from quantkit.cli import main
 
@@ -138,3 +139,37 @@ def test_advise_refuses_a_probe_that_measured_nonsense(tmp_path, capsys, monkeyp
     assert main(["advise", str(tmp_path), "--gpu", "probe", "--prompt-len", "512", "--output-len", "512"]) == 2
     err = capsys.readouterr().err
     assert "no roofline to advise from" in err and "0.3 GFLOP/s" in err
+
+
+def test_only_measured_schemes_are_recommended_when_quality_is_given(shape):
+    """A GPTQ W4 result says nothing of W4 + FP8 KV: that scheme, faster on paper, is not recommended."""
+    gptq = QualityResult("w4a16-gptq", perplexity=10.3, baseline_perplexity=10.0, kl_divergence=0.02)
+    a = advise(shape, known_gpu("h200"), Workload(prompt_len=1024, output_len=1024), quality=[gptq])
+    by_name = {c.name: c for c in a.candidates}
+    assert by_name["w4g128+kv8"].total_s < by_name["w4g128"].total_s  # the faster one...
+    assert a.recommended.name == "w4g128" and a.recommended.quality is gptq  # ...is not the one recommended
+    assert "quality not measured" in " ".join(by_name["w4g128+kv8"].excluded_because)
+    assert "NOT measured" not in a.reason and "perplexity +3.00%" in a.reason
+    # a quality budget without any result: nothing lossy is known to be within it
+    budget_only = advise(shape, known_gpu("h200"), Workload(1024, 1024), max_ppl_increase=0.05)
+    assert budget_only.recommended.name == "fp16"
+    # no quality asked about at all: speed and memory only, and the reason says so
+    speed_only = advise(shape, known_gpu("h200"), Workload(1024, 1024))
+    assert speed_only.recommended.scheme.quantized and "quality was NOT measured" in speed_only.reason
+
+
+def test_advice_labels_derated_and_datasheet_figures(shape):
+    from quantkit.harness.advisor import format_advice
+
+    first = format_advice(advise(shape, known_gpu("h200"), Workload(128, 128)))[0]
+    assert "4.32 TB/s" in first and "791 TFLOP/s" in first and "derated" in first
+    assert "datasheet's 4.80 TB/s and 989 TFLOP/s" in first and "(datasheet)" not in first
+
+
+def test_workload_must_fit_the_context():
+    from quantkit.errors import UsageError
+
+    small = ModelShape.from_config(LLAMA_8B | {"max_position_embeddings": 512})
+    advise(small, known_gpu("h200"), Workload(prompt_len=500, output_len=12))  # 512 in all: fits
+    with pytest.raises(UsageError, match="513 tokens, longer than the model's context of 512"):
+        advise(small, known_gpu("h200"), Workload(prompt_len=500, output_len=13))

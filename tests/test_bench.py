@@ -3,6 +3,7 @@ decode step (same logits as generation with a dynamic cache)."""
 
 import argparse
 import json
+import re
 
 import pytest
 import torch
@@ -139,8 +140,13 @@ def test_bench_command_writes_both_sections(tmp_path, capsys):
     assert w4_row["memory"]["kv_cache_bytes"] == base_row["memory"]["kv_cache_bytes"]
     assert w4_row["memory"]["weights_bytes"] < base_row["memory"]["weights_bytes"]
     assert "quantkit bench " in data["command"] and "--variants w4a16-rtn,w4a16-rtn-asym" in data["command"]
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "TTFT" in printed and "TPOT" in printed and "speedup w4a16-rtn" in printed
+    # each phase's dtype and why, and the skipped length said on stderr even with --quiet
+    assert re.search(r"prefill timed in \w+ \((matmul probe|--dtype)", printed)
+    assert data["dtype_reasons"].keys() == {"prefill", "decode"}
+    assert "bench: skipping prefill, prompt 100000: exceeds the model's context 256" in captured.err
 
 
 def test_bench_rejects_bad_input(tmp_path, capsys):

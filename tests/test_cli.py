@@ -67,6 +67,10 @@ def test_eval_on_the_tiny_reference_model(tmp_path, capsys):
 def test_demo_end_to_end_on_tiny(tmp_path, capsys, monkeypatch):
     from quantkit import cli
     from quantkit.commands import bench
+    from quantkit.harness import speed_model
+
+    # speed is timed on a model sized from the last-level cache: a 64 KiB cache keeps it tiny here
+    monkeypatch.setattr(speed_model, "last_level_cache", lambda: speed_model.CacheInfo(64 << 10, "a test's 64 KiB"))
 
     # the demo's bench step calls bench.benchmark with typed arguments, not the argument parser
     parsers, calls, real_build_parser, real_benchmark = [], [], cli.build_parser, bench.benchmark
@@ -75,12 +79,20 @@ def test_demo_end_to_end_on_tiny(tmp_path, capsys, monkeypatch):
     out = tmp_path / "demo"
     assert main(["demo", "--model", "ref:tiny", "--recipes", "w8a16-rtn,w4a16-rtn-asym", "--max-tokens", "2048",
                  "--out", str(out)]) == 0
-    capsys.readouterr()
+    printed = capsys.readouterr().out
     assert len(parsers) == 1, "only the demo's own command line is parsed"
     [(positional, keywords)] = calls
-    assert positional == ("ref:tiny",) and keywords["variants"] == ["w8a16-rtn", "w4a16-rtn-asym"]
+    assert positional[0].endswith("speed-model.json") and keywords["variants"] == ["w8a16-rtn", "w4a16-rtn-asym"]
     assert all(isinstance(n, int) for n in keywords["prompt_lens"] + keywords["context_lens"])
+    # every path printed exists: none names the temporary folder the output was assembled in
+    assert ".tmp-" not in printed and f"model {out / 'speed-model.json'}" in printed
+    speed = json.loads((out / "speed-model.json").read_text())
+    bench_json = json.loads((out / "bench.json").read_text())
+    assert bench_json["model"]["shape"]["layers"] == speed["num_hidden_layers"]
+    # the smallest variant's weights still exceed the (patched) cache twice
+    assert min(v["weight_bytes"] for v in bench_json["variants"]) >= 2 * (64 << 10)
     report = (out / "report.md").read_text()
+    assert "a test's 64 KiB" in report and "random-weight Llama" in report
     assert "| w8a16-rtn | int8 per-channel sym |" in report and "| w4a16-rtn-asym | int4 g128 asym |" in report
     # the results table is one Markdown block (a blank line between rows would break it)
     assert re.search(r"\n\| baseline \|[^\n]*\n\| w8a16-rtn \|[^\n]*\n\| w4a16-rtn-asym \|", report)

@@ -121,7 +121,8 @@ def test_bench_times_each_phase_in_the_fastest_dtype(tmp_path, monkeypatch, tiny
     dc = next(r for r in data["decode"] if r["variant"] == "float")
     assert pf["roofline"]["bytes_breakdown"]["weights"] == 2 * dc["roofline"]["bytes_breakdown"]["weights"]
     md = render_report(data, [], tmp_path / "report").read_text()
-    assert "prefill timed in float32, decode in bfloat16" in md
+    assert ("prefill timed in float32 (matmul probe: float32 measured 490x bfloat16's rate (the margin is 2x)), "
+            "decode timed in bfloat16 (matrix-vector product probe: bfloat16 measured 1.8x float32's rate)") in md
     assert "PyTorch emulates bf16 matrix products" in md and "This run timed prefill in float32" in md
     capsys.readouterr()
 
@@ -140,3 +141,16 @@ def test_bench_warns_when_bf16_is_forced_without_native_bf16(tmp_path, monkeypat
     assert json.loads(out.read_text())["variants"][0]["name"] == "bf16"
     assert "bf16 matmul measured 0.3 GFLOP/s against 147 in float32" in captured.err
     assert "of roofline" not in captured.out and "no roofline: the matmul probe" in captured.out
+
+
+def test_dtype_probe_alternates_the_dtypes_and_says_why():
+    """The probe times the dtypes in rounds (A B A B ...), so a shared machine's load falls on both
+    alike, and each phase's choice comes with its reason."""
+    order = []
+    medians = cpu_features._interleaved_seconds({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+                                                budget_s=0.0)
+    assert order == ["a", "b"] * 4 and set(medians) == {"a", "b"}  # a warm-up call each, then 3 rounds
+    f = CpuFeatures(arch="x86_64", flags=("avx2",), capability="AVX2", matmul_flops=dict(AVX2_MATMUL),
+                    gemv_flops=dict(AVX2_GEMV))
+    assert f.choice_reason("prefill") == "matmul probe: float32 measured 490x bfloat16's rate (the margin is 2x)"
+    assert f.choice_reason("decode") == "matrix-vector product probe: bfloat16 measured 1.8x float32's rate"

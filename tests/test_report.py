@@ -77,7 +77,7 @@ def test_report_renders_with_plots(bench_file, quality_files, tmp_path):
                     "## Measured against the roofline", "## Memory", "## Quality"):
         assert heading in md
     assert "A test note." in md and "w8a16-rtn" in md and "+5.00%" in md
-    assert "Measured: decode speeds up" in md
+    assert "Measured: " in md and " (speedup of decode vs prefill, median [range over the lengths and repeats]: " in md
     payload = json.loads((out / "report.json").read_text())
     assert payload["bench"]["schema"] == "quantkit.bench/1"
     assert [q["name"] for q in payload["quality"]] == ["w8a16-rtn", "w4a16-rtn"]
@@ -99,6 +99,11 @@ def test_speedups_are_ratios_of_medians(bench_file):
     s = decode[0]
     rows = {r["variant"]: r for r in bench["decode"] if r["batch"] == s["batch"] and r["context_len"] == s["context_len"]}
     assert s["measured"] == pytest.approx(rows["bf16"]["median_s"] / rows["w4a16-rtn"]["median_s"])
+    # the range the repeats allow: slowest baseline over fastest variant repeat, and the other way round
+    base_t, w4_t = rows["bf16"]["times_s"], rows["w4a16-rtn"]["times_s"]
+    assert s["low"] == pytest.approx(min(base_t) / max(w4_t)) and s["high"] == pytest.approx(max(base_t) / min(w4_t))
+    assert s["low"] <= s["measured"] <= s["high"]
+    assert s["separated"] == (min(base_t) > max(w4_t) or max(base_t) < min(w4_t))
     summary = speedup_summary(bench)
     assert [x["variant"] for x in summary] == ["w4a16-rtn"]
     # roofline of the fixed device: prefill barely moves, decode gains (the tiny model's bf16 lm_head limits it)

@@ -158,12 +158,14 @@ def benchmark(
     seed: int = 0,
     quiet: bool = False,
     allow_source_mismatch: bool = False,
+    model_label: str | None = None,
 ) -> dict:
     """Time prefill (TTFT) and decode (TPOT) of `model` and its `variants` (recipes or quantized
     checkpoint folders), as `quantkit bench` does: the keywords are its options (None: the device's
     default lengths and batch sizes; `cuda_graphs=False` is --no-cuda-graphs; `compile` is None, "all"
     or "decode"). Prints the summary (and progress lines on stderr unless `quiet`), writes `json_out`
-    when given, and returns the results as written there.
+    when given, and returns the results as written there. `model_label`: how the results name the
+    model (default: the float model's source as given).
     """
     import torch
 
@@ -199,13 +201,18 @@ def benchmark(
     if dtype == "auto":
         phase_dtypes = {"prefill": torch.bfloat16, "decode": torch.bfloat16} if features is None else {
             "prefill": getattr(torch, features.prefill_dtype), "decode": getattr(torch, features.decode_dtype)}
+        dtype_reasons = {p: "bf16 on GPU (--dtype auto)" if features is None else features.choice_reason(p)
+                         for p in phase_dtypes}
     else:
         phase_dtypes = dict.fromkeys(("prefill", "decode"), parse_dtype(dtype))
+        dtype_reasons = dict.fromkeys(phase_dtypes, f"--dtype {dtype}")
         if features is not None and phase_dtypes["prefill"] == torch.bfloat16 and features.prefill_dtype != "bfloat16":
             mm = features.matmul_flops
             print(f"warning: this CPU's bf16 matmul measured {mm['bfloat16'] / 1e9:.3g} GFLOP/s against "
                   f"{mm['float32'] / 1e9:.3g} in float32: bf16 prefill timings will measure that, not the model "
                   "(--dtype auto times each phase in the dtype fastest here)", file=sys.stderr)
+    for phase, reason in dtype_reasons.items():
+        _say(quiet, f"{phase} runs in {str(phase_dtypes[phase]).removeprefix('torch.')} ({reason})")
     defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
     if gpu.strip().lower() == "probe":
         _say(quiet, f"measuring the memory bandwidth and matmul peak of {device} (the roofline's device)")
@@ -250,7 +257,7 @@ def benchmark(
             built.append(build_variant(s, base, dtype=model_dtype, device=device, backend=kernel_backend))
         return built
 
-    label = str(base_source or model)
+    label = model_label or str(base_source or model)
     built = build(phase_dtypes["prefill"])
     names = [v.name for v in built]
     if len(set(names)) != len(names):
@@ -266,6 +273,7 @@ def benchmark(
         results = merge_phases(prefill, decode)
     if features is not None:
         results["device"]["cpu_features"] = features.to_dict()
+    results["dtype_reasons"] = dtype_reasons
     results["command"] = _command_line(
         model, baseline, variant_specs if not model_is_checkpoint else variant_specs[1:], device, settings,
         dtype=dtype, backend=backend, gpu=gpu, seed=seed, max_cache_gb=max_cache_gb, cuda_graphs=cuda_graphs,

@@ -1,8 +1,9 @@
 """`quantkit demo`: the main job end to end on a built-in reference model.
 
 Builds (or reuses) the reference model, quantizes it with each recipe, evaluates every checkpoint
-against the unquantized model on the held-out text, times prefill and decode of each variant, and
-writes one report (Markdown, JSON, PNG plots).
+against the unquantized model on the held-out text, times prefill and decode of each recipe on a
+random-weight model sized to exceed the CPU's last-level cache (harness/speed_model.py), and writes
+one report (Markdown, JSON, PNG plots).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from . import input_paths, int_at_least
 
 DEFAULT_RECIPES = "w8a16-rtn,w4a16-rtn,w4a16-rtn-asym"
+SPEED_MODEL = "speed-model.json"  # the config of the model speed is timed on, in the output folder
 
 
 def register(sub) -> None:
@@ -63,24 +65,22 @@ def run(args: argparse.Namespace) -> int:
         for row in rows:
             row.update(results[row["recipe"]].to_dict())
         (tmp / "quality.json").write_text(json.dumps({"model": args.model, "results": rows}, indent=2) + "\n")
-        bench = None
+        bench, speed_note = None, None
         if not args.no_bench:
-            print(f"[4/{steps}] time prefill and decode of each variant")
-            bench = _bench(args.model, [r.name for r in recipes], tmp / "bench.json",
-                           baseline.config.max_position_embeddings)
-            # the bench wrote into the temporary folder that becomes `out`: name the final paths, and the
-            # command that reproduces this whole report
-            bench["bench_command"] = bench["command"].replace(str(tmp), str(out))
+            print(f"[4/{steps}] time prefill and decode of each variant, on a model sized from this CPU's cache")
+            bench, speed_note = _bench(args.model, [r.name for r in recipes], tmp, out)
             bench["command"] = _demo_command(args)
             (tmp / "bench.json").write_text(json.dumps(bench, indent=1) + "\n")
         on_disk = folder_size_bytes(Path(source)) if Path(source).is_dir() else None  # a hub model: unknown here
         table = _markdown(args.model, source, rows, on_disk, dtype_name(baseline),
                           dtype_name(source_dtype(baseline)))
+        notes = table.split("\n\n")[1:] + ([speed_note] if speed_note else [])
         render_report(bench, load_quality([tmp / "quality.json"]), tmp, title=f"quantkit demo: {args.model}",
-                      notes=table.split("\n\n")[1:])
+                      notes=notes)
         report = table
     print("\n" + report)
-    print(f"written to {out}/ (report.md with plots, report.json, quality.json{'' if args.no_bench else ', bench.json'}, checkpoints/)")
+    print(f"written to {out}/ (report.md with plots, report.json, quality.json"
+          f"{'' if args.no_bench else ', bench.json, ' + SPEED_MODEL}, checkpoints/)")
     return 0
 
 
@@ -91,15 +91,39 @@ def _demo_command(args: argparse.Namespace) -> str:
                        "--max-tokens", str(args.max_tokens)])
 
 
-def _bench(model: str, recipes: list[str], out: Path, max_context: int | None) -> dict:
-    """TTFT and TPOT of the float model and each recipe on this machine (short settings: two lengths
-    within the model's context, each phase in the dtype fastest here)."""
+def _bench(model: str, recipes: list[str], tmp: Path, out: Path) -> tuple[dict, str]:
+    """TTFT and TPOT of the float model and each recipe on a random-weight Llama whose weights exceed
+    this CPU's last-level cache (its config written to ``tmp`` / SPEED_MODEL, ``tmp`` becoming ``out``),
+    each phase in the dtype fastest here; short settings (two lengths, five repeats). Returns the
+    results and a paragraph saying what was timed and why."""
     from quantkit.commands.bench import benchmark
+    from quantkit.harness.speed_model import (CACHE_MULTIPLE, MAX_FLOAT32_BYTES, bandwidth_bound_config,
+                                              last_level_cache)
 
-    lengths = [max_context // 8, max_context // 2] if max_context else [64, 256]
-    benchmark(model, variants=recipes, device="cpu", dtype="auto", prompt_lens=lengths, context_lens=lengths,
-              batch_sizes=[1, 4], warmup=1, repeats=3, quiet=True, json_out=str(out))
-    return json.loads(out.read_text())  # the results as written, for the demo to amend
+    cache = last_level_cache()
+    config = bandwidth_bound_config(cache.bytes)
+    (tmp / SPEED_MODEL).write_text(json.dumps(config, indent=1) + "\n")
+    bench = benchmark(str(tmp / SPEED_MODEL), variants=recipes, device="cpu", dtype="auto", prompt_lens=[16, 64],
+                      context_lens=[128, 512], batch_sizes=[1, 4], warmup=1, repeats=5, quiet=True,
+                      model_label=str(out / SPEED_MODEL))
+    bench["bench_command"] = bench["command"].replace(str(tmp), str(out))
+    weights = {v["name"]: v["weight_bytes"] for v in bench["variants"]}
+    smallest = min(weights, key=weights.get)
+    note = (f"Speed is timed on a random-weight Llama built for this machine (`{SPEED_MODEL}`: "
+            f"{config['num_hidden_layers']} layers of width {config['hidden_size']}, "
+            f"{bench['model']['params'] / 1e6:.0f} M parameters), not on {model}, so that its weights exceed the "
+            f"CPU's last-level cache: a model that fits in that cache is timed at cache speed, where decode is not "
+            f"bound by memory bandwidth and the roofline (DRAM bandwidth) does not apply. The cache is "
+            f"{_mib(cache.bytes)} ({cache.source}); the model is sized for even the smallest variant's decoder "
+            f"weights to be {CACHE_MULTIPLE:g}x it (float32 weights capped at {_mib(MAX_FLOAT32_BYTES)}). Weights in memory: {bench['baseline']} {_mib(weights[bench['baseline']])} "
+            f"({weights[bench['baseline']] / cache.bytes:.1f}x the cache), {smallest} {_mib(weights[smallest])} "
+            f"({weights[smallest] / cache.bytes:.1f}x). Random weights take the same time as trained ones; the "
+            f"quality above is measured on the trained reference model.")
+    return bench, note
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.0f} MiB"
 
 
 def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int | None, dtype: str,

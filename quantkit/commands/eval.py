@@ -1,4 +1,4 @@
-"""`quantkit eval MODEL --baseline BASE`: perplexity, KL divergence and top-1 agreement."""
+"""`quantkit eval MODEL --baseline BASELINE`: perplexity, KL divergence and top-1 agreement."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ DEFAULT_MAX_TOKENS = 32768
 
 def register(sub) -> None:
     p = sub.add_parser("eval", help="perplexity, KL divergence and top-1 agreement against a baseline",
-                       description="Evaluate MODEL against BASE on the same token windows.")
+                       description="Evaluate MODEL against BASELINE (the --baseline model) on the same token windows.")
     p.add_argument("model", help="quantized checkpoint or model folder / hub id / ref:NAME")
     p.add_argument("--baseline", required=True, help="the unquantized model (folder, hub id, ref:NAME)")
     p.add_argument("--data", default=None,

@@ -8,7 +8,10 @@ For each candidate scheme (fp16, W8, W4 g128; each with a bf16 or an FP8 KV cach
 - memory = weights + a KV cache of B x (P + O) positions (activation workspace not counted);
 - quality = perplexity increase and KL divergence from `quantkit eval` results, where given.
 
-The recommendation: among schemes that fit the memory budget and the quality budget, the fastest
+The prompt plus the output must fit the model's context (max_position_embeddings). When quality
+results or a quality budget are given, a lossy scheme without a measurement of its own is not
+recommended (its quality is unknown, not good); without either, the advice is speed and memory only
+and says so. The recommendation: among schemes that fit the memory budget and the quality budget, the fastest
 in total latency, unless a higher-quality scheme is within ``min_gain`` of it (paying quality for
 a speedup the workload does not notice is a bad trade: short outputs are prefill-dominated and
 prefill barely speeds up).
@@ -21,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import UsageError
 from .hardware import DeviceSpec
 from .results import QualityResult
 from .roofline import (
@@ -40,6 +44,14 @@ class Workload:
     def __post_init__(self):
         if self.prompt_len < 1 or self.output_len < 1 or self.batch < 1:
             raise ValueError(f"prompt_len, output_len and batch must be >= 1; got {self}")
+
+    def check_fits(self, shape: ModelShape) -> None:
+        """Refuse a prompt plus output longer than the model's context (when the config gives one)."""
+        total = self.prompt_len + self.output_len
+        if shape.max_context is not None and total > shape.max_context:
+            raise UsageError(f"a prompt of {self.prompt_len} tokens plus {self.output_len} generated is {total} tokens, "
+                             f"longer than the model's context of {shape.max_context} (max_position_embeddings): "
+                             f"give a prompt and output of {shape.max_context} tokens or fewer in all")
 
 
 @dataclass
@@ -68,6 +80,11 @@ class Candidate:
     @property
     def eligible(self) -> bool:
         return self.fits and self.within_quality
+
+    @property
+    def lossless(self) -> bool:
+        """The float reference itself (weights and KV cache in the model dtype): no quality to measure."""
+        return not self.scheme.quantized and self.scheme.kv_bytes == self.scheme.dtype_bytes
 
     def to_dict(self) -> dict:
         q = self.quality
@@ -153,7 +170,7 @@ def quality_key(result: QualityResult, dtype_bytes: int = 2) -> tuple[int, int, 
 def _quality_rank(c: Candidate) -> tuple:
     """Lower is better quality: measured KL / perplexity increase where known, else nominal precision."""
     q = c.quality
-    measured = 0.0 if not c.scheme.quantized and c.scheme.kv_bytes == c.scheme.dtype_bytes else None
+    measured = 0.0 if c.lossless else None
     if q is not None:
         measured = q.kl_divergence if q.kl_divergence is not None else (q.perplexity_increase or 0.0)
     nominal = (-c.scheme.weight_bits, -c.scheme.kv_bytes)
@@ -174,6 +191,7 @@ def advise(
     memory_budget: bytes (default: the device's memory). max_ppl_increase: relative (0.05 = +5%).
     min_gain: a faster scheme must beat a higher-quality one by this fraction of total latency.
     """
+    workload.check_fits(shape)
     schemes = list(schemes or standard_schemes())
     budget = device.memory_bytes if memory_budget is None else memory_budget
     if budget <= 0:
@@ -214,15 +232,20 @@ def advise(
         if c.within_quality and worse_than:
             c.within_quality = False
             c.excluded_because.append(f"at least as lossy as {worse_than[0].name}, which exceeds the quality budget")
-
+    # Quality asked about (results or a budget given): an unmeasured lossy scheme is unknown, not good.
+    if quality or max_ppl_increase is not None or max_kl is not None:
+        for c in candidates:
+            if c.quality is None and not c.lossless and c.within_quality:
+                c.within_quality = False
+                c.excluded_because.append("quality not measured: pass a `quantkit eval` result with --quality")
     eligible = [c for c in candidates if c.eligible]
     if not eligible:
         smallest = min(candidates, key=lambda c: c.memory_bytes)
         reason = (f"nothing fits: the smallest, {smallest.name}, needs {smallest.memory_bytes / 1e9:.1f} GB "
                   f"(weights {smallest.weights_bytes / 1e9:.1f} + KV {smallest.kv_bytes / 1e9:.1f}) of "
                   f"{budget / 1e9:.1f} GB" if not any(c.fits for c in candidates) else
-                  "every scheme that fits exceeds the quality budget; relax --max-ppl-increase / --max-kl "
-                  "or give more memory")
+                  "every scheme that fits exceeds the quality budget or has no quality measurement; measure more "
+                  "schemes, relax --max-ppl-increase / --max-kl, or give more memory")
         return Advice(workload, device, budget, candidates, None, reason)
 
     fastest = min(eligible, key=lambda c: c.total_s)
@@ -232,7 +255,7 @@ def advise(
 
 
 def _reason(choice: Candidate, fastest: Candidate, candidates: list[Candidate], budget: float, min_gain: float) -> str:
-    ref = next((c for c in candidates if not c.scheme.quantized and c.scheme.kv_bytes == c.scheme.dtype_bytes), None)
+    ref = next((c for c in candidates if c.lossless), None)
     decode_share = (choice.total_s - choice.ttft_s) / choice.total_s if choice.total_s else 0.0
     parts = []
     if choice is fastest:
@@ -243,8 +266,9 @@ def _reason(choice: Candidate, fastest: Candidate, candidates: list[Candidate], 
                 parts[-1] += ", which does not fit"
         parts[-1] += ")"
     else:
+        better = "better measured quality" if choice.quality is not None or choice.lossless else "higher precision"
         parts.append(f"within {100 * min_gain:.0f}% of the fastest ({fastest.name}: {_s(fastest.total_s)} vs "
-                     f"{_s(choice.total_s)}) at better quality")
+                     f"{_s(choice.total_s)}) at {better}")
     parts.append(f"decode is {100 * decode_share:.0f}% of the latency")
     parts.append(f"uses {choice.memory_bytes / 1e9:.1f} of {budget / 1e9:.1f} GB")
     q = choice.quality
@@ -253,11 +277,15 @@ def _reason(choice: Candidate, fastest: Candidate, candidates: list[Candidate], 
         parts.append("quality: " + ", ".join(x for x in (
             None if inc is None else f"perplexity {100 * inc:+.2f}%",
             None if q.kl_divergence is None else f"KL {q.kl_divergence:.3g}") if x))
-    elif choice.scheme.quantized or choice.scheme.kv_bytes != choice.scheme.dtype_bytes:
-        parts.append("quality not measured: run `quantkit eval` and pass --quality")
-    excluded = [f"{c.name} ({'; '.join(c.excluded_because)})" for c in candidates if c.excluded_because]
-    if excluded:
-        parts.append("excluded: " + ", ".join(excluded))
+    elif not choice.lossless:
+        parts.append("its quality was NOT measured: chosen on speed and memory alone; run `quantkit eval` on it "
+                     "and pass the result with --quality before serving it")
+    by_why: dict[str, list[str]] = {}
+    for c in candidates:
+        if c.excluded_because:
+            by_why.setdefault("; ".join(c.excluded_because), []).append(c.name)
+    if by_why:
+        parts.append("excluded: " + ", ".join(f"{', '.join(names)} ({why})" for why, names in by_why.items()))
     return f"{choice.name}: " + "; ".join(parts)
 
 
@@ -271,17 +299,19 @@ def format_advice(advice: Advice) -> list[str]:
     """A plain-text table of the candidates and the recommendation."""
     w = advice.workload
     d = advice.device
-    bw = f"{d.memory_bandwidth / 1e12:.2f} TB/s" if d.memory_bandwidth >= 1e12 else f"{d.memory_bandwidth / 1e9:.1f} GB/s"
-    fl = f"{d.peak_flops / 1e12:.0f} TFLOP/s" if d.peak_flops >= 1e12 else f"{d.peak_flops / 1e9:.0f} GFLOP/s"
-    lines = [f"{d.name} ({d.source}): {bw}, {fl}; batch {w.batch}, prompt {w.prompt_len}, output {w.output_len}",
+    lines = [f"{d.name}: {d.figures()}",
+             f"workload: batch {w.batch}, prompt {w.prompt_len}, output {w.output_len}",
              f"{'scheme':<14}{'TTFT':>11}{'TPOT':>11}{'total':>11}{'memory GB':>11}  fits  {'Δppl':>8}{'KL':>9}  bound (prefill/decode)"]
     for c in advice.candidates:
         q = c.quality
-        inc = "–" if q is None or q.perplexity_increase is None else f"{100 * q.perplexity_increase:+.2f}%"
-        kl = "–" if q is None or q.kl_divergence is None else f"{q.kl_divergence:.3g}"
+        unknown = "ref" if c.lossless else "?" if q is None else "–"
+        inc = unknown if q is None or q.perplexity_increase is None else f"{100 * q.perplexity_increase:+.2f}%"
+        kl = unknown if q is None or q.kl_divergence is None else f"{q.kl_divergence:.3g}"
         mark = "*" if c is advice.recommended else " "
         lines.append(f"{mark}{c.name:<13}{_s(c.ttft_s):>11}{_s(c.tpot_s):>11}{_s(c.total_s):>11}"
                      f"{c.memory_bytes / 1e9:>11.2f}  {'yes ' if c.fits else 'no  '}  {inc:>8}{kl:>9}  "
                      f"{c.prefill_bound}/{c.decode_bound}")
+    lines.append("Δppl, KL: from the --quality results; ref: the float model itself; ?: not measured; "
+                 "–: not in the result")
     lines.append(f"recommendation: {advice.reason}")
     return lines

@@ -24,6 +24,8 @@ ARM_FLAGS = ("asimd", "sve", "sve2", "bf16", "asimdbf16", "i8mm")
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16", "asimdbf16")
 
 PROBE_DTYPES = ("float32", "bfloat16")
+MATMUL_N = 512  # the probe's matmul: [n, n] @ [n, n]
+GEMV_SHAPE = (4096, 2048)  # the probe's matrix-vector product: [1, K] x [K, N]^T for (N, K)
 # bf16 is chosen unless float32 measures more than this much faster: a shared machine's timings
 # wobble by tens of percent, bf16 moves half the bytes, and emulated bf16 is ~100x slower, not 2x.
 FLOAT32_MARGIN = 2.0
@@ -42,38 +44,49 @@ def read_cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str] | None:
     return None
 
 
-def _seconds(fn, budget_s: float) -> float:
-    """Median seconds of ``fn`` after one warm-up call; stops repeating once ``budget_s`` is spent
-    (an emulated bf16 GEMM can take a second per call)."""
-    t0 = time.perf_counter()
-    fn()
-    first = time.perf_counter() - t0
-    times = []
-    spent = first
-    while len(times) < 5 and (spent < budget_s or not times):
+def _interleaved_seconds(fns: dict[str, object], budget_s: float, min_rounds: int = 3,
+                         max_rounds: int = 7) -> dict[str, float]:
+    """Median seconds of each of ``fns`` (name -> callable), after one warm-up call each, timed in
+    rounds (A B A B ...) so that a shared machine's load drifts over all of them alike; at least
+    ``min_rounds`` rounds, more while ``budget_s`` lasts (an emulated bf16 GEMM can take a second)."""
+    spent = 0.0
+    for fn in fns.values():
         t0 = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - t0)
-        spent += times[-1]
-    return statistics.median(times)
+        spent += time.perf_counter() - t0
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for round_ in range(max_rounds):
+        if round_ >= min_rounds and spent >= budget_s:
+            break
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+            spent += times[name][-1]
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
-def probe_dtype_rates(matmul_n: int = 512, gemv_shape: tuple[int, int] = (4096, 2048),
-                      budget_s: float = 1.0) -> tuple[dict[str, float], dict[str, float]]:
+def probe_dtype_rates(matmul_n: int = MATMUL_N, gemv_shape: tuple[int, int] = GEMV_SHAPE,
+                      budget_s: float = 2.0) -> tuple[dict[str, float], dict[str, float]]:
     """Flop/s of a [n, n] @ [n, n] matmul and of a [1, K] x [K, N]^T matrix-vector product in each
-    of float32 and bfloat16 (random inputs, the current torch thread count)."""
-    matmul, gemv = {}, {}
+    of float32 and bfloat16 (random inputs, the current torch thread count), the two dtypes timed
+    in alternation (see _interleaved_seconds). These compare the dtypes; the roofline's matmul peak
+    is measured separately, on a larger matrix (hardware.probe_device)."""
     g = torch.Generator().manual_seed(0)
     n_out, k = gemv_shape
+    mm_fns, mv_fns = {}, {}
     for name in PROBE_DTYPES:
         dtype = getattr(torch, name)
         a = torch.randn(matmul_n, matmul_n, generator=g).to(dtype)  # [n, n]
         b = torch.randn(matmul_n, matmul_n, generator=g).to(dtype)  # [n, n]
-        matmul[name] = 2.0 * matmul_n**3 / _seconds(lambda: torch.mm(a, b), budget_s)
         w = torch.randn(n_out, k, generator=g).to(dtype)  # [N, K]
         x = torch.randn(1, k, generator=g).to(dtype)  # [1, K]
-        gemv[name] = 2.0 * n_out * k / _seconds(lambda: torch.nn.functional.linear(x, w), budget_s)
-    return matmul, gemv
+        mm_fns[name] = lambda a=a, b=b: torch.mm(a, b)
+        mv_fns[name] = lambda x=x, w=w: torch.nn.functional.linear(x, w)
+    mm = _interleaved_seconds(mm_fns, budget_s)
+    mv = _interleaved_seconds(mv_fns, budget_s)
+    return ({name: 2.0 * matmul_n**3 / t for name, t in mm.items()},
+            {name: 2.0 * n_out * k / t for name, t in mv.items()})
 
 
 @dataclass(frozen=True)
@@ -107,6 +120,21 @@ class CpuFeatures:
         """The dtype for matrix-vector products (decode): bf16 unless float32's measured FLOAT32_MARGIN x faster."""
         return _choose(self.gemv_flops)
 
+    def choice_reason(self, phase: str) -> str:
+        """Why ``phase`` ("prefill": matrix products, "decode": matrix-vector products) runs in its
+        dtype, from the probe's rates: e.g. "matmul probe: float32 measured 12x bfloat16's rate (the margin is 2x)"."""
+        rates = self.matmul_flops if phase == "prefill" else self.gemv_flops
+        kind = "matmul" if phase == "prefill" else "matrix-vector product"
+        if not rates:
+            return "not probed: bfloat16 by default"
+        ratio = rates["float32"] / max(rates["bfloat16"], 1e-30)
+        rule = f"the margin is {FLOAT32_MARGIN:g}x"
+        if _choose(rates) == "float32":
+            return f"{kind} probe: float32 measured {_x(ratio)} bfloat16's rate ({rule})"
+        if ratio >= 1.0:
+            return f"{kind} probe: float32 measured only {_x(ratio)} bfloat16's rate ({rule}; bf16 moves half the bytes)"
+        return f"{kind} probe: bfloat16 measured {_x(1 / ratio)} float32's rate"
+
     def sentences(self, timed: dict[str, str] | None = None) -> list[str]:
         """What was found and what follows from it, for a report. ``timed``: the dtype each phase
         ("prefill", "decode") was actually timed in, when known."""
@@ -122,11 +150,14 @@ class CpuFeatures:
         out = [f"CPU features ({self.arch}, PyTorch kernels for {self.capability}): {found}. {bf16}"]
         if mm and mv:
             out.append(
-                f"Measured here: matmul {_g(mm['float32'])} GFLOP/s in float32 and {_g(mm['bfloat16'])} in bfloat16; "
-                f"matrix-vector product {_g(mv['float32'])} and {_g(mv['bfloat16'])} GFLOP/s. The dtype to use: "
-                f"{self.prefill_dtype} for matrix products (prefill), {self.decode_dtype} for matrix-vector products "
-                f"(decode): bf16 unless float32 measures over {FLOAT32_MARGIN:.0f}x faster, since bf16 moves half the "
-                "bytes and timings on a shared machine wobble by tens of percent."
+                f"The dtype probe (the two dtypes timed in alternation, medians; it compares them and is not the "
+                f"roofline's matmul peak, which is measured on a larger matrix) gave: matmul (n={MATMUL_N}) "
+                f"{_g(mm['float32'])} GFLOP/s in float32 and {_g(mm['bfloat16'])} in bfloat16; matrix-vector product "
+                f"({GEMV_SHAPE[1]} -> {GEMV_SHAPE[0]}) {_g(mv['float32'])} and {_g(mv['bfloat16'])} GFLOP/s. The dtype to use: "
+                f"{self.prefill_dtype} for matrix products (prefill: {self.choice_reason('prefill')}), "
+                f"{self.decode_dtype} for matrix-vector products (decode: {self.choice_reason('decode')}): bf16 unless "
+                f"float32 measures over {FLOAT32_MARGIN:.0f}x faster, since bf16 moves half the bytes and timings on "
+                "a shared machine wobble by tens of percent."
             )
             slow = mm["float32"] / max(mm["bfloat16"], 1e-30)
             if slow > 4:
@@ -158,6 +189,10 @@ def _choose(rates: dict[str, float]) -> str:
     if rates and rates.get("float32", 0.0) > FLOAT32_MARGIN * rates.get("bfloat16", 0.0):
         return "float32"
     return "bfloat16"
+
+
+def _x(ratio: float) -> str:
+    return f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.2g}x"
 
 
 def _g(flops: float) -> str:

@@ -33,7 +33,8 @@ class DeviceSpec:
     memory_bandwidth: bytes/s the roofline divides bytes by (achievable, not datasheet).
     peak_flops: dense bf16/fp16 flop/s the roofline divides flops by (achievable).
     memory_bytes: memory capacity in bytes (GPU memory, or host RAM for a CPU).
-    source: "datasheet" (derated table entry) or "probe" (measured here).
+    source: "datasheet (derated)" (a table entry: the datasheet's figures times the achievable
+        fractions above) or "probe" (measured here); results written before this distinction say "datasheet".
     """
 
     name: str
@@ -68,6 +69,21 @@ class DeviceSpec:
                     "(1 flop per byte): it timed an emulated or broken path, not the device's compute rate")
         return None
 
+    def figures(self) -> str:
+        """The bandwidth and matmul rate the roofline uses, and where each comes from, in words."""
+        rates = f"bandwidth {_bytes_rate(self.memory_bandwidth)}, matmul {_flop_rate(self.peak_flops)}"
+        datasheet = ""
+        if self.datasheet_bandwidth and self.datasheet_flops:
+            datasheet = (f"{self.memory_bandwidth / self.datasheet_bandwidth:.2f}x and "
+                         f"{self.peak_flops / self.datasheet_flops:.2f}x the datasheet's "
+                         f"{_bytes_rate(self.datasheet_bandwidth)} and {_flop_rate(self.datasheet_flops)}")
+        if self.source == "probe":
+            return f"{rates}, measured on this machine ({self.notes})" + (f"; {datasheet}" if datasheet else "")
+        if datasheet:
+            return (f"{rates}: derated, {datasheet} (what a copy and a large bf16 matmul reach in practice; "
+                    "not measured here)")
+        return f"{rates} ({self.source})"
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["ridge_intensity"] = self.ridge_intensity
@@ -80,13 +96,21 @@ class DeviceSpec:
         return cls(**fields)
 
 
+def _bytes_rate(bytes_per_s: float) -> str:
+    return f"{bytes_per_s / 1e12:.2f} TB/s" if bytes_per_s >= 1e12 else f"{bytes_per_s / 1e9:.1f} GB/s"
+
+
+def _flop_rate(flops: float) -> str:
+    return f"{flops / 1e12:.0f} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:.3g} GFLOP/s"
+
+
 def _datasheet(name: str, tb_s: float, tflops: float, gb: float, notes: str) -> DeviceSpec:
     return DeviceSpec(
         name=name,
         memory_bandwidth=tb_s * 1e12 * COPY_BANDWIDTH_EFFICIENCY,
         peak_flops=tflops * 1e12 * MATMUL_EFFICIENCY,
         memory_bytes=gb * 1e9,
-        source="datasheet",
+        source="datasheet (derated)",
         datasheet_bandwidth=tb_s * 1e12,
         datasheet_flops=tflops * 1e12,
         notes=notes,

@@ -18,7 +18,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from .formatting import fmt_intensity  # noqa: E402
-from .results import QualityResult, records, roofline_problem, speedups, variant_names  # noqa: E402
+from .results import QualityResult, records, roofline_problem, speedups, time_range, variant_names  # noqa: E402
 
 DPI = 130
 STYLE = {"axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
@@ -107,18 +107,23 @@ def plot_ttft(bench: dict, out_dir: Path, colors: dict[str, str]) -> str | None:
             ax.set_yscale("log")
             ax.set_xlabel("prompt length (tokens)")
             ax.set_ylabel("TTFT (ms, log scale)")
-            ax.set_title(f"Time to first token, batch {b}")
+            ax.set_title(f"Time to first token, batch {b}\n(median; bars: fastest to slowest repeat)")
         _figure_legend(fig, axes.flat, roofline)
         return _save(fig, out_dir, "ttft_vs_prompt.png")
 
 
 def _plot_measured_lines(ax, bench: dict, phase: str, x_key: str, batch: int, names: list[str],
                          colors: dict[str, str], roofline: bool) -> None:
-    """One line of measured median times (ms) per variant against ``x_key``, and its roofline lines."""
+    """One line of measured median times (ms) per variant against ``x_key``, with error bars from the
+    fastest to the slowest repeat, and its roofline lines."""
     for name in names:
         rs = records(bench, phase, name, batch=batch)
         if rs:
-            ax.plot([r[x_key] for r in rs], [1e3 * r["median_s"] for r in rs], "o-", color=colors[name], label=name)
+            med = [1e3 * r["median_s"] for r in rs]
+            spread = [[m - 1e3 * time_range(r)[0] for m, r in zip(med, rs)],
+                      [1e3 * time_range(r)[1] - m for m, r in zip(med, rs)]]
+            ax.errorbar([r[x_key] for r in rs], med, yerr=spread, fmt="o-", color=colors[name], label=name,
+                        capsize=3, elinewidth=1)
     if roofline:
         _plot_roofline_lines(ax, bench, phase, x_key, batch, colors)
 
@@ -139,7 +144,7 @@ def plot_tpot(bench: dict, out_dir: Path, colors: dict[str, str]) -> str | None:
             ax.set_ylim(bottom=0)
             ax.set_xlabel("context length (tokens in the KV cache)")
             ax.set_ylabel("TPOT (ms)")
-            ax.set_title(f"Time per output token, batch {b}")
+            ax.set_title(f"Time per output token, batch {b}\n(median; bars: fastest to slowest repeat)")
         for ax in list(axes.flat)[len(batches):]:
             ax.set_visible(False)
         _figure_legend(fig, list(axes.flat)[:len(batches)], roofline)
@@ -147,8 +152,9 @@ def plot_tpot(bench: dict, out_dir: Path, colors: dict[str, str]) -> str | None:
 
 
 def plot_speedups(bench: dict, out_dir: Path, colors: dict[str, str]) -> str | None:
-    """Bars in each variant's colour: median prefill (hatched) and decode (solid) speedup, whiskers
-    min..max, roofline as diamonds (when the device spec gives one)."""
+    """Bars in each variant's colour: median prefill (hatched) and decode (solid) speedup over the
+    lengths, whiskers over the range the repeats allow at every length (slowest baseline repeat over
+    fastest variant repeat, and the other way round), roofline as diamonds (when the device spec gives one)."""
     pf, dc = speedups(bench, "prefill"), speedups(bench, "decode")
     if not pf and not dc:
         return None
@@ -158,29 +164,29 @@ def plot_speedups(bench: dict, out_dir: Path, colors: dict[str, str]) -> str | N
     roofline = not roofline_problem(bench)
     groups = [("prefill (TTFT)", pf, "//"), (f"decode (TPOT, batch {min_batch})", dc1, "")]
     width = 0.38
-    top = max([s["measured"] for s in pf + dc1] + ([s["predicted"] for s in pf + dc1] if roofline else [])) * 1.15
+    top = max([s["high"] for s in pf + dc1] + ([s["predicted"] for s in pf + dc1] if roofline else [])) * 1.15
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(max(6.0, 2.2 * len(names) + 2), 4.4))
         ax.set_ylim(0, top)
         for gi, (label, data, hatch) in enumerate(groups):
             for vi, name in enumerate(names):
-                vals = [s["measured"] for s in data if s["variant"] == name]
-                preds = [s["predicted"] for s in data if s["variant"] == name]
-                if not vals:
+                mine = [s for s in data if s["variant"] == name]
+                if not mine:
                     continue
                 x = vi + (gi - 0.5) * width
-                med = statistics.median(vals)
+                med = statistics.median(s["measured"] for s in mine)
+                low, high = min(s["low"] for s in mine), max(s["high"] for s in mine)
                 ax.bar(x, med, width * 0.92, color=colors[name], alpha=0.55 if hatch else 1.0, hatch=hatch,
-                       edgecolor="white", yerr=[[med - min(vals)], [max(vals) - med]], capsize=4, ecolor="#333333")
+                       edgecolor="white", yerr=[[med - low], [high - med]], capsize=4, ecolor="#333333")
                 ax.text(x, 0.02 * top, f"{med:.2f}x", ha="center", va="bottom", fontsize=9, fontweight="bold",
                         bbox=dict(boxstyle="round,pad=0.2", facecolor="white", edgecolor="none", alpha=0.85))
                 if roofline:
-                    ax.plot([x], [statistics.median(preds)], "D", color="black", markersize=6)
+                    ax.plot([x], [statistics.median(s["predicted"] for s in mine)], "D", color="black", markersize=6)
         ax.axhline(1.0, color="gray", linewidth=1)
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels(names)
         ax.set_ylabel(f"speedup over {bench.get('baseline')} (x)")
-        ax.set_title("Prefill vs decode speedup (median over lengths; whiskers: min..max)")
+        ax.set_title("Prefill vs decode speedup (median over lengths;\nwhiskers: the range the repeats allow over all lengths)")
         legend = [matplotlib.patches.Patch(facecolor="#bbbbbb", hatch=h, edgecolor="white", label=label)
                   for label, _, h in groups]
         if roofline:

@@ -14,7 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from .formatting import fmt_intensity, fmt_perplexity_change
-from .results import SHAPE_KEYS, QualityResult, records, roofline_problem, shape_key, speedup_summary, variant_names
+from .hardware import DeviceSpec
+from .results import (SHAPE_KEYS, QualityResult, ranges_overlap, records, roofline_problem, shape_key, speedup_summary,
+                      time_range, variant_names)
+from .timing import describe_skipped
 
 
 def _fmt_ms(seconds: float) -> str:
@@ -24,6 +27,14 @@ def _fmt_ms(seconds: float) -> str:
 
 def _fmt_x(v: float | None) -> str:
     return "–" if v is None else f"{v:.2f}x"
+
+
+def _fmt_summary(s: dict, phase: str) -> str:
+    return "–" if s[f"{phase}_measured"] is None else _fmt_range(s, phase)
+
+
+RANGE_NOTE = ("in brackets, the range the repeats allow over those lengths (from the slowest baseline repeat over "
+              "the fastest variant repeat, to the other way round).")
 
 
 def _fmt_bytes(n: float) -> str:
@@ -42,21 +53,25 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
 def summary_lines(bench: dict) -> list[str]:
     """A short plain-text summary of bench results (printed by `quantkit bench`)."""
     problem = roofline_problem(bench)
-    lines = [f"model {bench['model']['name']} on {bench['device']['name']} ({bench['device']['type']})"]
+    lines = [f"model {bench['model']['name']} on {bench['device']['name']} ({bench['device']['type']})",
+             f"  {_dtype_line(bench, why=True)}",
+             "  times: median [fastest-slowest] of the repeats; speedups: median over the lengths [the range the "
+             "repeats allow]"]
     for phase, unit in (("prefill", "TTFT"), ("decode", "TPOT")):
         for r in sorted(bench[phase], key=lambda r: (shape_key(r, phase), r["variant"])):
             shape = ", ".join(f"{k}={r[k]}" for k in SHAPE_KEYS[phase])
-            line = f"  {unit} {shape:<26} {r['variant']:<18} {_fmt_ms(r['median_s']):>8} ms"
+            lo, hi = time_range(r)
+            line = f"  {unit} {shape:<26} {r['variant']:<18} {_fmt_ms(r['median_s']):>8} ms [{_fmt_ms(lo)}-{_fmt_ms(hi)}]"
             if not problem:
                 line += f"   x{r['roofline']['measured_over_predicted']:.2f} of roofline ({r['roofline']['bound']})"
             lines.append(line)
     for s in speedup_summary(bench):
         if problem:
-            lines.append(f"  speedup {s['variant']:<18} prefill {_fmt_x(s['prefill_measured'])}   "
-                         f"decode {_fmt_x(s['decode_measured'])}")
+            lines.append(f"  speedup {s['variant']:<18} prefill {_fmt_summary(s, 'prefill')}   "
+                         f"decode {_fmt_summary(s, 'decode')}")
         else:
-            lines.append(f"  speedup {s['variant']:<18} prefill {_fmt_x(s['prefill_measured'])} "
-                         f"(roofline {_fmt_x(s['prefill_predicted'])})   decode {_fmt_x(s['decode_measured'])} "
+            lines.append(f"  speedup {s['variant']:<18} prefill {_fmt_summary(s, 'prefill')} "
+                         f"(roofline {_fmt_x(s['prefill_predicted'])})   decode {_fmt_summary(s, 'decode')} "
                          f"(roofline {_fmt_x(s['decode_predicted'])})")
     if problem:
         lines.append(f"  no roofline: {problem}")
@@ -97,12 +112,14 @@ def render_report(bench: dict | None, quality: Sequence[QualityResult], out_dir:
     return out / "report.md"
 
 
-def _dtype_line(bench: dict) -> str:
-    """Which dtype each phase was timed in."""
-    dtypes = bench.get("dtypes") or {}
-    if len(set(dtypes.values())) > 1:
-        return f"prefill timed in {dtypes['prefill']}, decode in {dtypes['decode']}"
-    return bench["model"]["dtype"]
+def _dtype_line(bench: dict, why: bool = False) -> str:
+    """Which dtype each phase was timed in, and (``why``, when the results say) why."""
+    dtypes = bench.get("dtypes") or dict.fromkeys(("prefill", "decode"), bench["model"]["dtype"])
+    reasons = (bench.get("dtype_reasons") or {}) if why else {}
+    if len(set(dtypes.values())) == 1 and not reasons:
+        return next(iter(dtypes.values()))
+    return ", ".join(f"{phase} timed in {d}" + (f" ({reasons[phase]})" if reasons.get(phase) else "")
+                     for phase, d in dtypes.items())
 
 
 def _cpu_lines(bench: dict) -> list[str]:
@@ -139,9 +156,10 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
     md += _cpu_lines(bench)
     params = model["params"]
     params = f"{params / 1e9:.2f} B" if params >= 1e8 else f"{params / 1e6:.2f} M"
-    md += [f"- Model: `{model['name']}` ({params} parameters, {_dtype_line(bench)}; hidden "
+    md += [f"- Model: `{model['name']}` ({params} parameters; hidden "
            f"{shape['hidden']}, intermediate {shape['intermediate']}, {shape['layers']} layers, {shape['heads']} heads, "
            f"{shape['kv_heads']} KV heads, vocab {shape['vocab']})",
+           f"- Dtypes: {_dtype_line(bench, why=True)}",
            f"- Device: {dev['name']} ({dev['type']}" + (f", {dev['threads']} threads" if "threads" in dev else "")
            + f"), torch {dev['torch']}",
            f"- Timing: {settings['timer']}, {settings['warmup']} warm-up run{'s' if settings['warmup'] != 1 else ''}, "
@@ -155,9 +173,8 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
     if problem:
         md += [f"- Roofline: not shown, because {problem}."]
     else:
-        md += [f"- Roofline device: {spec['name']} ({spec['source']}{', ' + spec['notes'] if spec.get('notes') else ''}): "
-               f"bandwidth {spec['memory_bandwidth'] / 1e9:.1f} GB/s, matmul peak {_fmt_flops(spec['peak_flops'])}, "
-               f"ridge {fmt_intensity(spec['ridge_intensity'])} flop/byte" + _datasheet_note(spec)]
+        md += [f"- Roofline device: {spec['name']}: {DeviceSpec.from_dict(spec).figures()}; ridge "
+               f"{fmt_intensity(spec['ridge_intensity'])} flop/byte"]
     md += [""]
     md += ["| variant | source | backend | weights in memory |", "|---|---|---|---|"]
     md += [f"| {v['name']} | {v['source']} | {v.get('backend') or '–'} | {_fmt_bytes(v['weight_bytes'])} |"
@@ -168,15 +185,15 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
     if summary:
         md += ["## Prefill versus decode speedup", ""]
         if problem:
-            md += ["Median over the measured lengths (decode at the smallest batch).", ""]
+            md += [f"Median over the measured lengths (decode at the smallest batch); {RANGE_NOTE}", ""]
             md += _table(["variant", "prefill measured", "decode measured"],
-                         [[s["variant"], _fmt_x(s["prefill_measured"]), _fmt_x(s["decode_measured"])] for s in summary])
+                         [[s["variant"], _fmt_summary(s, "prefill"), _fmt_summary(s, "decode")] for s in summary])
         else:
-            md += ["Median over the measured lengths (decode at the smallest batch); the roofline column is the "
-                   "prediction max(bytes / bandwidth, flops / peak) for the same shapes.", ""]
+            md += [f"Median over the measured lengths (decode at the smallest batch); {RANGE_NOTE} The roofline "
+                   "column is the prediction max(bytes / bandwidth, flops / peak) for the same shapes.", ""]
             md += _table(["variant", "prefill measured", "prefill roofline", "decode measured", "decode roofline"],
-                         [[s["variant"], _fmt_x(s["prefill_measured"]), _fmt_x(s["prefill_predicted"]),
-                           _fmt_x(s["decode_measured"]), _fmt_x(s["decode_predicted"])] for s in summary])
+                         [[s["variant"], _fmt_summary(s, "prefill"), _fmt_x(s["prefill_predicted"]),
+                           _fmt_summary(s, "decode"), _fmt_x(s["decode_predicted"])] for s in summary])
         md += ["", _headline(summary), ""]
         if "speedups" in images:
             md += [f"![prefill and decode speedups]({images['speedups']})", ""]
@@ -198,7 +215,7 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
         md += _roofline_section(bench, images)
     md += _memory_section(bench)
     if bench.get("skipped"):
-        md += ["## Skipped shapes", ""] + [f"- {_fmt_skipped(s)}" for s in bench["skipped"]] + [""]
+        md += ["## Skipped shapes", ""] + [f"- {describe_skipped(s)}" for s in bench["skipped"]] + [""]
     if bench.get("command"):
         md += ["## Reproduce", "", "```", bench["command"], "```", ""]
     return md
@@ -208,25 +225,9 @@ def _fmt_flops(flops: float) -> str:
     return f"{flops / 1e12:.2f} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:.3g} GFLOP/s"
 
 
-def _fmt_skipped(s: dict) -> str:
-    """'decode, context 2048, batch 4: <reason>' from a skipped-shape record."""
-    words = {"prompt_len": "prompt", "context_len": "context", "batch": "batch"}
-    where = [f"{words[k]} {s[k]}" for k in ("prompt_len", "context_len", "batch") if k in s]
-    return f"{s.get('phase', '?')}, {', '.join(where)}: {s.get('reason', 'skipped')}"
-
-
-def _datasheet_note(spec: dict) -> str:
-    notes = []
-    if spec.get("datasheet_bandwidth"):
-        notes.append(f"{spec['memory_bandwidth'] / spec['datasheet_bandwidth']:.2f}x the datasheet's "
-                     f"{spec['datasheet_bandwidth'] / 1e12:.2f} TB/s")
-    if spec.get("datasheet_flops"):
-        notes.append(f"{spec['peak_flops'] / spec['datasheet_flops']:.2f}x the datasheet's "
-                     f"{spec['datasheet_flops'] / 1e12:.0f} TFLOP/s")
-    return f" ({'; '.join(notes)})" if notes else ""
-
-
 def _phase_table(bench: dict, phase: str, length_key: str, unit: str, batch: int | None = None) -> list[str]:
+    """Median [fastest-slowest repeat] per variant and length, and the speedup over the baseline,
+    marked when the two repeat ranges overlap (a difference the run does not show)."""
     match = {} if batch is None else {"batch": batch}
     lengths = sorted({r[length_key] for r in records(bench, phase, **match)})
     rows = []
@@ -241,45 +242,72 @@ def _phase_table(bench: dict, phase: str, length_key: str, unit: str, batch: int
             if r is None:
                 cells.append("–")
                 continue
-            cell = _fmt_ms(r["median_s"])
+            lo, hi = time_range(r)
+            cell = _fmt_ms(r["median_s"]) + (f" [{_fmt_ms(lo)}-{_fmt_ms(hi)}]" if hi > lo else "")
             if base and name != base:
                 b = next((x for x in records(bench, phase, base, **match) if x[length_key] == n
                           and x["batch"] == r["batch"]), None)
                 if b:
-                    cell += f" ({b['median_s'] / r['median_s']:.2f}x)"
+                    cell += f" ({b['median_s'] / r['median_s']:.2f}x" + (", ranges overlap)" if ranges_overlap(b, r)
+                                                                          else ")")
             cells.append(cell)
         rows.append([name] + cells)
     header = [f"{unit} \\ {length_key.replace('_', ' ')}"] + [str(n) for n in lengths]
-    return _table(header, rows) + ["", "(in parentheses: speedup over the baseline, measured side by side)"] if base else _table(header, rows)
+    note = ("(median [fastest-slowest] of the repeats; in parentheses: speedup over the baseline, the ratio of "
+            "medians, measured side by side; \"ranges overlap\": the two variants' repeats overlap, so the run does "
+            "not show which is faster)")
+    return _table(header, rows) + ["", note] if base else _table(header, rows)
+
+
+def _fmt_range(s: dict, phase: str) -> str:
+    """'2.16x [1.90-2.40]': a summary's median speedup of ``phase`` and the range its repeats allow."""
+    med, lo, hi = s[f"{phase}_measured"], s.get(f"{phase}_low"), s.get(f"{phase}_high")
+    if lo is None or hi is None or (f"{lo:.2f}" == f"{med:.2f}" == f"{hi:.2f}"):
+        return f"{med:.2f}x"
+    return f"{med:.2f}x [{lo:.2f}-{hi:.2f}]"
 
 
 def _headline(summary: list[dict]) -> str:
     """One sentence: does decode gain more than prefill, variant by variant?
 
-    Ratios that agree as printed (two decimals) are "about the same": the sentence claims no difference
-    its own numbers do not show.
+    It claims a difference only outside the noise: decode gains more when the lowest speedup its
+    repeats allow (over every length) is above the highest prefill's allow, less when the other way
+    round; ranges that overlap, or medians equal as printed, are no difference the run shows.
     """
     both = [s for s in summary if s["prefill_measured"] is not None and s["decode_measured"] is not None]
     if not both:
         return ""
-    shown = {s["variant"]: (f"{s['decode_measured']:.2f}", f"{s['prefill_measured']:.2f}") for s in both}
-    same = [s["variant"] for s in both if shown[s["variant"]][0] == shown[s["variant"]][1]]
-    more = [s["variant"] for s in both if s["variant"] not in same and s["decode_measured"] > s["prefill_measured"]]
-    less = [s["variant"] for s in both if s["variant"] not in same and s["decode_measured"] < s["prefill_measured"]]
-    parts = ", ".join(f"{s['variant']} {shown[s['variant']][0]}x vs {shown[s['variant']][1]}x" for s in both)
-    if more and less:
-        claim = f"decode speeds up more than prefill for {', '.join(more)}, but not for {', '.join(less)}"
-    elif more:
-        claim = "decode speeds up more than prefill for " + ("every variant" if len(more) > 1 and not same
-                                                              else ", ".join(more))
-    elif less:
-        claim = "decode speeds up no more than prefill for " + ("any variant" if len(less) > 1 and not same
-                                                                else ", ".join(less))
-    else:
-        claim = "decode speeds up about as much as prefill for " + ("every variant" if len(same) > 1 else same[0])
-    if same and (more or less):
-        claim += f", and about as much as prefill for {', '.join(same)}"
-    return f"Measured: {claim} (speedup of decode vs prefill: {parts})."
+
+    def bounds(s, phase):
+        lo, hi = s.get(f"{phase}_low"), s.get(f"{phase}_high")
+        med = s[f"{phase}_measured"]
+        return (med if lo is None else lo), (med if hi is None else hi)
+
+    more, less, same = [], [], []
+    for s in both:
+        (p_lo, p_hi), (d_lo, d_hi) = bounds(s, "prefill"), bounds(s, "decode")
+        if f"{s['decode_measured']:.2f}" == f"{s['prefill_measured']:.2f}":
+            same.append(s["variant"])
+        elif d_lo > p_hi:
+            more.append(s["variant"])
+        elif d_hi < p_lo:
+            less.append(s["variant"])
+        else:
+            same.append(s["variant"])
+    claims = []
+    if more:
+        claims.append("decode speeds up more than prefill for " + ("every variant" if len(more) == len(both) > 1
+                                                                    else ", ".join(more)))
+    if less:
+        claims.append("decode speeds up less than prefill for " + ("every variant" if len(less) == len(both) > 1
+                                                                    else ", ".join(less)))
+    if same:
+        claims.append("the run shows no difference between the decode and prefill speedups (their ranges overlap "
+                      "or they are equal as printed) for " + ("any variant" if len(same) == len(both) > 1
+                                                               else ", ".join(same)))
+    parts = ", ".join(f"{s['variant']} {_fmt_range(s, 'decode')} vs {_fmt_range(s, 'prefill')}" for s in both)
+    return (f"Measured: {'; '.join(claims)} (speedup of decode vs prefill, median [range over the lengths and "
+            f"repeats]: {parts}).")
 
 
 def _why_paragraph(bench: dict) -> list[str]:
@@ -307,9 +335,31 @@ def _why_paragraph(bench: dict) -> list[str]:
                 for r in records(bench, "decode", name, batch=d["batch"], context_len=d["context_len"])]
         text += (f"its time is set by the bytes it reads, and {_fmt_bytes(weights)} of its "
                  f"{_fmt_bytes(d['roofline']['bytes'])} are the decoder weights" + (f"; {', '.join(cuts)}." if cuts else "."))
+        text += _short_of_roofline(bench, d)
     else:
         text += "its time is set by flops, so on this device fewer bytes of weights do not shorten it by themselves."
     return [text]
+
+
+def _short_of_roofline(bench: dict, base_step: dict) -> str:
+    """A sentence naming the variants whose decode step (at ``base_step``'s shape) gains less than half
+    the speedup the roofline predicts: there, the kernels rather than the bytes set the time."""
+    bandwidth = bench["device"]["spec"]["memory_bandwidth"]
+    short = []
+    for name in variant_names(bench):
+        if name == base_step["variant"]:
+            continue
+        for r in records(bench, "decode", name, batch=base_step["batch"], context_len=base_step["context_len"]):
+            measured = base_step["median_s"] / r["median_s"]
+            predicted = base_step["roofline"]["predicted_s"] / r["roofline"]["predicted_s"]
+            if measured < predicted / 2:
+                short.append(f"{name} gains {measured:.2f}x against a predicted {predicted:.2f}x "
+                             f"({100 * r['achieved_bandwidth'] / bandwidth:.0f}% of the bandwidth)")
+    if not short:
+        return ""
+    return (f" Measured at that shape, the baseline reaches {100 * base_step['achieved_bandwidth'] / bandwidth:.0f}% of the "
+            f"bandwidth, but {', '.join(short)}: on this device their kernels, not the bytes they read, set their "
+            "decode time.")
 
 
 def _roofline_section(bench: dict, images: dict[str, str]) -> list[str]:

@@ -29,6 +29,7 @@ MAX_RESULTS_BYTES = 64 << 20
 # -- reading ----------------------------------------------------------------------------------------
 
 def load_bench(path: str | Path) -> dict:
+    """Read a `quantkit bench --json` file; every number the report and plots use is checked here."""
     path = Path(path)
     text = read_input_text(path, "bench results", MAX_RESULTS_BYTES)
     try:
@@ -37,7 +38,90 @@ def load_bench(path: str | Path) -> dict:
         raise UsageError(f"cannot read bench results {path}: {e}") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or "prefill" not in data or "decode" not in data:
         raise UsageError(f"{path} is not a `quantkit bench --json` file (schema {SCHEMA!r} with prefill and decode)")
+    _check_bench(data, path)
     return data
+
+
+# -- checking results files at the edge -------------------------------------------------------------
+# field -> (lowest allowed, highest allowed, what the range means)
+QUALITY_FIELDS = {
+    "perplexity": (1.0, math.inf, "a perplexity is exp(cross-entropy), at least 1"),
+    "baseline_perplexity": (1.0, math.inf, "a perplexity is exp(cross-entropy), at least 1"),
+    # KL of two distributions is >= 0; float32 sums may round a zero a hair below it
+    "kl_divergence": (-1e-6, math.inf, "KL divergence in nats per token, at least 0"),
+    "top1_agreement": (0.0, 1.0, "a share of positions, from 0 to 1"),
+    "log_ppl_ratio_stderr": (0.0, math.inf, "a standard error, at least 0"),
+}
+QUALITY_COUNTS = {"window": 2, "windows": 1, "tokens": 1}  # field -> smallest allowed
+
+
+def _bad(path: Path, where: str, value: Any, allowed: str) -> UsageError:
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return UsageError(f"{path}: {where} is {shown}; allowed: {allowed}. The file is not what `quantkit` wrote: "
+                      "re-run the command that makes it")
+
+
+def _number(path: Path, where: str, value: Any, low: float, high: float, why: str, *, low_open: bool = False,
+            optional: bool = False) -> float | None:
+    """``value`` as a float, if it is a finite number within [low, high] ((low, high] with ``low_open``)."""
+    if value is None and optional:
+        return None
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g}{']' if math.isfinite(high) else ')'}"
+    allowed = f"a finite number in {interval} ({why})"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(path, where, value, allowed)
+    v = float(value)
+    if not math.isfinite(v) or v < low or (low_open and v == low) or v > high:
+        raise _bad(path, where, value, allowed)
+    return v
+
+
+def _count(path: Path, where: str, value: Any, low: int, *, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise _bad(path, where, value, f"a whole number >= {low}")
+    return value
+
+
+def _check_bench(data: dict, path: Path) -> None:
+    """Every field the report, plots and speedups read: positive times and shapes, a usable device spec."""
+    variants = data.get("variants")
+    if not isinstance(variants, list) or not variants or not all(
+            isinstance(v, dict) and isinstance(v.get("name"), str) for v in variants):
+        raise _bad(path, "variants", variants, "a non-empty list of objects with a name")
+    for v in variants:
+        _count(path, f"variants[{v['name']!r}].weight_bytes", v.get("weight_bytes"), 0)
+    names = {v["name"] for v in variants}
+    spec = (data.get("device") or {}).get("spec") if isinstance(data.get("device"), dict) else None
+    if not isinstance(spec, dict):
+        raise _bad(path, "device.spec", spec, "an object (the roofline's device)")
+    for key in ("memory_bandwidth", "peak_flops"):
+        _number(path, f"device.spec.{key}", spec.get(key), 0.0, math.inf, "per second", low_open=True)
+    for phase, keys in SHAPE_KEYS.items():
+        recs = data[phase]
+        if not isinstance(recs, list):
+            raise _bad(path, phase, recs, "a list of records")
+        for i, r in enumerate(recs):
+            where = f"{phase}[{i}]"
+            if not isinstance(r, dict) or r.get("variant") not in names:
+                raise _bad(path, f"{where}.variant", r.get("variant") if isinstance(r, dict) else r,
+                           f"one of the variants {sorted(names)}")
+            for k in keys:
+                _count(path, f"{where}.{k}", r.get(k), 1)
+            _number(path, f"{where}.median_s", r.get("median_s"), 0.0, math.inf, "seconds", low_open=True)
+            times = r.get("times_s")
+            if times is not None:
+                if not isinstance(times, list) or not times:
+                    raise _bad(path, f"{where}.times_s", times, "a non-empty list of seconds")
+                for j, t in enumerate(times):
+                    _number(path, f"{where}.times_s[{j}]", t, 0.0, math.inf, "seconds", low_open=True)
+            roof = r.get("roofline")
+            if not isinstance(roof, dict):
+                raise _bad(path, f"{where}.roofline", roof, "an object (the roofline prediction)")
+            for k in ("predicted_s", "intensity", "measured_over_predicted"):
+                _number(path, f"{where}.roofline.{k}", roof.get(k), 0.0, math.inf, "positive", low_open=True)
 
 
 @dataclass
@@ -144,25 +228,22 @@ def load_quality(paths: Sequence[str | Path]) -> list[QualityResult]:
         if not found:
             raise UsageError(f"{path} has no `perplexity`: pass the JSON written by `quantkit eval`")
         for label, d in found:
-            results.append(QualityResult(
-                name=label, perplexity=float(d["perplexity"]),
-                baseline_perplexity=_opt_float(d.get("baseline_perplexity")),
-                kl_divergence=_opt_float(d.get("kl_divergence")),
-                top1_agreement=_opt_float(d.get("top1_agreement")), source=str(path),
-                model=d.get("model") if isinstance(d.get("model"), str) else None,
-                log_ppl_ratio_stderr=_opt_float(d.get("log_ppl_ratio_stderr")),
-                dtype=d.get("dtype") if isinstance(d.get("dtype"), str) else None,
-                window=_opt_int(d.get("window")), windows=_opt_int(d.get("windows")), tokens=_opt_int(d.get("tokens")),
-            ))
+            results.append(_quality_result(label, d, path, f"result {label!r}: " if len(found) > 1 else ""))
     return results
 
 
-def _opt_float(v) -> float | None:
-    return None if v is None else float(v)
-
-
-def _opt_int(v) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+def _quality_result(label: str, d: dict, path: Path, which: str) -> QualityResult:
+    """One `quantkit eval` record, its numbers checked against what they can be (``which``: names the
+    record in errors when the file holds several)."""
+    values = {key: _number(path, f"{which}{key}", d.get(key), low, high, why, optional=key != "perplexity")
+              for key, (low, high, why) in QUALITY_FIELDS.items()}
+    counts = {key: _count(path, f"{which}{key}", d.get(key), low, optional=True)
+              for key, low in QUALITY_COUNTS.items()}
+    if values["kl_divergence"] is not None:
+        values["kl_divergence"] = max(values["kl_divergence"], 0.0)
+    return QualityResult(name=label, **values, **counts, source=str(path),
+                         model=d.get("model") if isinstance(d.get("model"), str) else None,
+                         dtype=d.get("dtype") if isinstance(d.get("dtype"), str) else None)
 
 
 # -- derived numbers --------------------------------------------------------------------------------
@@ -182,8 +263,22 @@ def variant_names(bench: dict) -> list[str]:
     return [v["name"] for v in bench["variants"]]
 
 
+def time_range(r: dict) -> tuple[float, float]:
+    """(fastest, slowest) of a record's timed repeats; (median, median) when the record has none."""
+    times = r.get("times_s") or [r["median_s"]]
+    return min(times), max(times)
+
+
+def ranges_overlap(a: dict, b: dict) -> bool:
+    """Whether two records' repeat ranges overlap: then the run does not show which is faster."""
+    (a_lo, a_hi), (b_lo, b_hi) = time_range(a), time_range(b)
+    return a_lo <= b_hi and b_lo <= a_hi
+
+
 def speedups(bench: dict, phase: str) -> list[dict]:
-    """Measured and roofline speedup of each variant over the baseline, shape by shape."""
+    """Measured and roofline speedup of each variant over the baseline, shape by shape. ``measured`` is
+    the ratio of medians; ``low`` / ``high`` bound it by the repeats (slowest baseline over fastest
+    variant repeat, and the other way round); ``separated``: the two repeat ranges do not overlap."""
     base = bench.get("baseline")
     if base is None or base not in variant_names(bench):
         return []
@@ -195,8 +290,10 @@ def speedups(bench: dict, phase: str) -> list[dict]:
         b = base_by_shape.get(shape)
         if r["variant"] == base or b is None:
             continue
+        (b_lo, b_hi), (r_lo, r_hi) = time_range(b), time_range(r)
         out.append({"variant": r["variant"], **dict(zip(keys, shape)),
-                    "measured": b["median_s"] / r["median_s"],
+                    "measured": b["median_s"] / r["median_s"], "low": b_lo / r_hi, "high": b_hi / r_lo,
+                    "separated": not ranges_overlap(b, r),
                     "predicted": b["roofline"]["predicted_s"] / r["roofline"]["predicted_s"]})
     return sorted(out, key=lambda s: (s["variant"], shape_key(s, phase)))
 
@@ -206,7 +303,8 @@ def shape_key(r: dict, phase: str) -> tuple:
 
 
 def speedup_summary(bench: dict) -> list[dict]:
-    """Per quantized variant: median measured/predicted speedup of prefill and of batch-1 decode."""
+    """Per quantized variant: median measured/predicted speedup of prefill and of decode at the smallest
+    batch, over the measured lengths, and the range (``*_low`` .. ``*_high``) the repeats allow over them."""
     pf, dc = speedups(bench, "prefill"), speedups(bench, "decode")
     out = []
     for name in variant_names(bench):
@@ -214,12 +312,11 @@ def speedup_summary(bench: dict) -> list[dict]:
         d = [s for s in dc if s["variant"] == name and s["batch"] == min(x["batch"] for x in dc)]
         if not p and not d:
             continue
-        out.append({
-            "variant": name,
-            "prefill_measured": statistics.median(s["measured"] for s in p) if p else None,
-            "prefill_predicted": statistics.median(s["predicted"] for s in p) if p else None,
-            "decode_measured": statistics.median(s["measured"] for s in d) if d else None,
-            "decode_predicted": statistics.median(s["predicted"] for s in d) if d else None,
-            "decode_batch": d[0]["batch"] if d else None,
-        })
+        row = {"variant": name, "decode_batch": d[0]["batch"] if d else None}
+        for phase, rows in (("prefill", p), ("decode", d)):
+            row[f"{phase}_measured"] = statistics.median(s["measured"] for s in rows) if rows else None
+            row[f"{phase}_predicted"] = statistics.median(s["predicted"] for s in rows) if rows else None
+            row[f"{phase}_low"] = min(s["low"] for s in rows) if rows else None
+            row[f"{phase}_high"] = max(s["high"] for s in rows) if rows else None
+        out.append(row)
     return out

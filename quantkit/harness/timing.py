@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import re
 import statistics
+import sys
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -406,8 +407,6 @@ def _announced(shapes: Sequence[tuple[int, int]], phase: str, variants: Sequence
     """Yield ``shapes``, first printing (stderr) which measurement starts and how many remain.
 
     A shape of a large model can take minutes, so the line comes before the work, not after it."""
-    import sys
-
     length = "prompt_len" if phase == "prefill" else "context_len"
     runs = f"{len(variants)} variant(s) x {settings.warmup} warm-up + {settings.repeats} timed runs"
     for i, (length_value, batch) in enumerate(shapes):
@@ -454,6 +453,8 @@ def run_bench(variants: Sequence[Variant], spec: DeviceSpec, settings: BenchSett
     if "decode" not in phases:
         decode_shapes = []
     skipped = [s for s in skipped if s["phase"] in phases]
+    for s in skipped:  # always said: the user asked for these shapes (or took the defaults)
+        print(f"bench: skipping {describe_skipped(s)}", file=sys.stderr, flush=True)
     dtype = str(next(variants[0].model.parameters()).dtype).removeprefix("torch.")
 
     prefill, decode = [], []
@@ -485,6 +486,13 @@ def run_bench(variants: Sequence[Variant], spec: DeviceSpec, settings: BenchSett
         "decode": decode,
         "skipped": skipped,
     }
+
+
+def describe_skipped(s: dict) -> str:
+    """'decode, context 2048, batch 4: <reason>' from a skipped-shape record."""
+    words = {"prompt_len": "prompt", "context_len": "context", "batch": "batch"}
+    where = [f"{words[k]} {s[k]}" for k in ("prompt_len", "context_len", "batch") if k in s]
+    return f"{s.get('phase', '?')}, {', '.join(where)}: {s.get('reason', 'skipped')}"
 
 
 def merge_phases(prefill: dict, decode: dict) -> dict:
