@@ -55,8 +55,9 @@ def check_same_source(model: nn.Module, baseline: nn.Module, which: str) -> None
     folder = getattr(model, "name_or_path", None)
     source = provenance.recorded_source(Path(folder)) if folder and Path(folder).is_dir() else None
     made_from = f"; its recipe.yaml says it was made from {source}" if source else ""
+    name = getattr(baseline, "name_or_path", "") or ""
     raise UsageError(
-        f"the baseline {getattr(baseline, 'name_or_path', '') or ''} is not the model {which} was quantized from "
+        f"the baseline{' ' + name if name else ''} is not the model {which} was quantized from "
         f"({'; '.join(problems[:4])}){made_from}: give the source model as the baseline, or pass "
         f"--allow-other-baseline (allow_other_baseline=True in Python) to compare with another model on purpose"
     )
