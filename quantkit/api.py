@@ -19,8 +19,8 @@ from .dtypes import checkpoint_dtype
 from .errors import CheckpointError, QuantizationError
 from .finite import describe_nonfinite, nonfinite_tensors
 from .formats.compressed_tensors import build_quantization_config, kv_cache_scheme_of
-from .formats.shapes import raise_on_mismatch, shape_mismatches, weight_shape_values
-from .formats.safetensors_io import read_state_dict, stored_float_dtype, write_state_dict
+from .formats.shapes import check_checkpoint_tensors
+from .formats.safetensors_io import folder_tensors, read_state_dict, stored_float_dtype, write_state_dict
 from .loading import (
     SOURCE_DTYPE_ATTRIBUTE, copy_tokenizer_files, empty_quantized_model, is_quantized_checkpoint, load_float_model,
     read_config_json, resolve_model_source, source_dtype, tokenizer_bytes,
@@ -223,20 +223,10 @@ def _load_quantized(folder: Path, *, backend: str, device, dtype, trust_remote_c
             f"{folder}: {describe_nonfinite(found)}; the checkpoint is corrupt (it would evaluate to NaN or "
             f"wrong outputs): re-create it from the source model"
         )
-    raise_on_mismatch(folder, shape_mismatches(model, {k: tuple(v.shape) for k, v in state.items()},
-                                               weight_shape_values(state)))
+    check_checkpoint_tensors(folder, model, folder_tensors(folder), state, kv_cache=qcfg.kv_cache is not None)
     state = {k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()}
     kv_scales = pop_kv_scales(model, state)
-    result = model.load_state_dict(state, strict=False, assign=True)
-    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
-    missing = [k for k in result.missing_keys if k not in tied]
-    if missing or result.unexpected_keys:
-        raise CheckpointError(
-            f"{folder}: weights do not match the model built from config.json "
-            f"(missing: {missing[:5]}{'...' if len(missing) > 5 else ''}; "
-            f"unexpected: {result.unexpected_keys[:5]}{'...' if len(result.unexpected_keys) > 5 else ''}); "
-            f"the checkpoint is incomplete or was written for another configuration"
-        )
+    model.load_state_dict(state, strict=False, assign=True)  # names checked above; tied aliases may be absent
     model.tie_weights()
     leftover = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if leftover:
@@ -246,8 +236,6 @@ def _load_quantized(folder: Path, *, backend: str, device, dtype, trust_remote_c
         if isinstance(module, QuantLinear):
             module.prepare(backend)
     if qcfg.kv_cache is not None:
-        if not kv_scales:
-            raise CheckpointError(f"{folder}: kv_cache_scheme is set but the checkpoint has no k_scale/v_scale tensors")
         attach_kv_scales(model, kv_scales, dtype=dtype)
         enable_fp8_kv_cache(model)
     model.config.quantization_config = quantization_config

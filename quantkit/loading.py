@@ -8,13 +8,14 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from .errors import CheckpointError
-from .formats.safetensors_io import check_complete, safetensors_files, stored_float_dtype
+from .formats.safetensors_io import folder_tensors, stored_float_dtype
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
@@ -86,6 +87,23 @@ def is_quantized_checkpoint(source: str) -> bool:
     return folder.is_dir() and "quantization_config" in read_config_json(folder)
 
 
+def refuse_quantized_tensors(folder: Path, tensor_names: Iterable[str]) -> None:
+    """CheckpointError when a folder whose config.json has no quantization_config holds quantized tensors
+    (weight_packed, weight_scale, ...): a checkpoint whose config.json was replaced or edited, which
+    transformers would load as a float model with random weights in every quantized linear."""
+    from .modules.quant_linear import CHECKPOINT_TENSORS
+
+    quantized = sorted((name for name in tensor_names if name.rpartition(".")[2] in CHECKPOINT_TENSORS),
+                       key=lambda name: (not name.endswith(".weight_packed"), name))
+    if quantized:
+        shown = ", ".join(quantized[:3]) + (f" and {len(quantized) - 3} more" if len(quantized) > 3 else "")
+        raise CheckpointError(
+            f"{folder} holds quantized tensors ({shown}) but its config.json has no quantization_config: the "
+            f"config was replaced or edited, and without it every quantized linear would load as random weights; "
+            f"restore the config.json written with the checkpoint, or re-create the checkpoint (quantkit quantize)"
+        )
+
+
 def load_float_model(
     source: str, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
     trust_remote_code: bool = False, strict: bool = True,
@@ -101,7 +119,7 @@ def load_float_model(
     from transformers import AutoModelForCausalLM
 
     from .device import resolve_device
-    from .source_check import check_source, source_mismatch, stored_dtypes
+    from .source_check import check_source, source_mismatch
 
     device = resolve_device(device)
     source = resolve_model_source(source)
@@ -115,11 +133,10 @@ def load_float_model(
                 f"{source} is already a quantized checkpoint; quantize the float model it was made from "
                 f"(quantkit.load / `quantkit eval` run it as it is)"
             )
-        files = safetensors_files(local)
-        for f in files:
-            check_complete(f)
+        headers = folder_tensors(local)  # checks every weight file
+        refuse_quantized_tensors(local, headers)
         stored = stored_float_dtype(local)
-        dtypes = stored_dtypes(files)
+        dtypes = {name: header.dtype for name, header in headers.items()}
     config = load_model_config(source, trust_remote_code=trust_remote_code)
     try:
         with _quiet_loading_report():  # check_source names what it reports

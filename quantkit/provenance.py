@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
 from torch import nn
 
 from .recipe import Recipe
 
 RECIPE_FILE = "recipe.yaml"
+_MODEL_LINE = "# model      : "  # the recipe.yaml comment naming the source model
 _ATTRIBUTE = "_quantkit_provenance"
 
 
@@ -47,6 +49,17 @@ def describe_calibration(calibration: dict | None) -> str:
     return f"{source}: {calibration['samples']} samples x {calibration['seq_len']} tokens{seed}"
 
 
+def recorded_source(checkpoint: Path) -> str | None:
+    """The source model a checkpoint's recipe.yaml names, or None (no recipe.yaml, or no source recorded)."""
+    try:
+        text = (Path(checkpoint) / RECIPE_FILE).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    line = next((line for line in text.splitlines() if line.startswith(_MODEL_LINE)), None)
+    source = line[len(_MODEL_LINE):].strip() if line else ""
+    return source if source not in ("", "unknown") else None
+
+
 def recipe_file_text(provenance: Provenance, source: str | None, checkpoint) -> str:
     """The text of ``checkpoint``/recipe.yaml: comments (source model, calibration, the command that
     repeats the run) and the recipe's YAML."""
@@ -60,7 +73,7 @@ def recipe_file_text(provenance: Provenance, source: str | None, checkpoint) -> 
     lines = [
         f"# Written by quantkit {__version__}: the recipe this checkpoint was quantized with.",
         f"# recipe     : {provenance.recipe.name}",
-        f"# model      : {source or 'unknown'}",
+        f"{_MODEL_LINE}{source or 'unknown'}",
         f"# calibration: {describe_calibration(calibration)}",
         f"# reproduce  : {shlex.join(command)}",
     ]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from torch import nn
 
@@ -24,18 +23,6 @@ FLOAT_STORAGE = ("F64", "F32", "F16", "BF16")
 NAMES_SHOWN = 4
 #: The CLI flag and the Python argument that load a source as transformers does.
 OVERRIDE = "--allow-source-mismatch (Python: strict=False)"
-
-
-def stored_dtypes(files: list[Path]) -> dict[str, str]:
-    """Tensor name -> safetensors dtype name ("F32", "I32", "F8_E4M3", ...) over a model's weight files."""
-    from safetensors import safe_open
-
-    dtypes: dict[str, str] = {}
-    for path in files:
-        with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():
-                dtypes[key] = f.get_slice(key).get_dtype()
-    return dtypes
 
 
 @dataclass(frozen=True)
@@ -94,7 +81,7 @@ def source_mismatch(model: nn.Module, loading_info: dict, dtypes: dict[str, str]
 
     loading_info: from_pretrained's {"missing_keys", "unexpected_keys", "mismatched_keys", ...}; tied weights,
     non-persistent buffers (rotary inv_freq) and the keys a model declares ignorable are not in it.
-    dtypes: the stored dtype of each source tensor (stored_dtypes), or None when unknown (a hub model).
+    dtypes: the stored dtype of each source tensor (safetensors header dtype names, e.g. "F32", "I32", "F8_E4M3"), or None when unknown (a hub model).
     """
     missing = tuple(sorted(loading_info.get("missing_keys") or ()))
     unexpected = tuple(sorted(loading_info.get("unexpected_keys") or ()))

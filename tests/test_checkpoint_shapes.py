@@ -77,4 +77,5 @@ def test_edited_config_is_caught(checkpoint, tmp_path, capsys):
 
 def test_intact_checkpoint_is_shown_as_checked(checkpoint, capsys):
     assert main(["inspect", str(checkpoint)]) == 0
-    assert "shapes: every tensor matches config.json" in capsys.readouterr().out
+    assert "tensors: all that config.json describes and no others, each in a usable dtype and its shape; scales " \
+           "positive" in capsys.readouterr().out

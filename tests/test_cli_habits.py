@@ -166,7 +166,7 @@ def test_size_by_kind_counts_zero_points_and_ignored_linears():
         "lm_head": {"weight": ((100, 8), "BF16", 1600)},
     }
     assert size_by_kind(layers) == {"packed weights": 64, "scales": 32, "zero points": 8, "float embeddings": 1600,
-                                    "float linears": 1600, "norms, biases": 16, "metadata": 16}
+                                    "float linears": 1600, "norms, biases": 16, "kv scales": 0, "metadata": 16}
 
 
 def test_checkpoint_carries_its_recipe_and_calibration(tmp_path, capsys):

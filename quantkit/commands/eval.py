@@ -19,6 +19,9 @@ def register(sub) -> None:
                        description="Evaluate MODEL against BASELINE (the --baseline model) on the same token windows.")
     p.add_argument("model", help="quantized checkpoint or model folder / hub id / ref:NAME")
     p.add_argument("--baseline", required=True, help="the unquantized model (folder, hub id, ref:NAME)")
+    p.add_argument("--allow-other-baseline", action="store_true",
+                   help="compare with a baseline that is not the model MODEL was quantized from (by default its "
+                        "shapes and embeddings must match MODEL's, and a different model is refused)")
     p.add_argument("--data", default=None,
                    help="evaluation text: a .txt/.jsonl/.parquet file or folder, or hub:NAME[:CONFIG]:SPLIT:COLUMN (default: the reference models' held-out text)")
     p.add_argument("--window", type=int_at_least(2, WINDOW_WHY), default=None,
@@ -65,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.harness.quality import check_comparable, evaluate_quality, token_windows
 
     windows = token_windows(text.ids, window, max_tokens)  # [N, W]: the first max_tokens tokens, whole windows
-    check_comparable({"model": model}, baseline, windows)  # before the models run for the time estimate
+    check_comparable({"model": model}, baseline, windows,
+                     allow_other_baseline=args.allow_other_baseline)  # before the models run for the time estimate
 
     of_text = f"of the text's {text.ids.numel()} tokens" if text.whole else "tokens from the start of the text"
     print(f"eval: {windows.shape[0]} windows of {window} tokens = {windows.numel()} {of_text} "
@@ -73,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
           f"expect up to ~{_estimate_seconds(model, baseline, windows):.0f} s (one window timed through both models, "
           f"times {windows.shape[0]}; batches of {args.batch_size} run faster)", file=sys.stderr, flush=True)
 
-    result = evaluate_quality(model, baseline, windows, batch_size=args.batch_size).to_dict()
+    result = evaluate_quality(model, baseline, windows, batch_size=args.batch_size,
+                              allow_other_baseline=args.allow_other_baseline).to_dict()
     result.update(model=str(args.model), baseline=str(args.baseline), data=args.data or "reference held-out text")
     from quantkit.harness.formatting import fmt_perplexity_change
 

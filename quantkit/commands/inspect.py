@@ -14,78 +14,107 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from safetensors import safe_open
-
     from quantkit.formats.compressed_tensors import parse_quantization_config
-    from quantkit.formats.safetensors_io import check_complete, safetensors_files
-    from quantkit.loading import read_config_json, resolve_model_source
+    from quantkit.formats.safetensors_io import folder_tensors, read_state_dict
+    from quantkit.formats.shapes import SCALE_TENSORS
+    from quantkit.loading import read_config_json, refuse_quantized_tensors, resolve_model_source
     from quantkit.summaries import human_bytes
 
     folder = Path(resolve_model_source(args.path))
     config = read_config_json(folder)
-    qcfg = config.get("quantization_config")
-    parsed = parse_quantization_config(qcfg, str(folder)) if qcfg else None
+    headers = folder_tensors(folder)  # every file's header checked
+    if "quantization_config" in config:
+        parsed = parse_quantization_config(config["quantization_config"], str(folder / "config.json"))
+    else:
+        refuse_quantized_tensors(folder, headers)
+        parsed = None
+    values = read_state_dict(folder, lambda name: name.rpartition(".")[2] in ("weight_shape", *SCALE_TENSORS))
+    checked = _check_tensors(folder, parsed, headers, values) if parsed else None
     layers: dict[str, dict[str, tuple]] = defaultdict(dict)  # module -> tensor name -> (shape, dtype, bytes)
-    shapes, weight_shapes = {}, {}  # every tensor's shape; the values of each weight_shape
-    for path in safetensors_files(folder):
-        check_complete(path)
-        with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():
-                sl = f.get_slice(key)
-                shape, dtype = tuple(sl.get_shape()), sl.get_dtype()
-                nbytes = _numel(shape) * _DTYPE_BYTES.get(dtype, 4)
-                module, _, tensor = key.rpartition(".")
-                shapes[key] = shape
-                if tensor == "weight_shape":
-                    shape = tuple(int(v) for v in f.get_tensor(key).reshape(-1))  # (out, in), checked below
-                    weight_shapes[key] = list(shape)
-                layers[module][tensor] = (shape, dtype, nbytes)
-    validated = _validate_shapes(folder, shapes, weight_shapes) if parsed else None
+    for key in sorted(headers):
+        module, _, tensor = key.rpartition(".")
+        shape = headers[key].shape
+        if tensor == "weight_shape":
+            shape = tuple(int(v) for v in values[key].reshape(-1))  # (out, in)
+        layers[module][tensor] = (shape, headers[key].dtype, headers[key].nbytes)
     print(f"{folder}  ({config.get('model_type', '?')}, {', '.join(config.get('architectures') or [])})")
+    stored = stored_bits(parsed, layers) if parsed else {}
     if parsed:
         for i, (targets, scheme) in enumerate(parsed.groups):
             shown = targets if len(targets) <= 3 else targets[:3] + [f"... {len(targets) - 3} more"]
-            print(f"  group {i}: {scheme.describe()} ({scheme.bits_per_weight:.3f} bits/weight) targets {shown}")
+            print(f"  group {i}: {scheme.describe()} ({_bits_text(*stored.get(i, (0, 0, 0)))} stored) targets {shown}")
         print(f"  ignored: {', '.join(parsed.ignore) or 'none'}")
         print(f"  kv cache: {parsed.kv_cache.describe() if parsed.kv_cache else 'not quantized'}")
-        print(f"  shapes: {validated}")
+        print(f"  tensors: {checked}")
     else:
         print("  not quantized")
-    total = quantized = weights = 0
     rows = []
     for module, tensors in layers.items():
         size = sum(b for _, _, b in tensors.values())
-        total += size
         if "weight_packed" in tensors:
-            n, k = tensors["weight_shape"][0]
-            quantized += size
-            weights += n * k
-            rows.append((module, f"[{n}, {k}]", _scheme_of(parsed, module), human_bytes(size)))
+            out_in = _out_in(tensors)
+            shape = str(list(out_in)) if out_in else "?"
+            rows.append((module, shape, _scheme_of(parsed, module), human_bytes(size)))
         elif "weight" in tensors and len(tensors["weight"][0]) == 2:
             rows.append((module, str(list(tensors["weight"][0])), tensors["weight"][1].lower(), human_bytes(size)))
     width = max((len(r[0]) for r in rows), default=10)
     print(f"\n  {'module':<{width}}  {'shape [out, in]':<16} {'scheme':<18} size")
     for r in rows:
         print(f"  {r[0]:<{width}}  {r[1]:<16} {r[2]:<18} {r[3]}")
-    print(f"\n  total {human_bytes(total)}; quantized linears {human_bytes(quantized)}"
-          + (f" = {quantized * 8 / weights:.3f} bits/weight" if weights else ""))
+    total = sum(nbytes for tensors in layers.values() for _, _, nbytes in tensors.values())
+    bits, weights, linears = (sum(v) for v in zip(*stored.values())) if stored else (0, 0, 0)
+    print(f"\n  total {human_bytes(total)}"
+          + (f"; quantized linears ({linears}): {human_bytes(bits / 8)} of {', '.join(WEIGHT_TENSORS)} "
+             f"= {bits / weights:.3f} bits/weight (their weight_shape and biases are counted below)"
+             if weights else ""))
     print("\n".join(size_summary_lines(size_by_kind(layers))))
     return 0
 
 
-def _validate_shapes(folder: Path, shapes: dict, weight_shapes: dict) -> str:
-    """Check every tensor's shape (and weight_shape's values) against the model config.json describes;
-    raises CheckpointError on a mismatch. Returns what was checked, for the printout."""
+#: the tensors of a quantized linear that its bits per weight count (weight_shape and a bias are not counted)
+WEIGHT_TENSORS = ("weight_packed", "weight_scale", "weight_zero_point")
+
+
+def stored_bits(parsed, layers: dict[str, dict[str, tuple]]) -> dict[int, tuple[int, int, int]]:
+    """{group index: (bits stored, weights, linears)} over each group's quantized linears, counting the
+    bytes of WEIGHT_TENSORS as they are in the files (scales in the dtype they were saved in)."""
+    from torch import nn
+
+    out: dict[int, list[int]] = {}
+    for module, tensors in layers.items():
+        out_in = _out_in(tensors)
+        if "weight_packed" in tensors and out_in:
+            totals = out.setdefault(parsed.group_of(module, nn.Linear(1, 1, device="meta")), [0, 0, 0])
+            totals[0] += 8 * sum(tensors[t][2] for t in WEIGHT_TENSORS if t in tensors)
+            totals[1] += out_in[0] * out_in[1]
+            totals[2] += 1
+    return {group: tuple(v) for group, v in out.items()}
+
+
+def _out_in(tensors: dict[str, tuple]) -> tuple[int, int] | None:
+    """[out, in] of a quantized linear from its weight_shape values (None when they are not two numbers:
+    only a checkpoint whose architecture could not be checked gets this far with them)."""
+    values = tensors.get("weight_shape", ((),))[0]
+    return tuple(values) if len(values) == 2 else None
+
+
+def _bits_text(bits: int, weights: int, linears: int) -> str:
+    return f"{linears} linear{'s' * (linears != 1)}, {bits / weights:.3f} bits/weight" if weights else "no linears"
+
+
+def _check_tensors(folder: Path, parsed, tensors: dict, values: dict) -> str:
+    """Check the tensors against the model config.json describes (names, dtypes, shapes, scale values);
+    raises CheckpointError on a problem. Returns what was checked, for the printout."""
     from quantkit.errors import CheckpointError
-    from quantkit.formats.shapes import raise_on_mismatch, shape_mismatches
+    from quantkit.formats.shapes import check_checkpoint_tensors
     from quantkit.loading import empty_quantized_model
 
     try:
         model, _, _ = empty_quantized_model(folder)
     except CheckpointError as e:  # an architecture this transformers does not know: nothing to check against
         return f"not checked ({e})"
-    raise_on_mismatch(folder, shape_mismatches(model, shapes, weight_shapes))
-    return "every tensor matches config.json"
+    check_checkpoint_tensors(folder, model, tensors, values, kv_cache=parsed.kv_cache is not None)
+    return "all that config.json describes and no others, each in a usable dtype and its shape; scales positive"
 
 
 # What each kind of tensor is, in the order the summary lists them.
@@ -96,7 +125,8 @@ SIZE_KINDS = {
     "float embeddings": "token (and position) embedding tables",
     "float linears": "linears left in full precision (the recipe's ignore list, e.g. an untied lm_head)",
     "norms, biases": "1-D float tensors",
-    "metadata": "weight_shape, k_scale / v_scale",
+    "kv scales": "k_scale / v_scale of the FP8 KV cache",
+    "metadata": "weight_shape: [out, in] of each quantized linear",
 }
 
 
@@ -114,7 +144,9 @@ def size_by_kind(layers: dict[str, dict[str, tuple]]) -> dict[str, int]:
                 kind = "scales"
             elif tensor == "weight_zero_point":
                 kind = "zero points"
-            elif tensor in ("weight_shape", "k_scale", "v_scale"):
+            elif tensor in ("k_scale", "v_scale"):
+                kind = "kv scales"
+            elif tensor == "weight_shape":
                 kind = "metadata"
             elif tensor == "weight" and len(shape) == 2:
                 kind = "float embeddings" if "embed" in module.rsplit(".", 1)[-1] else "float linears"
@@ -136,23 +168,8 @@ def size_summary_lines(sizes: dict[str, int]) -> list[str]:
     return lines
 
 
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
-def _scheme(parsed, module):
+def _scheme_of(parsed, module) -> str:
     from torch import nn
 
-    return parsed.scheme_for(module, nn.Linear(1, 1, device="meta"))
-
-
-def _scheme_of(parsed, module) -> str:
-    s = _scheme(parsed, module) if parsed else None
+    s = parsed.scheme_for(module, nn.Linear(1, 1, device="meta")) if parsed else None
     return s.describe() if s else "?"

@@ -29,13 +29,18 @@ class QuantizationConfig:
     ignore: list[str] = field(default_factory=list)
     kv_cache: QuantScheme | None = None
 
-    def scheme_for(self, name: str, module: nn.Module) -> QuantScheme | None:
+    def group_of(self, name: str, module: nn.Module) -> int | None:
+        """Index in `groups` of the group that quantizes this module (None: ignored or not targeted)."""
         if any(matches(name, module, p) for p in self.ignore):
             return None
-        for targets, scheme in self.groups:
+        for i, (targets, _) in enumerate(self.groups):
             if any(matches(name, module, p) for p in targets):
-                return scheme
+                return i
         return None
+
+    def scheme_for(self, name: str, module: nn.Module) -> QuantScheme | None:
+        i = self.group_of(name, module)
+        return None if i is None else self.groups[i][1]
 
 
 def build_quantization_config(model: nn.Module, kv_cache: QuantScheme | None = None) -> dict[str, Any]:
@@ -82,9 +87,12 @@ def parse_quantization_config(qcfg: Any, where: str) -> QuantizationConfig:
     """Validate and parse a quantization_config dict; raises CheckpointError naming what is unsupported."""
     if not isinstance(qcfg, dict):
         qcfg = qcfg.to_dict() if hasattr(qcfg, "to_dict") else None
+    restore = "restore the config.json written with the checkpoint, or re-create the checkpoint"
     if not isinstance(qcfg, dict):
-        raise CheckpointError(f"{where}: quantization_config is not a mapping")
+        raise CheckpointError(f"{where}: quantization_config is not a mapping; {restore}")
     method = qcfg.get("quant_method")
+    if method is None:
+        raise CheckpointError(f"{where}: quantization_config has no quant_method (it is incomplete); {restore}")
     if method != "compressed-tensors":
         raise CheckpointError(
             f"{where}: quant_method {method!r} is not supported; quantkit loads compressed-tensors checkpoints "
@@ -92,9 +100,12 @@ def parse_quantization_config(qcfg: Any, where: str) -> QuantizationConfig:
         )
     if qcfg.get("quantization_status") not in (None, "compressed"):
         raise CheckpointError(f"{where}: quantization_status {qcfg.get('quantization_status')!r}; expected 'compressed'")
-    out = QuantizationConfig(ignore=list(qcfg.get("ignore") or []))
-    check_patterns(out.ignore, f"{where}: ignore", CheckpointError)
-    for gname, group in (qcfg.get("config_groups") or {}).items():
+    out = QuantizationConfig(ignore=_names(qcfg.get("ignore"), f"{where}: ignore", restore))
+    groups = qcfg.get("config_groups") or {}
+    if not isinstance(groups, dict) or not all(isinstance(g, dict) for g in groups.values()):
+        raise CheckpointError(f"{where}: config_groups must map group names to objects, found "
+                              f"{type(groups).__name__}; {restore}")
+    for gname, group in groups.items():
         fmt = group.get("format") or qcfg.get("format")
         if group.get("input_activations") or group.get("output_activations"):
             raise CheckpointError(f"{where}: {gname} quantizes activations, which quantkit does not run (weight-only)")
@@ -106,8 +117,7 @@ def parse_quantization_config(qcfg: Any, where: str) -> QuantizationConfig:
             scheme = QuantScheme.from_dict(group["weights"])
         except (KeyError, ValueError) as e:
             raise CheckpointError(f"{where}: {gname} weights are not supported: {e}") from None
-        targets = list(group.get("targets") or [])
-        check_patterns(targets, f"{where}: {gname} targets", CheckpointError)
+        targets = _names(group.get("targets"), f"{where}: {gname} targets", restore)
         out.groups.append((targets, scheme))
     kv = qcfg.get("kv_cache_scheme")
     if kv:
@@ -116,3 +126,13 @@ def parse_quantization_config(qcfg: Any, where: str) -> QuantizationConfig:
         except (KeyError, ValueError) as e:
             raise CheckpointError(f"{where}: kv_cache_scheme is not supported: {e}") from None
     return out
+
+
+def _names(value: Any, where: str, fix: str) -> list[str]:
+    """A list of module names / patterns (targets, ignore) from the config, checked (null is an empty list)."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise CheckpointError(f"{where} must be a list of module names or patterns, found {repr(value)[:60]}; {fix}")
+    check_patterns(value, where, CheckpointError)
+    return list(value)

@@ -44,27 +44,34 @@ def token_windows(ids: torch.Tensor, window: int, max_tokens: int | None = None)
 
 def evaluate_quality(
     model: nn.Module, baseline: nn.Module, windows: torch.Tensor, *, batch_size: int = 8, progress: bool = True,
+    allow_other_baseline: bool = False,
 ) -> QualityResult:
-    """Run both models over the same windows ([num_windows, W] int64) and compare them."""
-    return evaluate_variants({"model": model}, baseline, windows, batch_size=batch_size, progress=progress)["model"]
+    """Run both models over the same windows ([num_windows, W] int64) and compare them (see check_comparable)."""
+    return evaluate_variants({"model": model}, baseline, windows, batch_size=batch_size, progress=progress,
+                             allow_other_baseline=allow_other_baseline)["model"]
 
 
-def check_comparable(models: dict[str, nn.Module], baseline: nn.Module, windows: torch.Tensor) -> None:
-    """UsageError unless every model shares the baseline's vocabulary and the token ids fit it: a checkpoint
-    must be compared with the float model it was quantized from."""
+def check_comparable(
+    models: dict[str, nn.Module], baseline: nn.Module, windows: torch.Tensor, *, allow_other_baseline: bool = False,
+) -> None:
+    """UsageError unless every model shares the baseline's vocabulary and the token ids fit it, and (unless
+    allow_other_baseline) the baseline is the model each was quantized from (harness/baseline.py)."""
     from ..errors import UsageError
+    from .baseline import check_same_source
 
     def vocab(m: nn.Module) -> int | None:
         return getattr(getattr(m, "config", None), "vocab_size", None)
 
     base_vocab = vocab(baseline)
     for name, model in models.items():
+        which = (getattr(model, "name_or_path", "") or "the model") if name == "model" else f"variant {name!r}"
         if vocab(model) is not None and base_vocab is not None and vocab(model) != base_vocab:
-            which = "the model" if name == "model" else f"variant {name!r}"
             raise UsageError(
                 f"{which} has a vocabulary of {vocab(model)} tokens but the baseline has {base_vocab}: they are "
                 f"different models; compare a checkpoint with the float model it was quantized from"
             )
+        if not allow_other_baseline:
+            check_same_source(model, baseline, which)
     if windows.numel() and base_vocab is not None and int(windows.max()) >= base_vocab:
         raise UsageError(
             f"the evaluation text has token ids up to {int(windows.max())}, beyond the models' vocabulary of "
@@ -75,10 +82,10 @@ def check_comparable(models: dict[str, nn.Module], baseline: nn.Module, windows:
 @torch.no_grad()
 def evaluate_variants(
     models: dict[str, nn.Module], baseline: nn.Module, windows: torch.Tensor, *, batch_size: int = 8,
-    progress: bool = True,
+    progress: bool = True, allow_other_baseline: bool = False,
 ) -> dict[str, QualityResult]:
     """Compare several models with one baseline; the baseline runs once per batch for all of them."""
-    check_comparable(models, baseline, windows)
+    check_comparable(models, baseline, windows, allow_other_baseline=allow_other_baseline)
     context = model_context(getattr(baseline, "config", None))
     if context is not None and windows.shape[1] > context:
         raise EvaluationError(f"windows of {windows.shape[1]} tokens are longer than the model's context of {context} "
