@@ -4,21 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import struct
 from collections.abc import Callable
 from pathlib import Path
 
-from .robustness_cases import Case, checkpoint, float_folder
+from .robustness_cases import Case, _copy, _rewrite_header, checkpoint, float_folder
 
 LINEAR = "model.layers.0.mlp.down_proj"  # in the tiny model: [out 128, in 384], int4 g128 -> scale [128, 3]
 SHARD = "model-00001-of-00001.safetensors"
-
-
-def _copy(src: Path, dest: Path) -> Path:
-    if dest.exists():
-        shutil.rmtree(dest)
-    shutil.copytree(src, dest)
-    return dest
 
 
 def _edit_tensors(folder: Path, edit: Callable[[dict], None]) -> Path:
@@ -39,13 +31,7 @@ def _edit_config(folder: Path, edit: Callable[[dict], None]) -> Path:
 
 def _edit_header(folder: Path, edit: Callable[[dict], None]) -> Path:
     """Change model.safetensors' JSON header in place (the tensor bytes stay as they are)."""
-    path = folder / "model.safetensors"
-    data = path.read_bytes()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    edit(header)
-    raw = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n:])
+    _rewrite_header(folder / "model.safetensors", edit)
     return folder
 
 

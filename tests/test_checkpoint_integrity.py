@@ -6,7 +6,6 @@ import copy
 import json
 import re
 import shutil
-import struct
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from quantkit.errors import CheckpointError, UsageError
 from quantkit.formats.safetensors_io import read_header, safetensors_files
 
 from .conftest import make_random_model
+from .robustness_cases import _rewrite_header
 
 LINEAR = "model.layers.1.mlp.down_proj"  # [out 128, in 384]: int4 g128 -> packed [128, 48], scale [128, 3]
 
@@ -118,12 +118,7 @@ def test_a_broken_quantization_config_is_named(checkpoint, tmp_path, qcfg, messa
 def _file_with_header(tmp_path, edit):
     path = tmp_path / "t.safetensors"
     save_file({"a": torch.ones(2, 3), "b": torch.zeros(4, dtype=torch.int32)}, str(path), metadata={"format": "pt"})
-    data = path.read_bytes()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    edit(header)
-    raw = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data[8 + n:])
+    _rewrite_header(path, edit)
     return path
 
 
