@@ -60,13 +60,13 @@ def run(args: argparse.Namespace) -> int:
             n, k = tensors["weight_shape"][0]
             quantized += size
             weights += n * k
-            rows.append((module, f"[{n}, {k}]", _scheme_of(parsed, module), human_bytes(size)))
+            rows.append((module, f"[{n}, {k}]", _scheme_of(parsed, module, k), human_bytes(size)))
         elif "weight" in tensors and len(tensors["weight"][0]) == 2:
             rows.append((module, str(list(tensors["weight"][0])), tensors["weight"][1].lower(), human_bytes(size)))
     width = max((len(r[0]) for r in rows), default=10)
-    print(f"\n  {'module':<{width}}  {'shape [out, in]':<16} {'scheme':<18} size")
+    print(f"\n  {'module':<{width}}  {'shape [out, in]':<16} {'scheme':<21} size")
     for r in rows:
-        print(f"  {r[0]:<{width}}  {r[1]:<16} {r[2]:<18} {r[3]}")
+        print(f"  {r[0]:<{width}}  {r[1]:<16} {r[2]:<21} {r[3]}")
     print(f"\n  total {human_bytes(total)}; quantized linears {human_bytes(quantized)}"
           + (f" = {quantized * 8 / weights:.3f} bits/weight" if weights else ""))
     print("\n".join(size_summary_lines(size_by_kind(layers))))
@@ -153,6 +153,9 @@ def _scheme(parsed, module):
     return parsed.scheme_for(module, nn.Linear(1, 1, device="meta"))
 
 
-def _scheme_of(parsed, module) -> str:
+def _scheme_of(parsed, module, in_features: int) -> str:
+    """The layer's scheme in words; "ragged" when its group size does not divide in_features (shorter last group)."""
     s = _scheme(parsed, module) if parsed else None
-    return s.describe() if s else "?"
+    if s is None:
+        return "?"
+    return s.describe() + ("" if s.divides(in_features) else " ragged")
