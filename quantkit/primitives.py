@@ -23,15 +23,15 @@ def _grouped(w: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
     n, k = w.shape
     if scheme.strategy == "tensor":
         return w.float().reshape(1, 1, n * k)  # [1, 1, N*K]
-    return grouped_columns(w.float(), scheme)
+    return grouped_columns(w.float(), scheme.group_size if scheme.strategy == "group" else None)
 
 
-def grouped_columns(x: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
-    """[..., K] -> [..., G, group]: the last dim split into the scheme's groups (per channel: one group of
-    K); a ragged last group is padded with zeros up to G * group_size."""
+def grouped_columns(x: torch.Tensor, group_size: int | None) -> torch.Tensor:
+    """[..., K] -> [..., G, group_size] with G = ceil(K / group_size) (group_size None: one group of K);
+    a ragged last group is padded with zeros up to G * group_size."""
     k = x.shape[-1]
-    g = scheme.groups_for(k)
-    size = k if scheme.strategy != "group" else scheme.group_size
+    size = group_size or k
+    g = -(-k // size)
     if g * size != k:
         x = torch.nn.functional.pad(x, (0, g * size - k))
     return x.unflatten(-1, (g, size))

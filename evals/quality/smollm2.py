@@ -14,8 +14,9 @@ Texts (English prose that ships offline, from two different sources):
 - calibration: the Python documentation topics of the running interpreter (`pydoc_data.topics`);
 - evaluation: Debian's licence texts in /usr/share/common-licenses (EVAL_FILES).
 
-Every variant is made by `quantkit quantize` (a subprocess, timed as a user would time it) on the same
-calibration windows; llm-compressor's GPTQ runs on exactly those windows with the same per-layer groups.
+Every variant is made by quantkit.quantize on the float model loaded in float32 and saved by quantkit.save
+(floating tensors in the source's bfloat16), all on the same calibration windows; llm-compressor's GPTQ
+runs on exactly those windows with the same per-layer groups.
 Writes evals/quality/smollm2-135m.{md,json}; checkpoints and texts go under --work (reused when present).
 """
 
@@ -43,8 +44,8 @@ VARIANTS = (
     ("w8a16-rtn", "w8a16-rtn", {}),
     ("w4a16-rtn", "w4a16-rtn", {}),
     ("w4a16-rtn-asym", "w4a16-rtn-asym", {}),
-    ("w4a16-rtn, indivisible: channel", "w4a16-rtn", {"indivisible": "channel"}),
-    ("w4a16-rtn, indivisible: ragged", "w4a16-rtn", {"indivisible": "ragged"}),
+    ("w4a16-rtn indivisible=channel", "w4a16-rtn", {"indivisible": "channel"}),
+    ("w4a16-rtn indivisible=ragged", "w4a16-rtn", {"indivisible": "ragged"}),
     ("kv-fp8", "kv-fp8", {}),
     ("w4a16-gptq", "w4a16-gptq", {}),
     ("w4a16-awq", "w4a16-awq", {}),
@@ -88,47 +89,45 @@ def write_texts(work: Path) -> tuple[Path, Path]:
     return calib, evaluation
 
 
-def variant_recipe(work: Path, recipe: str, overrides: dict) -> str:
-    """The recipe argument for `quantkit quantize`: the built-in name, or a YAML file with the overrides."""
-    if not overrides:
-        return recipe
-    import quantkit
-
-    data = {**quantkit.load_recipe(recipe).to_dict(), **overrides}
-    path = work / f"{recipe}-{'-'.join(f'{k}-{v}' for k, v in overrides.items())}.yaml"
-    import yaml
-
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return str(path)
-
-
 def slug(name: str) -> str:
     """A row name as a file name."""
     return "".join(c if c.isalnum() or c in "-." else "_" for c in name)
 
 
-def run_quantize(work: Path, float_dir: Path, name: str, recipe: str, calib_args: list[str]) -> dict:
+def run_quantize(work: Path, float_dir: Path, name: str, recipe, calibration) -> dict:
+    """Quantize the float model (loaded in float32: bf16 matmuls are emulated, and slow, on CPUs without
+    AVX-512 BF16) with `recipe` and save it (floating tensors in the source's bfloat16); times quantize + save."""
+    import warnings
+
+    import torch
+
+    import quantkit
+    from quantkit.loading import load_float_model
+    from quantkit.summaries import scheme_lines
+
     out = work / "checkpoints" / slug(name)
     info_file = out.with_suffix(".json")
     if info_file.is_file() and out.is_dir():
         return json.loads(info_file.read_text())
-    cmd = [sys.executable, "-m", "quantkit.cli", "quantize", str(float_dir), "--recipe", recipe, "--out", str(out),
-           "--force", *calib_args]
     log(f"quantize {name}")
+    model = load_float_model(str(float_dir), dtype=torch.float32)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quantkit.quantize(model, recipe, calibration if recipe.needs_calibration else None, progress=False)
+    quantkit.save(model, out, force=True)
     seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"{name}: quantize failed:\n{proc.stdout}\n{proc.stderr}")
-    info = {"name": name, "dir": str(out), "seconds": seconds, "stdout": proc.stdout,
-            "warnings": [line for line in proc.stderr.splitlines() if "Warning" in line]}
+    info = {"name": name, "dir": str(out), "seconds": seconds, "schemes": scheme_lines(model),
+            "warnings": [str(w.message) for w in caught if issubclass(w.category, UserWarning)]}
     info_file.write_text(json.dumps(info, indent=2) + "\n")
-    log(f"{name}: {seconds:.0f} s\n{proc.stdout}")
+    log(f"{name}: {seconds:.0f} s; " + "; ".join(info["schemes"]))
     return info
 
 
 def add_kv_scales(work: Path, gptq: dict, calibration) -> dict:
     """GPTQ_KV_ROW: FP8 KV scales calibrated on the GPTQ checkpoint (kv-fp8 recipe), saved beside it."""
+    import torch
+
     import quantkit
 
     out = work / "checkpoints" / slug(GPTQ_KV_ROW)
@@ -136,8 +135,8 @@ def add_kv_scales(work: Path, gptq: dict, calibration) -> dict:
     if info_file.is_file() and out.is_dir():
         return json.loads(info_file.read_text())
     log(GPTQ_KV_ROW)
+    model = quantkit.load(gptq["dir"], backend="reference", dtype=torch.float32)
     start = time.perf_counter()
-    model = quantkit.load(gptq["dir"], backend="reference")
     quantkit.quantize(model, "kv-fp8", calibration, progress=False)
     quantkit.save(model, out, force=True)
     seconds = time.perf_counter() - start
@@ -251,9 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", default="/tmp/smollm2-eval", help="folder for the model, texts and checkpoints")
     p.add_argument("--calib-samples", type=int, default=16)
-    p.add_argument("--calib-seq-len", type=int, default=512)
+    p.add_argument("--calib-seq-len", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eval-tokens", type=int, default=8192)
+    p.add_argument("--eval-tokens", type=int, default=4096)
     p.add_argument("--window", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--threads", type=int, default=2)
@@ -289,9 +288,6 @@ def main(argv: list[str] | None = None) -> int:
     eval_ids = torch.tensor(tokenizer(eval_text.read_text()).input_ids)
     calib_tokens = len(tokenizer(calib_text.read_text()).input_ids)
     windows = token_windows(eval_ids, args.window, args.eval_tokens)
-    calib_args = ["--calib", str(calib_text), "--calib-samples", str(args.calib_samples),
-                  "--calib-seq-len", str(args.calib_seq_len), "--seed", str(args.seed)]
-
     config = CalibrationConfig(source=str(calib_text), num_samples=args.calib_samples, seq_len=args.calib_seq_len,
                                seed=args.seed)
     results_dir = work / "results"
@@ -301,12 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     if "quantize" in args.steps:
         for name, recipe, overrides in VARIANTS:
             if name in wanted:
-                infos[name] = run_quantize(work, float_dir, name, variant_recipe(work, recipe, overrides), calib_args)
+                chosen = dataclasses.replace(quantkit.load_recipe(recipe), **overrides)
+                infos[name] = run_quantize(work, float_dir, name, chosen, config)
         if GPTQ_KV_ROW in wanted:
-            gptq = run_quantize(work, float_dir, "w4a16-gptq", "w4a16-gptq", calib_args)
+            gptq = run_quantize(work, float_dir, "w4a16-gptq", quantkit.load_recipe("w4a16-gptq"), config)
             infos[GPTQ_KV_ROW] = add_kv_scales(work, gptq, config)
         if args.llmcompressor_python and LLMC_ROW in wanted:
-            groups_from = run_quantize(work, float_dir, "w4a16-rtn", "w4a16-rtn", calib_args)  # the same groups as GPTQ's
+            groups_from = run_quantize(work, float_dir, "w4a16-rtn", quantkit.load_recipe("w4a16-rtn"), config)  # GPTQ's groups
             baseline = load_float_model(str(float_dir), dtype=torch.float32)
             calib_ids = torch.cat(calibration_batches(config, baseline, tokenizer))  # the windows quantize draws
             infos[LLMC_ROW] = run_llmcompressor(args.llmcompressor_python, work, float_dir, calib_ids,

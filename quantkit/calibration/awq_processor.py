@@ -116,7 +116,7 @@ class AWQProcessor:
 
         w_mean = None
         if self.options.duo_scaling:
-            w_mean = weight_channel_mean([lin.weight for lin in linears], scheme)
+            w_mean = weight_channel_mean([lin.weight for lin in linears], scheme.group_size)
         s, _ratio, _losses = search_scales(x_mean, loss, self.options.grid, w_mean)
         fold_scales(prev, linears, s)
 
