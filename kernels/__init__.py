@@ -4,9 +4,10 @@ Depends on torch and triton only; knows nothing of models, recipes or files.
 
 Contract used by quantkit.modules.QuantLinear:
 
-- ``prepare_wna16(weight_packed, weight_scale, weight_zero_point, bits=, in_features=, backend=)``
+- ``prepare_wna16(weight_packed, weight_scale, weight_zero_point, bits=, in_features=, backend=, group_size=)``
   turns the on-disk compressed-tensors tensors into the tensors a backend reads (a dict of
-  name -> tensor, repacked once at load time);
+  name -> tensor, repacked once at load time); ``group_size`` (optional) says how a weight whose
+  group size does not divide K is grouped (ceil(K / group_size) scales, the last group shorter);
 - ``wna16_linear(x, prepared, bits=, in_features=, out_features=, backend=, bias=)`` runs it.
 - ``resolve_backend(backend, device, dtype)`` turns "auto" into a concrete backend.
 

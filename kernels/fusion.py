@@ -27,17 +27,19 @@ def concat_wna16_weights(
     *,
     bits: int,
     in_features: int,
+    group_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """On-disk tensors of the linear whose output is the parts' outputs concatenated (along N).
 
     parts: (weight_packed int32 [N_i, ceil(K*bits/32)], weight_scale [N_i, G], weight_zero_point int32
-    [ceil(N_i*bits/32), G] or None) per linear, same K, G and scale dtype.
+    [ceil(N_i*bits/32), G] or None) per linear, same K, G and scale dtype; group_size as prepare_wna16's
+    (needed for a ragged last group; the fused weight is then prepared with the same group_size).
     returns: (weight_packed [sum N_i, ...], weight_scale [sum N_i, G], weight_zero_point packed along the
     fused N, or None when every part is symmetric).
     """
     if not parts:
         raise ValueError("concat_wna16_weights needs at least one part")
-    shapes = [check_wna16_weight(p, s, z, bits, in_features) for p, s, z in parts]
+    shapes = [check_wna16_weight(p, s, z, bits, in_features, group_size) for p, s, z in parts]
     groups = {shape.groups for shape in shapes}
     dtypes = {s.dtype for _, s, _ in parts}
     if len(groups) != 1 or len(dtypes) != 1:

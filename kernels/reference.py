@@ -17,25 +17,32 @@ def dequantize_wna16(
     weight_zero_point: torch.Tensor | None,
     bits: int,
     in_features: int,
+    group_size: int | None = None,
 ) -> torch.Tensor:
     """Dequantize a packed weight.
 
     weight_packed: int32 [N, ceil(K*bits/32)], packed along K (the input dim).
-    weight_scale: float [N, G]; G = K / group_size (G = 1 per channel).
+    weight_scale: float [N, G]; G = ceil(K / group_size) (G = 1 per channel).
     weight_zero_point: int32 [ceil(N*bits/32), G] packed along N, or None (symmetric).
-    returns: [N, K] in weight_scale's dtype, w = (q - zp) * s.
+    group_size: inputs per group, the last group holding what is left (ragged); None: K / G, which must divide K.
+    returns: [N, K] in weight_scale's dtype, w = (q - zp) * s, input k in group k // group_size.
     """
     n = weight_packed.shape[0]
     q = unpack_int32(weight_packed, bits, in_features).to(torch.float32)  # [N, K]
     groups = weight_scale.shape[1]
-    if in_features % groups:
-        raise ValueError(f"in_features={in_features} is not a multiple of the {groups} scale groups")
-    q = q.reshape(n, groups, in_features // groups)  # [N, G, g]
+    if group_size is None:
+        if in_features % groups:
+            raise ValueError(f"in_features={in_features} is not a multiple of the {groups} scale groups; "
+                             f"pass group_size for a ragged last group")
+        group_size = in_features // groups
+    elif groups != -(-in_features // group_size):
+        raise ValueError(f"{groups} scale groups do not fit in_features={in_features} in groups of {group_size}")
+    def per_input(t: torch.Tensor) -> torch.Tensor:  # [N, G] -> [N, K]
+        return t.to(torch.float32).repeat_interleave(group_size, dim=1)[:, :in_features]
+
     if weight_zero_point is not None:
-        zp = unpack_zero_point(weight_zero_point, bits, n).to(torch.float32)  # [N, G]
-        q = q - zp.unsqueeze(-1)
-    w = q * weight_scale.to(torch.float32).unsqueeze(-1)  # [N, G, g]
-    return w.reshape(n, in_features).to(weight_scale.dtype)
+        q = q - per_input(unpack_zero_point(weight_zero_point, bits, n))
+    return (q * per_input(weight_scale)).to(weight_scale.dtype)
 
 
 def wna16_linear_reference(

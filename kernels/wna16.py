@@ -40,6 +40,7 @@ from .wna16_layout import (
     triton_supports,
     to_cpu_int8_layout,
     to_triton_layout,
+    uniform_groups,
 )
 from .wna16_triton import check_triton_operands, triton_can_run_on
 
@@ -79,23 +80,29 @@ def prepare_wna16(
     bits: int,
     in_features: int,
     backend: str,
+    group_size: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """Repack on-disk compressed-tensors tensors into what ``backend`` reads, once, at load time.
 
     Args (on-disk layout, W is [N=out, K=in]):
         weight_packed: int32 [N, ceil(K*bits/32)], packed along K, least-significant first, offset 2**(bits-1).
-        weight_scale: fp16/bf16/fp32 [N, G], G = K / group_size (1 per channel).
+        weight_scale: fp16/bf16/fp32 [N, G], G = ceil(K / group_size) (1 per channel).
         weight_zero_point: int32 [ceil(N*bits/32), G] packed along N (asymmetric), or None.
         bits: 2, 4 or 8. in_features: K.
+        group_size: the scheme's group size, needed when it does not divide K (a ragged last group, which
+            is rewritten in uniform groups of gcd(group_size, K) first: ``wna16_layout.uniform_groups``);
+            None: G must divide K.
         backend: "triton" | "torch" | "reference" ("auto" is resolved from weight_packed's device).
             "torch" needs CPU tensors; the "triton" layout can be built on any device.
     Returns:
         dict name -> tensor, self-sufficient (only tensors; the keys say which layout it is):
-        "reference" (and "torch" layers its kernels cannot run): the inputs themselves, not copies;
+        "reference" (and "torch" layers its kernels cannot run): the inputs themselves, not copies (a
+        ragged weight: weight_packed itself and its scales / zero points in uniform groups);
         "triton": triton_qweight / triton_scales / triton_zeros (wna16_layout.to_triton_layout);
         "torch": cpu_int4_* or cpu_int8_* (wna16_layout.to_cpu_int4_layout / to_cpu_int8_layout).
     """
-    shape = check_wna16_weight(weight_packed, weight_scale, weight_zero_point, bits, in_features)
+    shape = check_wna16_weight(weight_packed, weight_scale, weight_zero_point, bits, in_features, group_size)
+    weight_scale, weight_zero_point, shape = uniform_groups(weight_scale, weight_zero_point, shape)
     if backend != "triton":  # the Triton layout may be built on CPU and moved to a GPU afterwards
         chosen = resolve_backend(backend, weight_packed.device, weight_scale.dtype)
         # "auto" never fails on a layer a kernel cannot hold: it keeps the exact reference instead.

@@ -4,11 +4,15 @@ On disk (compressed-tensors "pack-quantized", W is [N=out, K=in]):
 
 - ``weight_packed``      int32 [N, ceil(K*bits/32)]: packed along K, least-significant first,
                          values stored unsigned (offset by 2**(bits-1));
-- ``weight_scale``       fp16/bf16/fp32 [N, G], G = K / group_size (G = 1: per channel);
+- ``weight_scale``       fp16/bf16/fp32 [N, G], G = ceil(K / group_size) (G = 1: per channel); when the
+                         group size does not divide K the last group is shorter ("ragged": K % group_size
+                         inputs), which only an explicit ``group_size`` tells apart;
 - ``weight_zero_point``  int32 [ceil(N*bits/32), G] packed along N (asymmetric only) or None;
 - w = (q - zp) * s with q and zp signed.
 
-Layouts built from it, once, by ``prepare_wna16`` (keys of the prepared dict):
+Layouts built from it, once, by ``prepare_wna16`` (keys of the prepared dict); a ragged weight is
+first rewritten exactly in uniform groups of gcd(group_size, K) (``uniform_groups``), so every layout
+below only ever sees groups that divide K:
 
 - "reference": the on-disk tensors themselves (``weight_packed``, ``weight_scale``,
   ``weight_zero_point``).
@@ -21,11 +25,12 @@ A prepared dict holds tensors only, and its keys alone say which layout it is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import torch
 
-from .packing import check_bits, pack_int32, packed_words, unpack_int32, unpack_zero_point
+from .packing import check_bits, pack_int32, pack_zero_point, packed_words, unpack_int32, unpack_zero_point
 
 # The activation (and scale) dtypes every WNA16 backend accepts: the one definition the kernels import.
 ACTIVATION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -43,10 +48,11 @@ class WNA16Shape:
     bits: int
     groups: int  # G
     symmetric: bool
+    ragged_group_size: int | None = None  # set when the last of the G groups is shorter (see uniform_groups)
 
     @property
     def group_size(self) -> int:
-        return self.in_features // self.groups
+        return self.ragged_group_size or self.in_features // self.groups
 
     @property
     def per_channel(self) -> bool:
@@ -64,8 +70,12 @@ def check_wna16_weight(
     weight_zero_point: torch.Tensor | None,
     bits: int,
     in_features: int,
+    group_size: int | None = None,
 ) -> WNA16Shape:
-    """Validate the on-disk tensors against each other; return their shape. Raises ValueError/TypeError."""
+    """Validate the on-disk tensors against each other; return their shape. Raises ValueError/TypeError.
+
+    group_size: None (G must divide K: K / G inputs per group, or per channel) or the scheme's group size
+    (G must be ceil(K / group_size); a shorter last group makes the shape ragged)."""
     check_bits(bits)
     if in_features <= 0:
         raise ValueError(f"in_features must be positive, got {in_features}")
@@ -87,10 +97,20 @@ def check_wna16_weight(
             f"{tuple(weight_scale.shape)}"
         )
     groups = weight_scale.shape[1]
-    if groups < 1 or in_features % groups:
+    ragged = None
+    if group_size is not None:
+        if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+            raise ValueError(f"group_size must be a positive integer or None, got {group_size!r}")
+        if groups != -(-in_features // group_size):
+            raise ValueError(
+                f"weight_scale has {groups} groups; in_features={in_features} in groups of {group_size} needs "
+                f"ceil({in_features}/{group_size}) = {-(-in_features // group_size)}"
+            )
+        ragged = group_size if in_features % group_size else None
+    elif groups < 1 or in_features % groups:
         raise ValueError(
             f"weight_scale has {groups} groups, which does not divide in_features={in_features}: "
-            "G must be in_features / group_size (1 for per-channel)"
+            "G must be in_features / group_size (1 for per-channel); pass group_size= for a ragged last group"
         )
     if weight_zero_point is not None:
         zp_rows = packed_words(n, bits)
@@ -103,7 +123,30 @@ def check_wna16_weight(
         weight_zero_point is not None and weight_zero_point.device != weight_packed.device
     ):
         raise ValueError("weight_packed, weight_scale and weight_zero_point must be on the same device")
-    return WNA16Shape(n, in_features, bits, groups, weight_zero_point is None)
+    return WNA16Shape(n, in_features, bits, groups, weight_zero_point is None, ragged)
+
+
+def uniform_groups(
+    weight_scale: torch.Tensor, weight_zero_point: torch.Tensor | None, shape: WNA16Shape
+) -> tuple[torch.Tensor, torch.Tensor | None, WNA16Shape]:
+    """A ragged weight's scales (and zero points) rewritten in uniform groups of d = gcd(group_size, K).
+
+    Group j of a ragged weight covers inputs [j*g, min((j+1)*g, K)); d divides both g and K, so group j is
+    exactly the small groups j*g/d .. of it, and repeating each scale g/d times (then keeping K/d of them)
+    describes the same weight: w = (q - zp) * s unchanged, weight_packed untouched.
+    returns: (weight_scale [N, K/d], weight_zero_point [ceil(N*bits/32), K/d] or None, the uniform shape).
+    A shape that is not ragged comes back as it is.
+    """
+    if shape.ragged_group_size is None:
+        return weight_scale, weight_zero_point, shape
+    g, k = shape.ragged_group_size, shape.in_features
+    repeat, groups = g // math.gcd(g, k), k // math.gcd(g, k)
+    scale = weight_scale.repeat_interleave(repeat, dim=1)[:, :groups].contiguous()  # [N, K/d]
+    zero_point = None
+    if weight_zero_point is not None:
+        zp = unpack_zero_point(weight_zero_point, shape.bits, shape.out_features)  # [N, G]
+        zero_point = pack_zero_point(zp.repeat_interleave(repeat, dim=1)[:, :groups].contiguous(), shape.bits)
+    return scale, zero_point, replace(shape, groups=groups, ragged_group_size=None)
 
 
 def check_activation(x: torch.Tensor, in_features: int) -> None:

@@ -30,6 +30,8 @@ from .modules.kv_cache import enable_fp8_kv_cache
 from .modules.kv_scales import attach_kv_scales, pop_kv_scales
 from .modules.quant_linear import QuantLinear
 from .recipe import Recipe, load_recipe
+from .scheme import QuantScheme
+from .summaries import refit_notes
 from .targets import select_linears, set_submodule
 
 
@@ -44,15 +46,23 @@ def _check_finite(model: nn.Module) -> None:
         )
 
 
-def _check_shapes(model: nn.Module, names: list[str], recipe: Recipe) -> None:
-    """Fail before any work if a targeted layer's shape does not fit the scheme."""
-    assert recipe.weights is not None
+def _layer_schemes(model: nn.Module, names: list[str], recipe: Recipe) -> dict[str, QuantScheme]:
+    """Each targeted linear's weight scheme (the recipe's `indivisible` rule applied), checked before any work."""
+    schemes = {}
     for name in names:
         linear = model.get_submodule(name)
         try:
-            recipe.weights.groups_for(linear.in_features)
+            schemes[name] = recipe.weights_for(linear.in_features)
         except ValueError as e:
             raise QuantizationError(f"{name} (in_features={linear.in_features}): {e}; or add it to the recipe's ignore list") from None
+    return schemes
+
+
+def _warn_refitted(schemes: dict[str, QuantScheme], model: nn.Module, recipe: Recipe) -> None:
+    """One warning naming the linears whose scheme the `indivisible` rule changed or left ragged."""
+    notes = refit_notes(schemes, {n: model.get_submodule(n).in_features for n in schemes}, recipe)
+    if notes:
+        warnings.warn("; ".join(notes), stacklevel=3)
 
 
 def quantize(
@@ -81,7 +91,8 @@ def quantize(
                 "float folder, or transformers' from_pretrained) instead"
             )
         names, _ = select_linears(model, recipe.targets, recipe.ignore)
-        _check_shapes(model, names, recipe)
+        schemes = _layer_schemes(model, names, recipe)
+        _warn_refitted(schemes, model, recipe)
         if recipe.algorithm.needs_calibration:
             from .calibration import quantize_blockwise
 
@@ -94,7 +105,7 @@ def quantize(
                 )
         for name in tqdm(names, desc=f"quantize {recipe.name}", unit="layer", disable=not progress or not names):
             linear = model.get_submodule(name)
-            qweight = rtn_quantize(linear.weight.detach(), recipe.weights)
+            qweight = rtn_quantize(linear.weight.detach(), schemes[name])
             qweight.scale = _round_scale(qweight.scale, source_dtype(model))  # what the checkpoint will hold
             set_submodule(model, name, QuantLinear.from_quantized(qweight, linear.bias, dtype=linear.weight.dtype))
     if recipe.kv_cache is not None:

@@ -2,7 +2,8 @@
 
 Conventions (compressed-tensors): q = clamp(round(w / s) + zp, qmin, qmax) in the signed range,
 w ~ (q - zp) * s. Weights are [N=out, K=in]; scales and zero points are [N, G] with
-G = K / group_size (G = 1 per channel). All math runs in fp32.
+G = ceil(K / group_size) (G = 1 per channel; a ragged last group holds the K % group_size inputs
+left over). All math runs in fp32.
 """
 
 from __future__ import annotations
@@ -15,14 +16,25 @@ _EPS = 1e-12
 
 
 def _grouped(w: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
-    """[N, K] -> [N, G, K/G] view in fp32 according to the scheme's strategy."""
+    """[N, K] -> [N, G, group] in fp32 according to the scheme's strategy; a ragged last group is padded
+    with zeros (which change neither a min-max range that always includes 0 nor a product)."""
     if w.dim() != 2:
         raise ValueError(f"expected a 2-D weight [out, in], got shape {tuple(w.shape)}")
     n, k = w.shape
     if scheme.strategy == "tensor":
         return w.float().reshape(1, 1, n * k)  # [1, 1, N*K]
-    g = scheme.groups_for(k)
-    return w.float().reshape(n, g, k // g)  # [N, G, K/G]
+    return grouped_columns(w.float(), scheme.group_size if scheme.strategy == "group" else None)
+
+
+def grouped_columns(x: torch.Tensor, group_size: int | None) -> torch.Tensor:
+    """[..., K] -> [..., G, group_size] with G = ceil(K / group_size) (group_size None: one group of K);
+    a ragged last group is padded with zeros up to G * group_size."""
+    k = x.shape[-1]
+    size = group_size or k
+    g = -(-k // size)
+    if g * size != k:
+        x = torch.nn.functional.pad(x, (0, g * size - k))
+    return x.unflatten(-1, (g, size))
 
 
 #: How a symmetric scale divides the absolute maximum: by qmax (int4: 7, the default) or by half the
@@ -73,11 +85,11 @@ def quantize(
 ) -> torch.Tensor:
     """w: [N, K] float; scale/zero_point: [N, G]. returns int8 [N, K] in [qmin, qmax]."""
     n, k = w.shape
-    wg = _grouped(w, scheme)  # [N, G, K/G]
+    wg = _grouped(w, scheme)  # [N, G, group]
     q = torch.round(wg / scale.float().unsqueeze(-1))
     if zero_point is not None:
         q = q + zero_point.float().unsqueeze(-1)
-    return q.clamp(scheme.qmin, scheme.qmax).to(torch.int8).reshape(n, k)
+    return q.clamp(scheme.qmin, scheme.qmax).to(torch.int8).reshape(n, -1)[:, :k].contiguous()
 
 
 def dequantize(
@@ -85,10 +97,10 @@ def dequantize(
 ) -> torch.Tensor:
     """q: int [N, K]; scale/zero_point: [N, G]. returns fp32 [N, K] = (q - zp) * s."""
     n, k = q.shape
-    qg = _grouped(q, scheme)  # [N, G, K/G]
+    qg = _grouped(q, scheme)  # [N, G, group]
     if zero_point is not None:
         qg = qg - zero_point.float().unsqueeze(-1)
-    return (qg * scale.float().unsqueeze(-1)).reshape(n, k)
+    return (qg * scale.float().unsqueeze(-1)).reshape(n, -1)[:, :k]
 
 
 def fake_quantize(w: torch.Tensor, scheme: QuantScheme, **qparam_kwargs) -> torch.Tensor:

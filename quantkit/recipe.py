@@ -9,6 +9,8 @@ named by the stem of a file in the built-in `recipes/` folder (e.g. "w4a16-rtn")
     weights: {num_bits: 4, type: int, symmetric: true, strategy: group, group_size: 128}
     targets: [Linear]          # "Linear" (every nn.Linear), exact module names, or "re:<regex>"
     ignore: [lm_head]          # same syntax; matched modules stay in full precision
+    indivisible: smaller-group # a linear whose in_features the group size does not divide:
+                               # smaller-group | channel | ragged | error (scheme.INDIVISIBLE)
     algorithm: {name: rtn}     # rtn | gptq | awq, with that algorithm's options
     kv_cache: null             # or {num_bits: 8, type: float, strategy: tensor}
 """
@@ -26,7 +28,7 @@ import yaml
 from .algorithms.registry import ALGORITHMS
 from .config_utils import ConfigError, from_dict
 from .inputs import read_input_bytes
-from .scheme import QuantScheme
+from .scheme import INDIVISIBLE, QuantScheme
 from .targets import check_patterns
 
 RECIPE_VERSION = 1
@@ -61,8 +63,11 @@ class Recipe:
     ignore: tuple[str, ...] = ("lm_head",)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     kv_cache: QuantScheme | None = None
+    indivisible: str = "smaller-group"
 
     def __post_init__(self) -> None:
+        if self.indivisible not in INDIVISIBLE:
+            raise ConfigError(f"indivisible must be one of {', '.join(INDIVISIBLE)}, got {self.indivisible!r}")
         if self.version != RECIPE_VERSION:
             raise ConfigError(f"recipe version {self.version} is not supported (this quantkit reads version {RECIPE_VERSION})")
         if self.weights is None and self.kv_cache is None:
@@ -76,6 +81,12 @@ class Recipe:
             raise ConfigError("weights: strategy must be 'channel' or 'group' (per-tensor int weights are unsupported)")
         if self.kv_cache is not None and (self.kv_cache.type != "float" or self.kv_cache.strategy not in ("tensor",)):
             raise ConfigError("kv_cache: only fp8 per-tensor is supported: {num_bits: 8, type: float, strategy: tensor}")
+
+    def weights_for(self, in_features: int) -> QuantScheme:
+        """The weight scheme of a targeted linear with `in_features` inputs (the `indivisible` rule applied);
+        ValueError when the rule is "error" and the group size does not divide in_features."""
+        assert self.weights is not None
+        return self.weights.fitted(in_features, self.indivisible)
 
     @property
     def needs_calibration(self) -> bool:
@@ -97,6 +108,7 @@ class Recipe:
             "ignore": list(self.ignore),
             "algorithm": self.algorithm.to_dict(),
             "kv_cache": scheme(self.kv_cache),
+            "indivisible": self.indivisible,
         }
 
     def to_yaml(self) -> str:
@@ -133,7 +145,7 @@ def recipe_from_dict(data: Any, name: str = "custom") -> Recipe:
         # Reuse from_dict's message (with suggestions) for the unknown keys.
         from_dict(Recipe, {k: data[k] for k in unknown}, where)
     kwargs: dict[str, Any] = {"name": name}
-    for key in ("version", "description"):
+    for key in ("version", "description", "indivisible"):
         if key in data:
             kwargs[key] = data[key]
     for key in ("weights", "kv_cache"):

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 STRATEGIES = ("channel", "group", "tensor")
 TYPES = ("int", "float")
 INT_BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
+#: What a group scheme does with a linear whose in_features its group size does not divide:
+#: "smaller-group" the largest of GROUP_SIZES below it that divides (per channel when none does),
+#: "channel" per-channel scales, "ragged" keep the group size with a shorter last group
+#: (ceil(K / group_size) scales; compressed-tensors 0.20 and vLLM's WNA16 loader do not read it),
+#: "error" refuse.
+INDIVISIBLE = ("smaller-group", "channel", "ragged", "error")
 
 FP8_E4M3_MAX = 448.0
 
@@ -75,16 +81,35 @@ class QuantScheme:
         return (1 << (self.num_bits - 1)) - 1
 
     def groups_for(self, in_features: int) -> int:
-        """Number of scale columns for a weight with `in_features` inputs (G in [N, G] scales)."""
+        """Number of scale columns for a weight with `in_features` inputs (G in [N, G] scales):
+        ceil(K / group_size), the last group shorter when the group size does not divide K (ragged)."""
         if self.strategy == "group":
             assert self.group_size is not None
-            if in_features % self.group_size:
-                raise ValueError(
-                    f"group_size {self.group_size} does not divide in_features {in_features}; "
-                    f"use a group size that divides it, or strategy: channel"
-                )
-            return in_features // self.group_size
+            return -(-in_features // self.group_size)
         return 1
+
+    def divides(self, in_features: int) -> bool:
+        """Whether every group of a weight with `in_features` inputs is whole (always true per channel)."""
+        return self.strategy != "group" or in_features % self.group_size == 0
+
+    def fitted(self, in_features: int, indivisible: str = "error") -> "QuantScheme":
+        """The scheme a linear with `in_features` inputs gets under the `indivisible` rule (INDIVISIBLE):
+        this scheme when its group size divides in_features (or with "ragged"), else a smaller group, per
+        channel, or a ValueError for "error"."""
+        if indivisible not in INDIVISIBLE:
+            raise ValueError(f"indivisible must be one of {INDIVISIBLE}, got {indivisible!r}")
+        if self.divides(in_features) or indivisible == "ragged":
+            return self
+        if indivisible == "smaller-group":
+            smaller = [g for g in GROUP_SIZES if g < self.group_size and in_features % g == 0]
+            if smaller:
+                return replace(self, group_size=max(smaller))
+        if indivisible in ("smaller-group", "channel"):
+            return replace(self, strategy="channel", group_size=None, actorder=None)
+        raise ValueError(
+            f"group_size {self.group_size} does not divide in_features {in_features}; use a group size that "
+            f"divides it, or strategy: channel, or the recipe's `indivisible:` rule ({', '.join(INDIVISIBLE[:3])})"
+        )
 
     @property
     def bits_per_weight(self) -> float:

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from .modules.quant_linear import QuantLinear
+from .scheme import QuantScheme
 
 
 def human_bytes(n: float | None) -> str:
@@ -48,6 +49,39 @@ def quantized_bits_per_weight(model: nn.Module, scale_dtype: torch.dtype | None 
     return (bits / weights if weights else float("nan")), weights
 
 
+def layer_kinds(names: list[str]) -> str:
+    """'q_proj, k_proj, ...' : the distinct last components of module names, in first-seen order."""
+    return ", ".join(dict.fromkeys(n.rsplit(".", 1)[-1] for n in names))
+
+
+def refit_notes(schemes: dict[str, QuantScheme], in_features: dict[str, int], recipe) -> list[str]:
+    """One line per (width, scheme) whose group the recipe's weight scheme does not divide: what those
+    linears got under the recipe's `indivisible` rule. schemes / in_features: linear name -> its own."""
+    by_fit: dict[tuple[int, QuantScheme], list[str]] = {}
+    for name, scheme in schemes.items():
+        if not recipe.weights.divides(in_features[name]):
+            by_fit.setdefault((in_features[name], scheme), []).append(name)
+    notes = []
+    for (k, scheme), names in by_fit.items():
+        if not scheme.divides(k):
+            got = f"keep {scheme.describe()} with a ragged last group of {k % scheme.group_size} inputs"
+        else:
+            got = f"get {scheme.describe()}"
+        notes.append(f"group_size {recipe.weights.group_size} does not divide in_features {k}: {len(names)} linears "
+                     f"({layer_kinds(names)}) {got} (recipe indivisible: {recipe.indivisible})")
+    return notes
+
+
+def scheme_lines(model: nn.Module) -> list[str]:
+    """'int4 g64 sym: 180 linears (q_proj, ...)' per weight scheme of the model's quantized linears."""
+    by_scheme: dict[str, list[str]] = {}
+    for name, m in model.named_modules():
+        if isinstance(m, QuantLinear):
+            ragged = " ragged" if not m.scheme.divides(m.in_features) else ""
+            by_scheme.setdefault(m.scheme.describe() + ragged, []).append(name)
+    return [f"{scheme}: {len(names)} linears ({layer_kinds(names)})" for scheme, names in by_scheme.items()]
+
+
 def dtype_name(model_or_dtype: "nn.Module | torch.dtype") -> str:
     """'bfloat16' for torch.bfloat16 or for a model in bf16."""
     dtype = model_or_dtype if isinstance(model_or_dtype, torch.dtype) else getattr(model_or_dtype, "dtype", "")
@@ -75,6 +109,7 @@ def quantization_summary(model, recipe, source, out: Path, before: SizeOnDisk, a
         f"quantized {source} with {recipe.name} ({recipe.weights.describe() if recipe.weights else 'no weights'}"
         f"{', kv ' + recipe.kv_cache.describe() if recipe.kv_cache else ''})",
         f"  layers quantized : {quantized}",
+        *(f"    {line}" for line in scheme_lines(model)),
         f"  size             : {human_bytes(before.bytes)} source ({before.dtype}, {before.measured}) -> "
         f"{human_bytes(after.bytes)} checkpoint ({after.dtype}, {after.measured}){ratio}",
         f"  time             : {seconds:.1f} s",

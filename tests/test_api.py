@@ -67,9 +67,9 @@ def test_nan_weight_is_refused():
         quantkit.quantize(model, "w4a16-rtn", progress=False)
 
 
-def test_group_size_must_divide_in_features(tmp_path):
+def test_group_size_must_divide_in_features_under_the_error_rule(tmp_path):
     model = make_random_model("llama")
-    recipe = {"version": 1, "weights": {"num_bits": 4, "strategy": "group", "group_size": 128}}
+    recipe = {"version": 1, "weights": {"num_bits": 4, "strategy": "group", "group_size": 128}, "indivisible": "error"}
     model.model.layers[0].mlp.down_proj = torch.nn.Linear(320, 128, bias=False)  # 320 % 128 != 0
     with pytest.raises(QuantizationError, match=r"down_proj \(in_features=320\).*does not divide"):
         quantkit.quantize(model, recipe, progress=False)

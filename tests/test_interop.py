@@ -45,3 +45,22 @@ def test_transformers_logits_match(checkpoint):
     with torch.no_grad():
         a, b = ours(ids).logits, theirs(ids).logits
     assert ((a - b).norm() / b.norm()).item() < 0.02
+
+
+def test_transformers_reads_separate_config_groups(tmp_path):
+    """A width the group does not divide (576) under the default rule: group 64 there, 128 on down_proj (1536),
+    as two config groups naming their layers; transformers + compressed-tensors applies each to its layers."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=1,
+                                      num_attention_heads=9, num_key_value_heads=3, vocab_size=512,
+                                      tie_word_embeddings=True)
+    with pytest.warns(UserWarning, match="get int4 g64 sym"):
+        model = quantkit.quantize(transformers.LlamaForCausalLM(config).eval(), "w4a16-rtn", progress=False)
+    path = quantkit.save(model, tmp_path / "ckpt")
+    ids = torch.randint(0, 512, (2, 32))
+    theirs = _hf_load(path, dequantize=False)  # 5.24's dequantize=True path applies one group to every layer
+    with torch.no_grad():
+        a, b = quantkit.load(path)(ids).logits, theirs(ids).logits
+    assert ((a - b).norm() / b.norm()).item() < 0.02

@@ -67,9 +67,14 @@ def test_scheme_validation(kwargs, message):
         QuantScheme(**kwargs)
 
 
-def test_group_must_divide_in_features():
+def test_a_group_that_does_not_divide_in_features_leaves_a_ragged_last_group():
+    scheme = QuantScheme(num_bits=4, strategy="group", group_size=64)
+    assert scheme.groups_for(96) == 2 and not scheme.divides(96)
+    w = torch.randn(3, 96)
+    scale, _ = compute_qparams(w, scheme)  # the last group: inputs 64..95
+    torch.testing.assert_close(scale[:, 1], w[:, 64:].abs().amax(dim=1) / 7)
     with pytest.raises(ValueError, match="does not divide in_features 96"):
-        QuantScheme(num_bits=4, strategy="group", group_size=64).groups_for(96)
+        scheme.fitted(96, "error")
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -4,10 +4,12 @@ Runs in an environment where `llmcompressor` is installed (it pins transformers 
 of quantkit's environment):
 
     python -m venv --system-site-packages VENV && VENV/bin/pip install llmcompressor==0.14.0.1 torch==2.13.0
-    VENV/bin/python evals/calibration/llmcompressor_gptq.py MODEL_DIR CALIB.safetensors OUT_DIR
+    VENV/bin/python evals/calibration/llmcompressor_gptq.py MODEL_DIR CALIB.safetensors OUT_DIR [SCHEME]
 
 CALIB.safetensors holds `input_ids` int64 [N, L] (written by compare.py, the exact windows quantkit
-calibrates on). Writes a compressed-tensors checkpoint to OUT_DIR and OUT_DIR/timing.json.
+calibrates on). SCHEME: an llm-compressor preset (default W4A16), or a quantkit checkpoint folder whose
+config groups (per-layer group sizes) llm-compressor should use. Writes a compressed-tensors checkpoint
+to OUT_DIR and OUT_DIR/timing.json.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ def main(model_dir: str, calib_file: str, out_dir: str, scheme: str = "W4A16") -
     n, length = ids.shape
     data = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist()})
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    recipe = GPTQModifier(targets="Linear", scheme=scheme, ignore=["lm_head"], block_size=128, dampening_frac=0.01,
-                          actorder="static")
+    groups = _config_groups(Path(scheme)) if Path(scheme).is_dir() else None
+    chosen = {"config_groups": groups} if groups else {"targets": "Linear", "scheme": scheme}
+    recipe = GPTQModifier(**chosen, ignore=["lm_head"], block_size=128, dampening_frac=0.01, actorder="static")
     start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     oneshot(model=model, tokenizer=tokenizer, dataset=data, recipe=recipe, num_calibration_samples=n, max_seq_length=length,
@@ -49,10 +52,22 @@ def main(model_dir: str, calib_file: str, out_dir: str, scheme: str = "W4A16") -
         if (Path(model_dir) / name).is_file():
             shutil.copy2(Path(model_dir) / name, out / name)
     (out / "timing.json").write_text(json.dumps({
-        "seconds": seconds, "llmcompressor": llmcompressor.__version__, "scheme": scheme, "actorder": "static",
+        "seconds": seconds, "llmcompressor": llmcompressor.__version__,
+        "scheme": f"config groups of {scheme}" if groups else scheme, "actorder": "static",
         "dampening_frac": 0.01, "block_size": 128, "samples": n, "seq_len": length,
     }, indent=2) + "\n")
     return 0
+
+
+def _config_groups(checkpoint: Path) -> dict:
+    """The weight config groups of a quantkit checkpoint's quantization_config, as llm-compressor takes them
+    (same targets, bits, symmetry and group size per layer; GPTQ with static act-order)."""
+    config = json.loads((checkpoint / "config.json").read_text())["quantization_config"]
+    groups = {}
+    for name, group in config["config_groups"].items():
+        weights = {k: group["weights"][k] for k in ("num_bits", "type", "symmetric", "strategy", "group_size")}
+        groups[name] = {"targets": group["targets"], "weights": {**weights, "actorder": None}}
+    return groups
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..primitives import compute_qparams, fake_quantize, quantize
+from ..primitives import compute_qparams, fake_quantize, grouped_columns, quantize
 from ..quantized_weight import QuantizedWeight
 from ..scheme import QuantScheme
 
@@ -70,16 +70,17 @@ def mean_abs_update(mean: torch.Tensor | None, count: int, x: torch.Tensor) -> t
     return mean, total
 
 
-def weight_channel_mean(weights: list[torch.Tensor], group_size: int) -> torch.Tensor:
+def weight_channel_mean(weights: list[torch.Tensor], group_size: int | None) -> torch.Tensor:
     """Mean over output rows of |w| relative to its group's max, per input channel.
 
-    weights: [N_i, K] each (the linears sharing one input). returns fp32 [K].
+    weights: [N_i, K] each (the linears sharing one input); group_size: None for one group of K; the last
+    group may be shorter (ragged). returns fp32 [K].
     """
     w = torch.cat([x.float() for x in weights], dim=0)  # [N, K]
     n, k = w.shape
-    wg = w.abs().reshape(n, k // group_size, group_size)  # [N, G, gs]
+    wg = grouped_columns(w.abs(), group_size)  # [N, G, group] (a ragged last group padded with zeros)
     wg = wg / (wg.amax(dim=-1, keepdim=True) + 1e-6)
-    return wg.reshape(n, k).mean(dim=0)
+    return wg.reshape(n, -1)[:, :k].mean(dim=0)
 
 
 def channel_scales(x_mean: torch.Tensor, ratio: float, w_mean: torch.Tensor | None = None) -> torch.Tensor:
@@ -140,9 +141,11 @@ def search_clip(
     """
     n, k = w.shape
     g = scheme.groups_for(k)
-    gs = k // g
-    w = w.float()
-    xg = x.float().reshape(-1, g, gs).transpose(0, 1)  # [G, M, gs]
+    group_size = scheme.group_size if scheme.strategy == "group" else None
+    w = grouped_columns(w.float(), group_size)  # [N, G, gs]: a ragged last group padded with zeros (adding nothing)
+    gs = w.shape[-1]
+    w = w.reshape(n, g * gs)
+    xg = grouped_columns(x.float().reshape(-1, k), group_size).transpose(0, 1)  # [G, M, gs]
     m = xg.shape[1]
     ratios = [1.0 - i / grid for i in range(max(1, int(max_shrink * grid)))]
     best_ratio = torch.ones(n, g, dtype=torch.float32, device=w.device)

@@ -175,7 +175,7 @@ def gptq_quantize(
     w = weight.detach().to(dtype).clone()  # [N, K]
     h = hessian.detach().to(dtype=dtype, device=w.device).clone()  # [K, K]
     groups = scheme.groups_for(k)
-    group_size = k // groups
+    group_size = scheme.group_size if scheme.strategy == "group" else k  # the last group may be shorter (ragged)
 
     dead = torch.diag(h) == 0
     h[dead, dead] = 1.0

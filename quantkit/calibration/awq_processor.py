@@ -14,6 +14,8 @@ Per block, two phases:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -59,9 +61,10 @@ def fold_scales(prev: nn.Module, linears: list[nn.Linear], s: torch.Tensor) -> N
 class AWQProcessor:
     """Quantizes a block's targeted linears with AWQ (scale search and folding, clipping search, rounding)."""
 
-    def __init__(self, scheme: QuantScheme, options: AWQOptions, scale_dtype=None) -> None:
-        """scale_dtype: the dtype the checkpoint stores scales in (default: each weight's dtype)."""
-        self.scheme, self.options, self.scale_dtype = scheme, options, scale_dtype
+    def __init__(self, scheme_for: Callable[[int], QuantScheme], options: AWQOptions, scale_dtype=None) -> None:
+        """scheme_for: in_features -> the weight scheme of a linear that wide (Recipe.weights_for).
+        scale_dtype: the dtype the checkpoint stores scales in (default: each weight's dtype)."""
+        self.scheme_for, self.options, self.scale_dtype = scheme_for, options, scale_dtype
 
     # -- capture -------------------------------------------------------------------------------------
     def _capture(self, ctx: BlockContext, name: str, max_tokens: int, with_mean: bool):
@@ -95,6 +98,7 @@ class AWQProcessor:
         if not can_fold(prev, linears):
             return
         quantized = set(targets)
+        scheme = self.scheme_for(linears[0].in_features)  # can_fold: the linears share one input width
         x_mean, x = self._capture(ctx, group.linears[0], self.options.max_search_tokens, with_mean=True)
         reference = self._group_output(ctx, group, linears, x)
         originals = {n: ctx.module(n).weight.data for n in quantized}
@@ -103,7 +107,7 @@ class AWQProcessor:
             try:
                 for n in quantized:
                     w = originals[n]
-                    ctx.module(n).weight.data = scaled_effective_weight(w, s, self.scheme, w.dtype).to(w.dtype)
+                    ctx.module(n).weight.data = scaled_effective_weight(w, s, scheme, w.dtype).to(w.dtype)
                 out = self._group_output(ctx, group, linears, x)
             finally:
                 for n in quantized:
@@ -112,8 +116,7 @@ class AWQProcessor:
 
         w_mean = None
         if self.options.duo_scaling:
-            group_size = linears[0].in_features // self.scheme.groups_for(linears[0].in_features)
-            w_mean = weight_channel_mean([lin.weight for lin in linears], group_size)
+            w_mean = weight_channel_mean([lin.weight for lin in linears], scheme.group_size)
         s, _ratio, _losses = search_scales(x_mean, loss, self.options.grid, w_mean)
         fold_scales(prev, linears, s)
 
@@ -130,13 +133,14 @@ class AWQProcessor:
                 _, x = self._capture(ctx, step.targets[0], self.options.clip_tokens, with_mean=False)
             for name in step.targets:
                 linear = ctx.module(name)
+                scheme = self.scheme_for(linear.in_features)
                 w = linear.weight.data
                 if not torch.isfinite(w).all():
                     raise QuantizationError(f"{ctx.name}.{name}: AWQ scaling produced non-finite weights")
                 ratio = None
                 if x is not None:
                     ratio = search_clip(
-                        w, x, self.scheme, grid=self.options.clip_grid, max_shrink=self.options.max_shrink,
+                        w, x, scheme, grid=self.options.clip_grid, max_shrink=self.options.max_shrink,
                         scale_dtype=self.scale_dtype or w.dtype,
                     )
-                ctx.set_quantized(name, awq_quantize(w, self.scheme, ratio, scale_dtype=self.scale_dtype or w.dtype))
+                ctx.set_quantized(name, awq_quantize(w, scheme, ratio, scale_dtype=self.scale_dtype or w.dtype))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..algorithms.gptq import GPTQOptions, gptq_quantize, hessian_update
 from ..scheme import QuantScheme
 from .runner import BlockContext, check_finite
@@ -14,9 +16,10 @@ class GPTQProcessor:
     on the compute device at a time.
     """
 
-    def __init__(self, scheme: QuantScheme, options: GPTQOptions, scale_dtype=None) -> None:
-        """scale_dtype: the dtype the checkpoint stores scales in (default: each weight's dtype)."""
-        self.scheme, self.options, self.scale_dtype = scheme, options, scale_dtype
+    def __init__(self, scheme_for: Callable[[int], QuantScheme], options: GPTQOptions, scale_dtype=None) -> None:
+        """scheme_for: in_features -> the weight scheme of a linear that wide (Recipe.weights_for).
+        scale_dtype: the dtype the checkpoint stores scales in (default: each weight's dtype)."""
+        self.scheme_for, self.options, self.scale_dtype = scheme_for, options, scale_dtype
 
     def process_block(self, ctx: BlockContext) -> None:
         for step in ctx.steps:
@@ -32,7 +35,7 @@ class GPTQProcessor:
             for name in step.targets:
                 linear = ctx.module(name)
                 qweight = gptq_quantize(
-                    linear.weight, acc["h"], self.scheme, self.options,
+                    linear.weight, acc["h"], self.scheme_for(linear.in_features), self.options,
                     scale_dtype=self.scale_dtype or linear.weight.dtype, name=f"{ctx.name}.{name}",
                 )
                 ctx.set_quantized(name, qweight)

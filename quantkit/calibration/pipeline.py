@@ -30,7 +30,7 @@ def make_processor(recipe: Recipe, scale_dtype: torch.dtype | None = None) -> Bl
         raise QuantizationError(f"algorithm {algorithm.name!r} does not use calibration")
     module_name, class_name = algorithm.processor.split(":")
     processor_cls = getattr(importlib.import_module(module_name), class_name)
-    return processor_cls(recipe.weights, recipe.algorithm.options or algorithm.options(), scale_dtype)
+    return processor_cls(recipe.weights_for, recipe.algorithm.options or algorithm.options(), scale_dtype)
 
 
 def quantize_blockwise(

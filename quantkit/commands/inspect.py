@@ -54,13 +54,13 @@ def run(args: argparse.Namespace) -> int:
         if "weight_packed" in tensors:
             out_in = _out_in(tensors)
             shape = str(list(out_in)) if out_in else "?"
-            rows.append((module, shape, _scheme_of(parsed, module), human_bytes(size)))
+            rows.append((module, shape, _scheme_of(parsed, module, out_in[1] if out_in else None), human_bytes(size)))
         elif "weight" in tensors and len(tensors["weight"][0]) == 2:
             rows.append((module, str(list(tensors["weight"][0])), tensors["weight"][1].lower(), human_bytes(size)))
     width = max((len(r[0]) for r in rows), default=10)
-    print(f"\n  {'module':<{width}}  {'shape [out, in]':<16} {'scheme':<18} size")
+    print(f"\n  {'module':<{width}}  {'shape [out, in]':<16} {'scheme':<21} size")
     for r in rows:
-        print(f"  {r[0]:<{width}}  {r[1]:<16} {r[2]:<18} {r[3]}")
+        print(f"  {r[0]:<{width}}  {r[1]:<16} {r[2]:<21} {r[3]}")
     total = sum(nbytes for tensors in layers.values() for _, _, nbytes in tensors.values())
     bits, weights, linears = (sum(v) for v in zip(*stored.values())) if stored else (0, 0, 0)
     print(f"\n  total {human_bytes(total)}"
@@ -168,8 +168,11 @@ def size_summary_lines(sizes: dict[str, int]) -> list[str]:
     return lines
 
 
-def _scheme_of(parsed, module) -> str:
+def _scheme_of(parsed, module, in_features: int | None) -> str:
+    """The layer's scheme in words; "ragged" when its group size does not divide in_features (shorter last group)."""
     from torch import nn
 
     s = parsed.scheme_for(module, nn.Linear(1, 1, device="meta")) if parsed else None
-    return s.describe() if s else "?"
+    if s is None:
+        return "?"
+    return s.describe() + ("" if in_features is None or s.divides(in_features) else " ragged")

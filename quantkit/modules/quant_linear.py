@@ -18,7 +18,7 @@ class QuantLinear(nn.Module):
     """y = x @ dequant(W).T + b with W stored packed (compressed-tensors "pack-quantized").
 
     Persistent buffers (exactly what a checkpoint stores for this layer):
-      weight_packed int32 [N, ceil(K*bits/32)], weight_scale [N, G] (model dtype),
+      weight_packed int32 [N, ceil(K*bits/32)], weight_scale [N, G] (model dtype, G = ceil(K / group_size)),
       weight_shape int64 [2] = (N, K), weight_zero_point int32 [ceil(N*bits/32), G] (asymmetric only).
     `prepare(backend)` repacks them once for a kernel backend (quantkit.kernels); the kernel's tensors
     are non-persistent buffers, so `.to(device)` moves them and checkpoints never see them.
@@ -85,7 +85,7 @@ class QuantLinear(nn.Module):
         concrete = kernels.resolve_backend(backend, self.weight_packed.device, self.weight_scale.dtype)
         prepared = kernels.prepare_wna16(
             self.weight_packed, self.weight_scale, self.weight_zero_point,
-            bits=self.scheme.num_bits, in_features=self.in_features, backend=concrete,
+            bits=self.scheme.num_bits, in_features=self.in_features, backend=concrete, group_size=self.group_size,
         )
         canonical = {id(getattr(self, n)): n for n in CHECKPOINT_TENSORS if getattr(self, n) is not None}
         self._kernel_keys = {}
@@ -117,8 +117,14 @@ class QuantLinear(nn.Module):
         if self.checkpoint_tensors_released:
             raise RuntimeError("this layer released its checkpoint tensors; load it again to dequantize")
         return kernels.dequantize_wna16(
-            self.weight_packed, self.weight_scale.float(), self.weight_zero_point, self.scheme.num_bits, self.in_features
+            self.weight_packed, self.weight_scale.float(), self.weight_zero_point, self.scheme.num_bits, self.in_features,
+            self.group_size,
         )
+
+    @property
+    def group_size(self) -> int | None:
+        """Inputs per scale group (None per channel); the last group is shorter when it does not divide K."""
+        return self.scheme.group_size if self.scheme.strategy == "group" else None
 
     def extra_repr(self) -> str:
         return (

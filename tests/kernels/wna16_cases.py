@@ -43,9 +43,10 @@ class Weight:
 
 
 def random_weight(scheme: Scheme, n: int, k: int, dtype: torch.dtype, generator: torch.Generator) -> Weight:
-    """Fresh random q, zero points and positive scales (never zeros) in `dtype`."""
+    """Fresh random q, zero points and positive scales (never zeros) in `dtype`; a group size that does
+    not divide k gives ceil(k / group_size) groups, the last one shorter (ragged)."""
     bits = scheme.bits
-    groups = 1 if scheme.group_size is None else k // scheme.group_size
+    groups = 1 if scheme.group_size is None else -(-k // scheme.group_size)
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
     q = torch.randint(lo, hi + 1, (n, k), generator=generator)
     scale = (torch.rand(n, groups, generator=generator) * 0.02 + 0.005).to(dtype)  # [N, G]
@@ -54,7 +55,7 @@ def random_weight(scheme: Scheme, n: int, k: int, dtype: torch.dtype, generator:
         zp = torch.randint(lo, hi + 1, (n, groups), generator=generator)  # [N, G]
         zero_point = pack_int32(zp.t().contiguous(), bits).t().contiguous()  # [ceil(N*bits/32), G]
     packed = pack_int32(q, bits)
-    dequantized = dequantize_wna16(packed, scale.float(), zero_point, bits, k)  # exact in fp32
+    dequantized = dequantize_wna16(packed, scale.float(), zero_point, bits, k, scheme.group_size)  # exact in fp32
     return Weight(packed, scale, zero_point, dequantized, bits, k, n)
 
 
