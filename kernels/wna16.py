@@ -30,12 +30,12 @@ from . import wna16_cpu  # noqa: F401  (registers torch.ops.quantkit.wna16_int4_
 from .reference import wna16_linear_reference
 from .wna16_layout import (
     ACTIVATION_DTYPES as _ACTIVATION_DTYPES,
-    TRITON_WORD_BLOCK,
     WNA16Shape,
     check_activation,
     check_wna16_weight,
     cpu_int4_supports,
     cpu_int8_supports,
+    require_triton_layout,
     to_cpu_int4_layout,
     triton_supports,
     to_cpu_int8_layout,
@@ -135,11 +135,7 @@ def planned_layout(shape: WNA16Shape, backend: str) -> str:
     before any weight exists, with tensors on the meta device.
     """
     if backend == "triton":
-        if not triton_supports(shape):
-            raise ValueError(
-                f"the Triton kernels need a group size that is a multiple of {TRITON_WORD_BLOCK} (or per-channel "
-                f"scales), got {shape.group_size}"
-            )
+        require_triton_layout(shape)
         return "triton"
     if backend == "torch":
         if cpu_int8_supports(shape):

@@ -196,11 +196,7 @@ def to_triton_layout(
     or cover the whole row (per channel).
     """
     n, k, bits = shape.out_features, shape.in_features, shape.bits
-    if not triton_supports(shape):
-        raise ValueError(
-            f"the Triton kernels need a group size that is a multiple of {TRITON_WORD_BLOCK} (or per-channel "
-            f"scales), got {shape.group_size}; use backend='reference' for this layer"
-        )
+    require_triton_layout(shape)
     per_word = 32 // bits
     rows = triton_word_rows(k, bits)
     words = []
@@ -227,6 +223,15 @@ def triton_supports(shape: WNA16Shape) -> bool:
     """Whether the Triton layout can hold this layer: per-channel scales or a group size that is a
     multiple of TRITON_WORD_BLOCK (the consecutive K values of one bit field share a scale)."""
     return shape.per_channel or shape.group_size % TRITON_WORD_BLOCK == 0
+
+
+def require_triton_layout(shape: WNA16Shape) -> None:
+    """ValueError naming the fix where the Triton layout cannot hold ``shape`` (see ``triton_supports``)."""
+    if not triton_supports(shape):
+        raise ValueError(
+            f"the Triton kernels need a group size that is a multiple of {TRITON_WORD_BLOCK} (or per-channel "
+            f"scales), got {shape.group_size}; use backend='reference' for this layer"
+        )
 
 
 def cpu_int4_group_size(shape: WNA16Shape) -> int | None:

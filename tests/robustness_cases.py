@@ -28,6 +28,7 @@ class Case:
     expect: str  # a fragment of the error message
     needs_non_root: bool = False  # permissions do not stop root
     creates: str | None = None  # a path (relative to the work folder) that must not exist afterwards
+    skip: Callable[[], str | None] | None = None  # a reason not to run it in this process, or None
 
 
 # -- inputs built on the committed tiny reference model --------------------------------------------------

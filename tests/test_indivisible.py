@@ -140,5 +140,5 @@ def test_inspect_marks_ragged_layers(tmp_path, capsys):
     path = quantkit.save(model, tmp_path / "ckpt")
     assert main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "shapes: " in out and "q_proj  [576, 576]" in out
-    assert out.count("int4 g128 sym ragged") == 6 and "down_proj  [576, 1536]        int4 g128 sym " in out
+    assert "tensors: " in out and "q_proj  [576, 576]" in out
+    assert out.count("int4 g128 sym ragged") == 6 and "down_proj     [576, 1536]      int4 g128 sym  " in out

@@ -21,7 +21,8 @@ step. A variant whose first step (1 vs 2 tokens, the warm-up) takes over ``--max
 that step alone (the table says so): vLLM's bf16 linears at batch 8 on CPUs that emulate bf16 GEMMs
 (no avx512_bf16 / AMX) take tens of seconds per step. The baseline is the faster of bf16 and fp32 at each batch size; every variant's ratio to it is
 printed side by side. fp32 runs with vLLM's default cache dtype for the model (timing only: vLLM with a
-float32 model gives wrong tokens on AVX2 CPUs).
+float32 model gives wrong tokens on AVX2 CPUs); the `-fp32` quantized variants run the model in fp32 around
+quantkit's kernel, which rounds its activations to bf16 (as `quantkit.load(backend="auto")` does).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ VARIANTS = {  # name -> (recipe or None for the float model, vLLM dtype)
     "fp32": (None, "float32"),
     "w8a16": ("w8a16-rtn", "bfloat16"),
     "w4a16": ("w4a16-rtn", "bfloat16"),
+    "w8a16-fp32": ("w8a16-rtn", "float32"),  # quantkit's kernel with activations rounded to bf16 in the linears
+    "w4a16-fp32": ("w4a16-rtn", "float32"),
 }
 KERNEL = "QuantkitWNA16LinearKernel"
 

@@ -238,8 +238,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "Δ ppl is the change in perplexity from the float model, ± two standard errors of the per-window change "
         "in log-perplexity: a change within them is noise. KL is KL(P_float || P_variant) in nats per token. "
         "Quantize time: quantkit.quantize + save in one process (the float32 model already loaded), on 2 cores "
-        "shared with other jobs, so an upper bound; llm-compressor's is the wall time of its process (its "
-        f"`oneshot` alone: {meta.get('llmc_oneshot_seconds', float('nan')):.0f} s). Sizes count the safetensors files "
+        "shared with other jobs, so an upper bound; llm-compressor's is the wall time of its process"
+        + (f" (its `oneshot` alone: {meta['llmc_oneshot_seconds']:.0f} s)" if "llmc_oneshot_seconds" in meta else "")
+        + ". Sizes count the safetensors files "
         "(quantkit keeps the source's bfloat16 for embeddings, norms and scales; llm-compressor's checkpoint "
         "is written from its float32 model, so its float tensors take twice the bytes).",
     ]
