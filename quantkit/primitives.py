@@ -73,6 +73,36 @@ def compute_qparams(
     return _stored(scale, scale_dtype), zero_point
 
 
+def mse_clip_ratio(
+    w: torch.Tensor, scheme: QuantScheme, *, importance: torch.Tensor | None = None, grid: int = 100,
+    max_shrink: float = 0.8, symmetric_scale: str = "qmax", scale_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Per (row, group) range shrink factor r in {1, 1 - 1/grid, ...} (down to 1 - max_shrink) whose
+    quantization error sum_k importance_k * (w_k - Q_r(w_k))^2 is least (an MSE observer).
+
+    w: [N, K] float; importance: [K] non-negative weight per input column (e.g. GPTQ's diag(H), the
+    energy of each input), None for plain MSE. returns fp32 [N, G] factors for compute_qparams(clip_ratio=).
+    """
+    if scheme.strategy == "tensor":
+        raise ValueError("mse_clip_ratio is for channel and group schemes")
+    wg = _grouped(w, scheme)  # [N, G, group]
+    if importance is None:
+        weight = torch.ones_like(wg[:1])
+    else:
+        weight = _grouped(importance.float().reshape(1, -1).to(w.device), scheme)  # [1, G, group]
+    best = torch.ones(wg.shape[:2], dtype=torch.float32, device=w.device)  # [N, G]
+    best_err = torch.full_like(best, float("inf"))
+    for i in range(max(1, int(round(max_shrink * grid)) + 1)):
+        r = 1.0 - i / grid
+        scale, zero = compute_qparams(w, scheme, clip_ratio=r, symmetric_scale=symmetric_scale, scale_dtype=scale_dtype)
+        deq = _grouped(dequantize(quantize(w, scale, zero, scheme), scale, zero, scheme), scheme)
+        err = ((deq - wg).pow(2) * weight).sum(dim=-1)  # [N, G]
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best = torch.where(better, torch.full_like(best, r), best)
+    return best
+
+
 def _stored(scale: torch.Tensor, scale_dtype: torch.dtype | None) -> torch.Tensor:
     """fp32 scales rounded to their storage dtype (>= its smallest normal number); unchanged for None."""
     if scale_dtype is None:

@@ -7,7 +7,7 @@ import torch
 
 from quantkit.algorithms.gptq import CholeskyWarning, GPTQOptions, gptq_quantize, hessian_update
 from quantkit.algorithms.rtn import rtn_quantize
-from quantkit.primitives import compute_qparams
+from quantkit.primitives import compute_qparams, dequantize, mse_clip_ratio, quantize
 from quantkit.scheme import QuantScheme
 
 W4_G32 = QuantScheme(num_bits=4, symmetric=True, strategy="group", group_size=32)
@@ -187,3 +187,41 @@ def test_scales_are_rounded_to_the_storage_dtype():
     w = torch.randn(64, 128)
     q = gptq_quantize(w, h, W4_G128, scale_dtype=torch.bfloat16)
     assert torch.equal(q.scale, q.scale.to(torch.bfloat16).float())
+
+
+@pytest.mark.parametrize("scheme", [W4_G32, W4_G32_ASYM, W4_CHANNEL])
+def test_mse_clip_ratio_is_the_least_weighted_error_on_its_grid(scheme):
+    """mse_clip_ratio picks, per (row, group), the grid factor whose diag-weighted error is least, and
+    never does worse than min-max (factor 1 is on the grid)."""
+    g = torch.Generator().manual_seed(21 + scheme.symmetric)
+    w = torch.randn(24, 64, generator=g) ** 3  # heavy-tailed rows
+    energy = torch.rand(64, generator=g) * 4
+    ratio = mse_clip_ratio(w, scheme, importance=energy, grid=10, max_shrink=0.5)
+    assert ratio.shape == (24, scheme.groups_for(64)) and ratio.le(1).all() and ratio.ge(0.5 - 1e-6).all()
+
+    def errors(r):
+        scale, zero = compute_qparams(w, scheme, clip_ratio=r)
+        wq = dequantize(quantize(w, scale, zero, scheme), scale, zero, scheme)
+        size = 64 // scheme.groups_for(64)
+        return ((wq - w).pow(2) * energy).reshape(24, -1, size).sum(-1)  # [N, G]
+
+    chosen = errors(ratio)
+    for i in range(6):
+        assert chosen.le(errors(1 - i / 10) + 1e-6).all()
+    assert chosen.sum() < errors(1.0).sum()  # heavy-tailed rows: shrinking some ranges pays
+    assert ratio.lt(1).any()
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_mse_observer_lowers_output_error(act_order):
+    k, n = 256, 128
+    x = correlated_inputs(1024, k, 31 + act_order)
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(32)) * 0.05
+    h, _ = hessian_update(None, 0, x)
+    minmax = gptq_quantize(w, h, W4_G32, GPTQOptions(act_order=act_order)).dequantize()
+    mse = gptq_quantize(w, h, W4_G32, GPTQOptions(act_order=act_order, observer="mse")).dequantize()
+    assert output_error(x, w, mse) < 0.95 * output_error(x, w, minmax)
+    with pytest.raises(ValueError, match="observer must be one of"):
+        GPTQOptions(observer="percentile")
+    with pytest.raises(ValueError, match="mse_max_shrink"):
+        GPTQOptions(observer="mse", mse_max_shrink=1.0)

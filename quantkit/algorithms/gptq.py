@@ -16,7 +16,11 @@ Algorithm (Frantar et al., "GPTQ", 2022), with the fixes later implementations c
   checkpoint needs no reordering and no `g_idx` at inference (compressed-tensors records this as
   ``actorder: "weight"``, its alias "static"; its "group" ordering is the other kind, with a g_idx);
 - lazy batch updates: the error of a block of ``block_size`` columns is applied to the rest of the
-  matrix in one matmul.
+  matrix in one matmul;
+- optionally (``observer: mse``) each group's range is shrunk by the factor that minimises its
+  quantization error weighted by diag(H), the energy of each input (the `mse` option of the
+  IST-DASLab quantizer and llm-compressor's MSE observer, weighted by the Hessian's diagonal), instead
+  of the min-max range.
 
 Without act-order, a group's scale is computed when the walk reaches the group's first column, from
 that group's *updated* weights (the IST-DASLab code reads stale weights there when the group starts
@@ -32,11 +36,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..primitives import SYMMETRIC_SCALE_RULES, compute_qparams
+from ..primitives import SYMMETRIC_SCALE_RULES, compute_qparams, mse_clip_ratio
 from ..quantized_weight import QuantizedWeight
 from ..scheme import QuantScheme
 
 MAX_DAMP_RETRIES = 6  # 0.01 -> 1e4 in x10 steps
+OBSERVERS = ("minmax", "mse")
 
 
 class CholeskyWarning(UserWarning):
@@ -53,12 +58,17 @@ class GPTQOptions:
     act_order: visit columns by decreasing activation energy diag(H) (static groups: no g_idx).
     symmetric_scale: symmetric schemes' scale rule, absmax / qmax ("qmax", int4: /7) or absmax / half the
       signed range ("half_range", int4: /7.5, the top value clipped to 7: llm-compressor's convention).
+    observer: how a group's range is chosen: "minmax" (its min and max) or "mse" (shrunk by the factor
+      1 - i/mse_grid, i <= mse_max_shrink * mse_grid, with the least diag(H)-weighted squared error).
     """
 
     damp_percent: float = 0.01
     block_size: int = 128
     act_order: bool = True
     symmetric_scale: str = "qmax"
+    observer: str = "minmax"
+    mse_grid: int = 100
+    mse_max_shrink: float = 0.8
 
     def __post_init__(self) -> None:
         if not (0.0 < self.damp_percent <= 1.0):
@@ -67,6 +77,12 @@ class GPTQOptions:
             raise ValueError(f"block_size must be a positive number of columns, got {self.block_size}")
         if self.symmetric_scale not in SYMMETRIC_SCALE_RULES:
             raise ValueError(f"symmetric_scale must be one of {SYMMETRIC_SCALE_RULES}, got {self.symmetric_scale!r}")
+        if self.observer not in OBSERVERS:
+            raise ValueError(f"observer must be one of {OBSERVERS}, got {self.observer!r}")
+        if self.mse_grid < 1:
+            raise ValueError(f"mse_grid must be a positive number of steps, got {self.mse_grid}")
+        if not (0.0 <= self.mse_max_shrink < 1.0):
+            raise ValueError(f"mse_max_shrink must be in [0, 1), got {self.mse_max_shrink}")
 
 
 # -- verb 1: statistics -------------------------------------------------------------------------
@@ -136,14 +152,20 @@ def _quantize_column(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | 
     return q, deq
 
 
-def _qparams(w: torch.Tensor, scheme: QuantScheme, scale_dtype: torch.dtype | None, symmetric_scale: str):
-    """Min-max qparams of w [N, Kg] as one group: (scale [N], zero [N] or None), fp32.
+def _qparams(w: torch.Tensor, energy: torch.Tensor, scheme: QuantScheme, scale_dtype: torch.dtype | None,
+             options: GPTQOptions):
+    """qparams of w [N, Kg] as one group: (scale [N], zero [N] or None), fp32.
 
+    energy: [Kg] diag(H) of those columns (weights the error of the "mse" observer).
     scale_dtype: round scales to the storage dtype first, so the error GPTQ compensates is the real one.
-    symmetric_scale: GPTQOptions.symmetric_scale.
     """
     one_group = QuantScheme(num_bits=scheme.num_bits, symmetric=scheme.symmetric, strategy="channel", group_size=None)
-    scale, zero = compute_qparams(w, one_group, symmetric_scale=symmetric_scale, scale_dtype=scale_dtype)  # [N, 1]
+    rule = dict(symmetric_scale=options.symmetric_scale, scale_dtype=scale_dtype)
+    clip = None
+    if options.observer == "mse":
+        clip = mse_clip_ratio(w, one_group, importance=energy, grid=options.mse_grid,
+                              max_shrink=options.mse_max_shrink, **rule)  # [N, 1]
+    scale, zero = compute_qparams(w, one_group, clip_ratio=clip, **rule)  # [N, 1]
     return scale[:, 0], (zero[:, 0].float() if zero is not None else None)
 
 
@@ -180,6 +202,7 @@ def gptq_quantize(
     dead = torch.diag(h) == 0
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
+    energy = torch.diag(h).clone()  # [K], original order
 
     # Channel-wise and static-group parameters come from the (dead-zeroed) weight in its original order.
     scales = torch.zeros(n, groups, dtype=dtype, device=w.device)  # [N, G]
@@ -187,7 +210,8 @@ def gptq_quantize(
     static = scheme.strategy == "channel" or options.act_order
     if static:
         for g in range(groups):
-            s, z = _qparams(w[:, g * group_size:(g + 1) * group_size], scheme, scale_dtype, options.symmetric_scale)
+            cols = slice(g * group_size, (g + 1) * group_size)
+            s, z = _qparams(w[:, cols], energy[cols], scheme, scale_dtype, options)
             scales[:, g] = s
             if zeros is not None:
                 zeros[:, g] = z
@@ -214,7 +238,7 @@ def gptq_quantize(
             col = i1 + i
             g = int(column_group[col])
             if not static and col % group_size == 0:
-                s, z = _qparams(w1[:, i:i + group_size], scheme, scale_dtype, options.symmetric_scale)
+                s, z = _qparams(w1[:, i:i + group_size], energy[col:col + group_size], scheme, scale_dtype, options)
                 scales[:, g] = s
                 if zeros is not None:
                     zeros[:, g] = z
