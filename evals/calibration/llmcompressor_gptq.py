@@ -4,12 +4,13 @@ Runs in an environment where `llmcompressor` is installed (it pins transformers 
 of quantkit's environment):
 
     python -m venv --system-site-packages VENV && VENV/bin/pip install llmcompressor==0.14.0.1 torch==2.13.0
-    VENV/bin/python evals/calibration/llmcompressor_gptq.py MODEL_DIR CALIB.safetensors OUT_DIR [SCHEME]
+    VENV/bin/python evals/calibration/llmcompressor_gptq.py MODEL_DIR CALIB.safetensors OUT_DIR [SCHEME [OBSERVER]]
 
 CALIB.safetensors holds `input_ids` int64 [N, L] (written by compare.py, the exact windows quantkit
 calibrates on). SCHEME: an llm-compressor preset (default W4A16), or a quantkit checkpoint folder whose
-config groups (per-layer group sizes) llm-compressor should use. Writes a compressed-tensors checkpoint
-to OUT_DIR and OUT_DIR/timing.json.
+config groups (per-layer group sizes) llm-compressor should use. OBSERVER: how llm-compressor picks the
+weights' ranges with those config groups (default memoryless_minmax, its default; memoryless_mse: its
+MSE grid search). Writes a compressed-tensors checkpoint to OUT_DIR and OUT_DIR/timing.json.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 
 
-def main(model_dir: str, calib_file: str, out_dir: str, scheme: str = "W4A16") -> int:
+def main(model_dir: str, calib_file: str, out_dir: str, scheme: str = "W4A16", observer: str = "memoryless_minmax") -> int:
     import torch
     from datasets import Dataset
     from llmcompressor import oneshot
@@ -36,7 +37,7 @@ def main(model_dir: str, calib_file: str, out_dir: str, scheme: str = "W4A16") -
     n, length = ids.shape
     data = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist()})
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    groups = _config_groups(Path(scheme)) if Path(scheme).is_dir() else None
+    groups = _config_groups(Path(scheme), observer) if Path(scheme).is_dir() else None
     chosen = {"config_groups": groups} if groups else {"targets": "Linear", "scheme": scheme}
     recipe = GPTQModifier(**chosen, ignore=["lm_head"], block_size=128, dampening_frac=0.01, actorder="static")
     start = time.perf_counter()
@@ -54,19 +55,20 @@ def main(model_dir: str, calib_file: str, out_dir: str, scheme: str = "W4A16") -
     (out / "timing.json").write_text(json.dumps({
         "seconds": seconds, "llmcompressor": llmcompressor.__version__,
         "scheme": f"config groups of {scheme}" if groups else scheme, "actorder": "static",
+        "observer": observer if groups else "the preset's",
         "dampening_frac": 0.01, "block_size": 128, "samples": n, "seq_len": length,
     }, indent=2) + "\n")
     return 0
 
 
-def _config_groups(checkpoint: Path) -> dict:
+def _config_groups(checkpoint: Path, observer: str) -> dict:
     """The weight config groups of a quantkit checkpoint's quantization_config, as llm-compressor takes them
-    (same targets, bits, symmetry and group size per layer; GPTQ with static act-order)."""
+    (same targets, bits, symmetry and group size per layer; GPTQ with static act-order; `observer` for the ranges)."""
     config = json.loads((checkpoint / "config.json").read_text())["quantization_config"]
     groups = {}
     for name, group in config["config_groups"].items():
         weights = {k: group["weights"][k] for k in ("num_bits", "type", "symmetric", "strategy", "group_size")}
-        groups[name] = {"targets": group["targets"], "weights": {**weights, "actorder": None}}
+        groups[name] = {"targets": group["targets"], "weights": {**weights, "actorder": None, "observer": observer}}
     return groups
 
 

@@ -54,6 +54,8 @@ VARIANTS = (
 # does in one run: GPTQ is deterministic, and the KV scales are observed on the quantized model either way).
 GPTQ_KV_ROW = "w4a16-gptq + kv-fp8"
 LLMC_ROW = "llm-compressor GPTQ (same groups)"
+LLMC_MSE_ROW = "llm-compressor GPTQ + MSE observer (same groups)"
+LLMC_OBSERVERS = {LLMC_ROW: "memoryless_minmax", LLMC_MSE_ROW: "memoryless_mse"}  # row -> its weight observer
 
 
 def log(message: str) -> None:
@@ -145,24 +147,26 @@ def add_kv_scales(work: Path, gptq: dict, calibration) -> dict:
     return info
 
 
-def run_llmcompressor(python: str, work: Path, float_dir: Path, calib_ids, groups_from: Path) -> dict:
+def run_llmcompressor(python: str, work: Path, float_dir: Path, calib_ids, groups_from: Path, row: str) -> dict:
+    """llm-compressor's GPTQ (row: a key of LLMC_OBSERVERS) on the calibration windows, with groups_from's groups."""
     from safetensors.torch import save_file
 
-    out = work / "checkpoints" / slug(LLMC_ROW)
+    out = work / "checkpoints" / slug(row)
     info_file = out.with_suffix(".json")
     if info_file.is_file() and out.is_dir():
         return json.loads(info_file.read_text())
     calib_file = work / "calibration-windows.safetensors"
     save_file({"input_ids": calib_ids.contiguous()}, str(calib_file))
-    log("llm-compressor GPTQ")
+    log(row)
     start = time.perf_counter()
     proc = subprocess.run([python, str(REPO / "evals" / "calibration" / "llmcompressor_gptq.py"), str(float_dir),
-                           str(calib_file), str(out), str(groups_from)], capture_output=True, text=True)
+                           str(calib_file), str(out), str(groups_from), LLMC_OBSERVERS[row]],
+                          capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"llm-compressor failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
     timing = json.loads((out / "timing.json").read_text())
-    info = {"name": LLMC_ROW, "dir": str(out), "seconds": seconds, "oneshot_seconds": timing["seconds"],
+    info = {"name": row, "dir": str(out), "seconds": seconds, "oneshot_seconds": timing["seconds"],
             "llmcompressor": timing}
     info_file.write_text(json.dumps(info, indent=2) + "\n")
     log(f"llm-compressor: {seconds:.0f} s (oneshot {timing['seconds']:.0f} s)")
@@ -257,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--variants", default=",".join([*(v[0] for v in VARIANTS), GPTQ_KV_ROW, LLMC_ROW]),
+    p.add_argument("--variants", default=",".join([*(v[0] for v in VARIANTS), GPTQ_KV_ROW, *LLMC_OBSERVERS]),
                    help="comma-separated row names to make (default: all)")
     p.add_argument("--steps", default="quantize,eval,table",
                    help="which of quantize, eval, table to run (default: all; results are kept under --work, so "
@@ -303,12 +307,14 @@ def main(argv: list[str] | None = None) -> int:
         if GPTQ_KV_ROW in wanted:
             gptq = run_quantize(work, float_dir, "w4a16-gptq", quantkit.load_recipe("w4a16-gptq"), config)
             infos[GPTQ_KV_ROW] = add_kv_scales(work, gptq, config)
-        if args.llmcompressor_python and LLMC_ROW in wanted:
+        llmc_rows = [row for row in LLMC_OBSERVERS if row in wanted] if args.llmcompressor_python else []
+        if llmc_rows:
             groups_from = run_quantize(work, float_dir, "w4a16-rtn", quantkit.load_recipe("w4a16-rtn"), config)  # GPTQ's groups
             baseline = load_float_model(str(float_dir), dtype=torch.float32)
             calib_ids = torch.cat(calibration_batches(config, baseline, tokenizer))  # the windows quantize draws
-            infos[LLMC_ROW] = run_llmcompressor(args.llmcompressor_python, work, float_dir, calib_ids,
-                                                Path(groups_from["dir"]))
+            for row in llmc_rows:
+                infos[row] = run_llmcompressor(args.llmcompressor_python, work, float_dir, calib_ids,
+                                               Path(groups_from["dir"]), row)
     if "eval" in args.steps:
         todo = {name: json.loads(f.read_text()) for name in wanted
                 if (f := work / "checkpoints" / f"{slug(name)}.json").is_file()
@@ -338,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{name}: ppl {q.perplexity:.3f} KL {q.kl_divergence:.5f} top-1 {q.top1_agreement:.4f}")
     if "table" not in args.steps:
         return 0
-    order = ["float", *(v[0] for v in VARIANTS), GPTQ_KV_ROW, LLMC_ROW]
+    order = ["float", *(v[0] for v in VARIANTS), GPTQ_KV_ROW, *LLMC_OBSERVERS]
     rows = [json.loads(f.read_text()) for name in order if (f := results_dir / f"{slug(name)}.json").is_file()]
     first = rows[1]
     command = "python evals/quality/smollm2.py" + (" --llmcompressor-python PYTHON" if args.llmcompressor_python else "")

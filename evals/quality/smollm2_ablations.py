@@ -40,9 +40,9 @@ ROWS = (
 # outputs to fp8 e4m3 with the kv-fp8 checkpoint's per-tensor scales (K before the rotary embedding: a rotation,
 # which moves the rounding error but not its size).
 KV_ROWS = (
-    ("kv fp8 K and V, simulated", ("k", "v"), "does rounding at the projections reproduce the cache's KL?"),
-    ("kv fp8 K only, simulated", ("k",), "how much of it is the keys'"),
-    ("kv fp8 V only, simulated", ("v",), "how much is the values'"),
+    ("kv fp8 K and V (simulated)", ("k", "v"), "does rounding at the projections reproduce the cache's KL?"),
+    ("kv fp8 K only (simulated)", ("k",), "how much of it is the keys'"),
+    ("kv fp8 V only (simulated)", ("v",), "how much is the values'"),
 )
 REFERENCES = {"rtn": "w4a16-rtn", "llm-compressor": "llm-compressor GPTQ (same groups)", "kv-fp8": "kv-fp8"}
 

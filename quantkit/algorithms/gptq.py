@@ -154,19 +154,18 @@ def _quantize_column(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | 
 
 def _qparams(w: torch.Tensor, energy: torch.Tensor, scheme: QuantScheme, scale_dtype: torch.dtype | None,
              options: GPTQOptions):
-    """qparams of w [N, Kg] as one group: (scale [N], zero [N] or None), fp32.
+    """qparams of w [N, Kw] in `scheme`'s groups: (scale [N, G], zero [N, G] or None), fp32.
 
-    energy: [Kg] diag(H) of those columns (weights the error of the "mse" observer).
+    energy: [Kw] diag(H) of those columns (weights the error of the "mse" observer).
     scale_dtype: round scales to the storage dtype first, so the error GPTQ compensates is the real one.
     """
-    one_group = QuantScheme(num_bits=scheme.num_bits, symmetric=scheme.symmetric, strategy="channel", group_size=None)
     rule = dict(symmetric_scale=options.symmetric_scale, scale_dtype=scale_dtype)
     clip = None
     if options.observer == "mse":
-        clip = mse_clip_ratio(w, one_group, importance=energy, grid=options.mse_grid,
-                              max_shrink=options.mse_max_shrink, **rule)  # [N, 1]
-    scale, zero = compute_qparams(w, one_group, clip_ratio=clip, **rule)  # [N, 1]
-    return scale[:, 0], (zero[:, 0].float() if zero is not None else None)
+        clip = mse_clip_ratio(w, scheme, importance=energy, grid=options.mse_grid,
+                              max_shrink=options.mse_max_shrink, **rule)  # [N, G]
+    scale, zero = compute_qparams(w, scheme, clip_ratio=clip, **rule)
+    return scale, (zero.float() if zero is not None else None)
 
 
 def gptq_quantize(
@@ -209,12 +208,11 @@ def gptq_quantize(
     zeros = None if scheme.symmetric else torch.zeros(n, groups, dtype=dtype, device=w.device)
     static = scheme.strategy == "channel" or options.act_order
     if static:
-        for g in range(groups):
-            cols = slice(g * group_size, (g + 1) * group_size)
-            s, z = _qparams(w[:, cols], energy[cols], scheme, scale_dtype, options)
-            scales[:, g] = s
-            if zeros is not None:
-                zeros[:, g] = z
+        s, z = _qparams(w, energy, scheme, scale_dtype, options)  # [N, G]
+        scales.copy_(s)
+        if zeros is not None:
+            zeros.copy_(z)
+    one_group = dataclasses.replace(scheme, strategy="channel", group_size=None, actorder=None)
 
     perm = torch.argsort(torch.diag(h), descending=True) if options.act_order else None
     if perm is not None:
@@ -238,10 +236,10 @@ def gptq_quantize(
             col = i1 + i
             g = int(column_group[col])
             if not static and col % group_size == 0:
-                s, z = _qparams(w1[:, i:i + group_size], energy[col:col + group_size], scheme, scale_dtype, options)
-                scales[:, g] = s
+                s, z = _qparams(w1[:, i:i + group_size], energy[col:col + group_size], one_group, scale_dtype, options)
+                scales[:, g] = s[:, 0]
                 if zeros is not None:
-                    zeros[:, g] = z
+                    zeros[:, g] = z[:, 0]
             zero = zeros[:, g] if zeros is not None else None
             q, deq = _quantize_column(w1[:, i], scales[:, g], zero, scheme)
             q_int[:, col] = q
