@@ -178,3 +178,73 @@ def test_offloaded_model_quantizes_like_the_in_memory_one(recipe, tmp_path):
     ids = batches[0]
     with torch.no_grad():
         torch.testing.assert_close(quantkit.load(path, backend="reference")(ids).logits, in_memory(ids).logits)
+
+
+@pytest.mark.parametrize("block_outputs", [True, False])
+def test_awq_scale_search_for_qkv_compares_the_attention_output(monkeypatch, block_outputs):
+    """AWQ's q/k/v scale search scores a candidate by the attention's output (forwards through the block on the
+    first max_search_tokens tokens), or with block_outputs=False by the q/k/v projections' outputs."""
+    from quantkit.algorithms.awq import scaled_effective_weight
+    from quantkit.calibration import awq_processor
+    from quantkit.recipe import recipe_from_dict
+
+    model = tiny_model("llama", layers=1)
+    float_model = copy.deepcopy(model)
+    batches = token_batches(model.config.vocab_size, batches=3, batch_size=2, seq_len=48)
+    qkv = ("q_proj", "k_proj", "v_proj")
+    checked = []
+    real = awq_processor.search_scales
+
+    def spy(x_mean, loss, grid, w_mean):
+        if not checked:  # the first search is block 0's q/k/v
+            s = torch.exp(0.3 * torch.randn(x_mean.shape[0], generator=torch.Generator().manual_seed(5)))
+            seen = batches[:2] if block_outputs else batches  # the first 192 tokens, or all (the subsample is all)
+            checked.append((loss(s), _qkv_loss(float_model, seen, s, qkv, block_outputs, scaled_effective_weight)))
+        return real(x_mean, loss, grid, w_mean)
+
+    monkeypatch.setattr(awq_processor, "search_scales", spy)
+    recipe = recipe_from_dict({
+        "weights": {"num_bits": 4, "symmetric": True, "strategy": "group", "group_size": 32}, "ignore": ["lm_head"],
+        "algorithm": {"name": "awq", "grid": 2, "clip": False, "block_outputs": block_outputs,
+                      "max_search_tokens": 192 if block_outputs else 4096},
+    })
+    quantkit.quantize(model, recipe, calibration_data=batches, progress=False)
+    (got, expected), = checked
+    assert got > 0
+    assert got == pytest.approx(expected, rel=1e-4)
+
+
+def _qkv_loss(float_model, batches, s, qkv, attention: bool, scaled_effective_weight):
+    """Mean squared change of the attention's output (or of the q/k/v outputs) of block 0 when q/k/v get the
+    AWQ-scaled, quantized weights Q(w * s) / s, from plain model forwards."""
+    from quantkit.scheme import QuantScheme
+
+    scheme = QuantScheme(num_bits=4, symmetric=True, strategy="group", group_size=32)
+    attn = float_model.model.layers[0].self_attn
+    names = ["self_attn"] if attention else [f"self_attn.{n}" for n in qkv]
+
+    def outputs():
+        seen = {n: [] for n in names}
+
+        def keep(name):
+            def hook(module, args, out):
+                out = out[0] if isinstance(out, tuple) else out
+                seen[name].append(out.reshape(-1, out.shape[-1]))
+            return hook
+
+        handles = [float_model.model.layers[0].get_submodule(n).register_forward_hook(keep(n)) for n in names]
+        with torch.no_grad():
+            for ids in batches:
+                float_model(ids)
+        for h in handles:
+            h.remove()
+        return torch.cat([torch.cat(seen[n]) for n in names], dim=-1)
+
+    reference = outputs()
+    originals = {n: getattr(attn, n).weight.data for n in qkv}
+    for n in qkv:
+        getattr(attn, n).weight.data = scaled_effective_weight(originals[n], s, scheme, originals[n].dtype)
+    changed = outputs()
+    for n in qkv:
+        getattr(attn, n).weight.data = originals[n]
+    return (changed - reference).pow(2).mean().item()

@@ -25,13 +25,17 @@ class LinearGroup:
     linears: names relative to the block, in call order (e.g. "self_attn.q_proj").
     prev: the module whose output is the group's input (a norm or a linear; AWQ folds 1/s into it),
       or None when there is no such module to fold into.
-    inspect: the sub-module whose output AWQ's scale search compares (it must take the group's input
-      as its only argument, like an MLP); None compares the outputs of the group's linears.
+    inspect: the sub-module whose output AWQ's scale search compares; None compares the outputs of the
+      group's linears.
+    inspect_in_block: the inspect module takes more than the group's input (an attention takes the mask
+      and the rotary embeddings): its output is read from forwards through the block up to it, instead of
+      calling it on the group's input alone (an MLP).
     """
 
     linears: tuple[str, ...]
     prev: str | None = None
     inspect: str | None = None
+    inspect_in_block: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,8 @@ class FamilyAdapter:
 
 
 LLAMA_LIKE_GROUPS = (
-    LinearGroup(("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), prev="input_layernorm"),
+    LinearGroup(("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), prev="input_layernorm",
+                inspect="self_attn", inspect_in_block=True),
     LinearGroup(("self_attn.o_proj",), prev="self_attn.v_proj"),
     LinearGroup(("mlp.gate_proj", "mlp.up_proj"), prev="post_attention_layernorm", inspect="mlp"),
     LinearGroup(("mlp.down_proj",), prev="mlp.up_proj"),

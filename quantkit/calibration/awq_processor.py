@@ -5,9 +5,10 @@ Per block, two phases:
 1. scales, on the float block: for each sub-layer step whose input comes from a module we can fold
    into (the attention norm for q/k/v, v_proj for o_proj when shapes allow, the MLP norm for
    gate/up, up_proj for down_proj), search s on the step's input and compare the sub-block's output
-   (the three projections' outputs for q/k/v, the MLP's output for gate/up, the linear's own output
-   otherwise); then fold: weight columns * s, the producer's output / s. Folding keeps the float
-   block's function, so all scales can be searched before anything is quantized (as in AWQ);
+   (the attention's output for q/k/v, as AutoAWQ and llm-compressor do, read from forwards through
+   the block; the MLP's output for gate/up; the linear's own output otherwise); then fold: weight
+   columns * s, the producer's output / s. Folding keeps the float block's function, so all scales
+   can be searched before anything is quantized (as in AWQ);
 2. clipping and rounding, in sub-layer order: each step's inputs come from a forward through the
    block whose earlier steps are already quantized.
 """
@@ -83,8 +84,18 @@ class AWQProcessor:
 
     # -- phase 1 ---------------------------------------------------------------------------------------
     def _group_output(self, ctx: BlockContext, group: LinearGroup, linears: list[nn.Linear], x: torch.Tensor) -> torch.Tensor:
-        """The sub-block output the scale search compares, fp32. x: [M, K] fp32."""
-        if group.inspect is not None:
+        """The sub-block output the scale search compares, fp32 [M', N']. x: [M, K] fp32 (the group's input rows
+        the search sees; an inspect module read in the block sees the first max_search_tokens tokens instead)."""
+        if group.inspect is not None and group.inspect_in_block and self.options.block_outputs:
+            outputs = []
+
+            def keep(module, inp, out):
+                out = out[0] if isinstance(out, tuple) else out
+                outputs.append(out.reshape(-1, out.shape[-1]).float())
+
+            ctx.forward({group.inspect: keep}, stop_after=[group.inspect], max_tokens=self.options.max_search_tokens)
+            return torch.cat(outputs)
+        if group.inspect is not None and not group.inspect_in_block:
             module = ctx.module(group.inspect)
             out = module(x.to(linears[0].weight.dtype))
             return (out[0] if isinstance(out, tuple) else out).float()

@@ -108,12 +108,14 @@ class BlockContext:
     def module(self, name: str) -> nn.Module:
         return self.block.get_submodule(name)
 
-    def forward(self, hooks: dict[str, InputHook] | None = None, stop_after: Iterable[str] = ()) -> list[torch.Tensor] | None:
+    def forward(self, hooks: dict[str, InputHook] | None = None, stop_after: Iterable[str] = (),
+                max_tokens: int | None = None) -> list[torch.Tensor] | None:
         """Run every calibration batch through the block, calling `hooks[name](module, input, output)`
         after each call of the named sub-module.
 
         stop_after: end each batch's pass as soon as all these sub-modules have run (returns None);
         when empty, the full block runs and its outputs [B, T, H] per batch are returned.
+        max_tokens: run only the first batches, as many as hold max_tokens tokens (None: all).
         """
         hooks = hooks or {}
         stop_after = set(stop_after)
@@ -136,7 +138,11 @@ class BlockContext:
             handles.append(self.module(name).register_forward_hook(make(name, hooks.get(name))))
         outputs: list[torch.Tensor] | None = [] if not stop_after else None
         try:
+            done = 0
             for b, (x, kwargs) in enumerate(zip(self.inputs, self.kwargs)):
+                if max_tokens is not None and done >= max_tokens:
+                    break
+                done += x.shape[0] * x.shape[1]
                 seen.clear()
                 try:
                     out = self.block(x, **kwargs)
