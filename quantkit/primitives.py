@@ -61,6 +61,12 @@ def compute_qparams(
     wmax = wg.amax(dim=-1).clamp(min=0.0)
     if clip_ratio is not None:
         wmin, wmax = wmin * clip_ratio, wmax * clip_ratio
+    return _range_qparams(wmin, wmax, scheme, symmetric_scale, scale_dtype)
+
+
+def _range_qparams(wmin: torch.Tensor, wmax: torch.Tensor, scheme: QuantScheme, symmetric_scale: str,
+                   scale_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """compute_qparams from the groups' ranges: wmin <= 0 <= wmax, fp32 [N, G]."""
     if scheme.symmetric:
         amax = torch.maximum(-wmin, wmax)
         if symmetric_scale not in SYMMETRIC_SCALE_RULES:
@@ -90,13 +96,21 @@ def mse_clip_ratio(
         weight = torch.ones_like(wg[:1])
     else:
         weight = _grouped(importance.float().reshape(1, -1).to(w.device), scheme)  # [1, G, group]
+    wmin = wg.amin(dim=-1).clamp(max=0.0)  # [N, G]
+    wmax = wg.amax(dim=-1).clamp(min=0.0)
     best = torch.ones(wg.shape[:2], dtype=torch.float32, device=w.device)  # [N, G]
     best_err = torch.full_like(best, float("inf"))
     for i in range(max(1, int(round(max_shrink * grid)) + 1)):
         r = 1.0 - i / grid
-        scale, zero = compute_qparams(w, scheme, clip_ratio=r, symmetric_scale=symmetric_scale, scale_dtype=scale_dtype)
-        deq = _grouped(dequantize(quantize(w, scale, zero, scheme), scale, zero, scheme), scheme)
-        err = ((deq - wg).pow(2) * weight).sum(dim=-1)  # [N, G]
+        scale, zero = _range_qparams(wmin * r, wmax * r, scheme, symmetric_scale, scale_dtype)
+        scale = scale.unsqueeze(-1)  # [N, G, 1]
+        q = torch.round(wg / scale)
+        if zero is not None:
+            zero = zero.float().unsqueeze(-1)
+            deq = (q + zero).clamp_(scheme.qmin, scheme.qmax).sub_(zero).mul_(scale)
+        else:
+            deq = q.clamp_(scheme.qmin, scheme.qmax).mul_(scale)
+        err = deq.sub_(wg).pow_(2).mul_(weight).sum(dim=-1)  # [N, G]
         better = err < best_err
         best_err = torch.where(better, err, best_err)
         best = torch.where(better, torch.full_like(best, r), best)

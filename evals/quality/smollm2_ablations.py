@@ -31,7 +31,11 @@ ROWS = (
     ("gptq mse observer", "w4a16-gptq", {"observer": "mse"}, {}, "group scales by a Hessian-weighted clipping search"),
     ("gptq 4x calibration", "w4a16-gptq", {}, {"num_samples": 64}, "is 16 x 256 tokens too little?"),
     ("gptq mse 4x calibration", "w4a16-gptq", {"observer": "mse"}, {"num_samples": 64}, "both"),
-    ("awq", "w4a16-awq", {}, {}, "the built-in recipe"),
+    ("awq", "w4a16-awq", {}, {}, "the built-in recipe (q/k/v scales scored by the attention's output)"),
+    ("awq q/k/v projection outputs", "w4a16-awq", {"block_outputs": False}, {},
+     "q/k/v scales scored by the projections' outputs instead"),
+    ("rtn asym g32", "w4a16-rtn-asym", {"weights": {"group_size": 32}}, {},
+     "the group of the GGUF's own Q4_1 format (asymmetric, 32 weights)"),
     ("awq no clip", "w4a16-awq", {"clip": False}, {}, "what the clipping search buys"),
     ("awq no duo scaling", "w4a16-awq", {"duo_scaling": False}, {}, "scales from activations only"),
     ("awq 4x calibration", "w4a16-awq", {}, {"num_samples": 64}, "is 16 x 256 tokens too little?"),
@@ -70,10 +74,13 @@ def kv_rounding_hooks(model, kv_checkpoint: Path, which: tuple[str, ...]) -> lis
 
 
 def recipe_for(builtin: str, options: dict):
+    """The built-in recipe with `options` over its algorithm's options (and options["weights"] over its weights)."""
     import quantkit
     from quantkit.recipe import recipe_from_dict
 
     data = quantkit.load_recipe(builtin).to_dict()
+    options = dict(options)
+    data["weights"] = {**data["weights"], **options.pop("weights", {})}
     data["algorithm"] = {**data["algorithm"], **options}
     return recipe_from_dict(data, name=builtin)
 
