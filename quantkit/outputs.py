@@ -3,7 +3,8 @@ what quantkit itself wrote, only when asked, and never what the command reads.
 
 - `check_writable(path, force=..., inputs=...)` before any long work: the output must not exist (unless
   force, and then `check_replaceable`), must not be, hold or lie in one of the command's inputs (a file
-  it reads, a model folder), and its nearest existing parent must be a folder this process can write into.
+  it reads, a model folder), its names must fit the filesystem (with room for the temporary names written
+  beside it), and its nearest existing parent must be a folder this process can write into.
 - `check_replaceable(folder)`: what force may replace: an empty folder, or one whose marker
   (`.quantkit-output.json`, written into every output folder) lists every file in it. Never a symbolic
   link, a file, the working folder or a folder holding it, or a folder with files quantkit did not write.
@@ -72,6 +73,7 @@ def check_writable(path: str | os.PathLike, *, force: bool = False, file: bool =
     or delete one of `inputs` (paths the command reads; None and names that are no local path are skipped),
     or its nearest existing parent is a file or is not writable. Returns the absolute path."""
     out = _absolute(path)
+    check_name_lengths(out)
     refuse_inputs(out, inputs, file=file)
     if os.path.lexists(out):
         if not force:
@@ -80,9 +82,7 @@ def check_writable(path: str | os.PathLike, *, force: bool = False, file: bool =
             raise UsageError(f"cannot write {out}: it is a folder; name a file to write")
         if not file:
             check_replaceable(out, known_files=known_files)
-    parent = out.parent
-    while not parent.exists():
-        parent = parent.parent
+    parent = _nearest_existing(out.parent)
     if not parent.is_dir():
         raise UsageError(f"cannot write {out}: {parent} is a file, not a folder; choose another output path")
     try:
@@ -92,6 +92,34 @@ def check_writable(path: str | os.PathLike, *, force: bool = False, file: bool =
             f"cannot write {out}: {parent} is not writable ({e.strerror}); choose another output path"
         ) from None
     return out
+
+
+def _nearest_existing(path: Path) -> Path:
+    """`path` or its nearest parent that exists (os.path.exists: a name too long is one that does not)."""
+    while not os.path.exists(path):
+        path = path.parent
+    return path
+
+
+def check_name_lengths(out: Path) -> None:
+    """UsageError when a name in the absolute path `out` is longer than its filesystem allows (NAME_MAX bytes,
+    usually 255): a folder to create, or the output's own name, which also needs room for the temporary
+    names written beside it (`.NAME.probe-PID-XXXXXXXX`)."""
+    existing = _nearest_existing(out)
+    try:
+        limit = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):  # no such query here: the common limit
+        limit = 255
+    for part in out.parent.relative_to(_nearest_existing(out.parent)).parts:
+        if len(os.fsencode(part)) > limit:
+            raise UsageError(f"cannot write {out}: the folder name {part!r} is {len(os.fsencode(part))} bytes, "
+                             f"more than the {limit} this filesystem allows; choose a shorter path")
+    extra = len(f"..probe-{os.getpid()}-{'0' * 8}")
+    size = len(os.fsencode(out.name))
+    if size + extra > limit:
+        raise UsageError(f"cannot write {out}: its name is {size} bytes, and quantkit writes it through a temporary "
+                         f"name {extra} bytes longer beside it, more than the {limit} bytes per name this "
+                         f"filesystem allows; choose a name of at most {limit - extra} bytes")
 
 
 def refuse_inputs(out: Path, inputs: Iterable[str | os.PathLike | None], *, file: bool) -> None:
@@ -254,7 +282,7 @@ def atomic_output_dir(out_dir: str | os.PathLike, *, force: bool = False,
     On failure the temporary folder is removed and `out_dir` is untouched.
     """
     out = _absolute(out_dir)
-    if out.parent.is_dir():
+    if os.path.isdir(out.parent):  # False for a name too long, which check_writable names
         clean_stale(out)
     check_writable(out, force=force, inputs=inputs, known_files=known_files)
     before = output_state(out) if expect is None else expect
@@ -431,9 +459,7 @@ def check_free_space(out: str | os.PathLike, needed: int) -> None:
     """NoSpaceError, before anything is written, when the filesystem that will hold `out` has fewer than
     `needed` bytes free (unknown free space passes; a quota is only found when it is hit)."""
     out = _absolute(out)
-    parent = out.parent
-    while not parent.exists():
-        parent = parent.parent
+    parent = _nearest_existing(out.parent)
     try:
         free = shutil.disk_usage(parent).free
     except OSError:

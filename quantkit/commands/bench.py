@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import add_source_mismatch_option, check_backend, input_paths, int_at_least, positive_float
+from . import add_other_baseline_option, add_source_mismatch_option, check_backend, input_paths, int_at_least, positive_float
 
 GPU_DEFAULTS = {"prompt_lens": "128,512,1024,2048,4096", "context_lens": "128,512,1024,2048,4096",
                 "batch_sizes": "1,4,16,64"}
@@ -71,6 +71,8 @@ def register(subparsers) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress lines (by default each step and each "
                                                         "measured shape is announced on stderr as it starts)")
     add_source_mismatch_option(p)
+    add_other_baseline_option(p, "the checkpoints (MODEL, --variants folders) were",
+                              "; its shapes must still match: every variant is timed on them")
     p.set_defaults(func=run)
 
 
@@ -81,7 +83,7 @@ def _split(values: list[str]) -> list[str]:
 def _command_line(model: str, baseline: str | None, variants: list[str], device, settings, *, dtype: str,
                   backend: str, gpu: str, seed: int, max_cache_gb: float | None, cuda_graphs: bool,
                   compile: str | None, compile_backend: str, threads: int | None, json_out: str | None,
-                  allow_source_mismatch: bool = False) -> str:
+                  allow_source_mismatch: bool = False, allow_other_baseline: bool = False) -> str:
     """The command that repeats this measurement (every setting spelled out)."""
     import shlex
 
@@ -112,6 +114,8 @@ def _command_line(model: str, baseline: str | None, variants: list[str], device,
         parts += ["--json", json_out]
     if allow_source_mismatch:
         parts.append("--allow-source-mismatch")
+    if allow_other_baseline:
+        parts.append("--allow-other-baseline")
     env = [f"{k}={os.environ[k]}" for k in TIMING_ENV if os.environ.get(k)]
     return shlex.join(env + parts)
 
@@ -130,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         warmup=args.warmup, repeats=args.repeats, gpu=args.gpu, max_cache_gb=args.max_cache_gb,
         cuda_graphs=not args.no_cuda_graphs, compile=args.compile, compile_backend=args.compile_backend,
         threads=args.threads, seed=args.seed, quiet=args.quiet, allow_source_mismatch=args.allow_source_mismatch,
+        allow_other_baseline=args.allow_other_baseline,
     )
     return 0
 
@@ -158,6 +163,7 @@ def benchmark(
     seed: int = 0,
     quiet: bool = False,
     allow_source_mismatch: bool = False,
+    allow_other_baseline: bool = False,
     model_label: str | None = None,
 ) -> dict:
     """Time prefill (TTFT) and decode (TPOT) of `model` and its `variants` (recipes or quantized
@@ -165,7 +171,9 @@ def benchmark(
     default lengths and batch sizes; `cuda_graphs=False` is --no-cuda-graphs; `compile` is None, "all"
     or "decode"). Prints the summary (and progress lines on stderr unless `quiet`), writes `json_out`
     when given, and returns the results as written there. `model_label`: how the results name the
-    model (default: the float model's source as given).
+    model (default: the float model's source as given). A checkpoint variant's float baseline must be
+    the model it was quantized from (harness/baseline.py); `allow_other_baseline` lets it be another
+    model of the same shapes.
     """
     import torch
 
@@ -255,6 +263,8 @@ def benchmark(
             _say(quiet, f"preparing variant {i + 1}/{len(variant_specs)}: {s} "
                         f"({'loading the checkpoint' if Path(s).is_dir() else 'quantizing a copy of the float model'})")
             built.append(build_variant(s, base, dtype=model_dtype, device=device, backend=kernel_backend))
+            if base is not None and Path(s).is_dir():
+                _check_baseline(built[-1].model, base, s, allow_other_baseline)
         return built
 
     label = model_label or str(base_source or model)
@@ -278,9 +288,23 @@ def benchmark(
         model, baseline, variant_specs if not model_is_checkpoint else variant_specs[1:], device, settings,
         dtype=dtype, backend=backend, gpu=gpu, seed=seed, max_cache_gb=max_cache_gb, cuda_graphs=cuda_graphs,
         compile=compile, compile_backend=compile_backend, threads=threads, json_out=json_out,
-        allow_source_mismatch=allow_source_mismatch)
+        allow_source_mismatch=allow_source_mismatch, allow_other_baseline=allow_other_baseline)
     print("\n".join(summary_lines(results)))
     if json_out:
         atomic_write_text(json_out, json.dumps(results, indent=1) + "\n")
         print(f"wrote {json_out}")
     return results
+
+
+def _check_baseline(checkpoint, base, which: str, allow_other_baseline: bool) -> None:
+    """UsageError unless `base` is the model the checkpoint `which` was quantized from, or (with
+    allow_other_baseline) a model of its shapes: every variant is timed on the baseline's shapes."""
+    from quantkit.errors import UsageError
+    from quantkit.harness.baseline import check_same_source, shape_mismatches
+
+    if not allow_other_baseline:
+        check_same_source(checkpoint, base, which)
+    elif problems := shape_mismatches(checkpoint, base):
+        raise UsageError(f"the baseline {getattr(base, 'name_or_path', '')} does not have the shapes of {which} "
+                         f"({'; '.join(problems[:4])}): bench times every variant on the baseline's shapes, so "
+                         f"--allow-other-baseline takes another model of the same shapes only; give such a baseline")

@@ -31,10 +31,7 @@ def source_mismatches(model: nn.Module, baseline: nn.Module) -> list[str]:
     configs = [_text_config(m) for m in (model, baseline)]
     if None in configs:
         return []
-    problems = [f"{field} {getattr(configs[0], field)} in the model, {getattr(configs[1], field)} in the baseline"
-                for field in SHAPE_FIELDS
-                if getattr(configs[0], field, None) is not None and getattr(configs[1], field, None) is not None
-                and getattr(configs[0], field) != getattr(configs[1], field)]
+    problems = shape_mismatches(model, baseline)
     if problems:
         return problems
     rtol, atol = _rounding(model, baseline)
@@ -44,6 +41,18 @@ def source_mismatches(model: nn.Module, baseline: nn.Module) -> list[str]:
         elif (worst := _largest_excess(ours, theirs, rtol, atol)) > 1:
             problems.append(f"{what} differ by up to {worst:.3g}x what rounding to their dtypes explains")
     return problems
+
+
+def shape_mismatches(model: nn.Module, baseline: nn.Module) -> list[str]:
+    """The config fields of SHAPE_FIELDS in which `baseline` differs from `model` ("hidden_size 128 in the
+    model, 256 in the baseline"); [] when they agree or a model has no config."""
+    configs = [_text_config(m) for m in (model, baseline)]
+    if None in configs:
+        return []
+    return [f"{field} {getattr(configs[0], field)} in the model, {getattr(configs[1], field)} in the baseline"
+            for field in SHAPE_FIELDS
+            if getattr(configs[0], field, None) is not None and getattr(configs[1], field, None) is not None
+            and getattr(configs[0], field) != getattr(configs[1], field)]
 
 
 def check_same_source(model: nn.Module, baseline: nn.Module, which: str) -> None:
