@@ -62,6 +62,13 @@ def _absolute(path: str | os.PathLike) -> Path:
     return Path(os.path.abspath(Path(path).expanduser()))
 
 
+def _output_path(path: str | os.PathLike) -> Path:
+    """The absolute path of an output; UsageError for an empty one (which would mean the working folder)."""
+    if not os.fspath(path):
+        raise UsageError("the output path is empty: name the file or folder to write")
+    return _absolute(path)
+
+
 def _listed(paths: list[str]) -> str:
     return ", ".join(paths[:_SHOWN]) + (f" and {len(paths) - _SHOWN} more" if len(paths) > _SHOWN else "")
 
@@ -72,7 +79,7 @@ def check_writable(path: str | os.PathLike, *, force: bool = False, file: bool =
     that `check_replaceable` refuses), it is a folder where a file is meant (file=True), it would overwrite
     or delete one of `inputs` (paths the command reads; None and names that are no local path are skipped),
     or its nearest existing parent is a file or is not writable. Returns the absolute path."""
-    out = _absolute(path)
+    out = _output_path(path)
     check_name_lengths(out)
     refuse_inputs(out, inputs, file=file)
     if os.path.lexists(out):
@@ -281,7 +288,7 @@ def atomic_output_dir(out_dir: str | os.PathLike, *, force: bool = False,
     `size_hint`: bytes the output will take, checked against the free space before anything is written.
     On failure the temporary folder is removed and `out_dir` is untouched.
     """
-    out = _absolute(out_dir)
+    out = _output_path(out_dir)
     if os.path.isdir(out.parent):  # False for a name too long, which check_writable names
         clean_stale(out)
     check_writable(out, force=force, inputs=inputs, known_files=known_files)
@@ -537,7 +544,7 @@ def publish_files(out_dir: str | os.PathLike, names: Iterable[str], *, force: bo
     unless force. With force, only files an earlier publish listed in the marker are overwritten. Other
     files of `out_dir` are kept; none of `inputs` (files the caller reads) is ever overwritten.
     """
-    out = _absolute(out_dir)
+    out = _output_path(out_dir)
     inputs = list(inputs)
     names = list(names)
     for name in names:

@@ -198,9 +198,19 @@ def benchmark(
     else:
         device = resolve_device(device, option="--device")
     check_backend(backend, device)
-    if json_out:  # before any work; never over a file this command reads
+    if json_out is not None:  # before any work; never over a file this command reads
         check_writable(json_out, force=True, file=True,
                        inputs=input_paths(model, baseline, *variants))
+    defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
+    settings = BenchSettings(  # checked before any work; the cache limit follows from the device's memory
+        prompt_lens=list(prompt_lens) if prompt_lens else int_list(defaults["prompt_lens"]),
+        context_lens=list(context_lens) if context_lens else int_list(defaults["context_lens"]),
+        batch_sizes=list(batch_sizes) if batch_sizes else int_list(defaults["batch_sizes"]),
+        prefill_batch_sizes=list(prefill_batch_sizes), warmup=warmup, repeats=repeats,
+        cuda_graphs=cuda_graphs, seed=seed,
+        compile_backend=compile_backend if compile else None,
+        compile_prefill=compile == "all",
+    )
     features = None
     if device.type == "cpu":
         from quantkit.harness.cpu_features import detect_cpu_features
@@ -221,20 +231,10 @@ def benchmark(
                   "(--dtype auto times each phase in the dtype fastest here)", file=sys.stderr)
     for phase, reason in dtype_reasons.items():
         _say(quiet, f"{phase} runs in {str(phase_dtypes[phase]).removeprefix('torch.')} ({reason})")
-    defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
     if gpu.strip().lower() == "probe":
         _say(quiet, f"measuring the memory bandwidth and matmul peak of {device} (the roofline's device)")
     spec = resolve_device_spec(gpu, device, dtype=phase_dtypes["prefill"])
-    max_cache = max_cache_gb * 2**30 if max_cache_gb else spec.memory_bytes / 4
-    settings = BenchSettings(
-        prompt_lens=list(prompt_lens) if prompt_lens else int_list(defaults["prompt_lens"]),
-        context_lens=list(context_lens) if context_lens else int_list(defaults["context_lens"]),
-        batch_sizes=list(batch_sizes) if batch_sizes else int_list(defaults["batch_sizes"]),
-        prefill_batch_sizes=list(prefill_batch_sizes), warmup=warmup, repeats=repeats,
-        cuda_graphs=cuda_graphs, max_cache_bytes=max_cache, seed=seed,
-        compile_backend=compile_backend if compile else None,
-        compile_prefill=compile == "all",
-    )
+    settings.max_cache_bytes = max_cache_gb * 2**30 if max_cache_gb else spec.memory_bytes / 4
     variant_specs = list(variants)
     model_is_checkpoint = not model.endswith(".json") and is_quantized_checkpoint(resolve_model_source(model))
     if model_is_checkpoint:
@@ -290,7 +290,7 @@ def benchmark(
         compile=compile, compile_backend=compile_backend, threads=threads, json_out=json_out,
         allow_source_mismatch=allow_source_mismatch, allow_other_baseline=allow_other_baseline)
     print("\n".join(summary_lines(results)))
-    if json_out:
+    if json_out is not None:
         atomic_write_text(json_out, json.dumps(results, indent=1) + "\n")
         print(f"wrote {json_out}")
     return results

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.outputs import atomic_write_text, check_writable
 
     check_backend(args.backend, resolve_device(args.device, option="--device"))
-    if args.json:  # before any work; never over a file this command reads
+    if args.json is not None:  # before any work; never over a file this command reads
         check_writable(args.json, force=True, file=True, inputs=input_paths(args.model, args.baseline, args.data))
     dtype = torch_dtype(args.dtype)
     strict = not args.allow_source_mismatch
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"KL          {result['kl_divergence']:.6f} nats/token")
     print(f"top-1 agree {result['top1_agreement']:.4f}")
     print(f"over {result['windows']} windows of {result['window']} tokens ({result['tokens']} predictions)")
-    if args.json:
+    if args.json is not None:
         atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
     return 0
 
