@@ -86,6 +86,10 @@ def _advise_two_results_one_scheme(work):
     return [*ADVISE, "--quality", _quality(work, "rtn", "w4a16-rtn", 12.0), _quality(work, "gptq", "w4a16-gptq", 11.5)]
 
 
+def _demo(*options: str):
+    return lambda work: ["demo", "--model", "ref:tiny", "--no-bench", "--out", str(work / "out"), *options]
+
+
 CASES = [
     Case("probe-out-name-too-long", "`quantize --out` a name of 256 bytes (more than NAME_MAX)", _out_name_too_long,
          "bytes per name this filesystem allows; choose a name of at most", skip=_names_can_be_longer),
@@ -114,4 +118,11 @@ CASES = [
          _report_quality_twice, "two quality results are named 'w4a16-rtn'", creates="report"),
     Case("probe-advise-two-results-one-scheme", "`advise --quality` RTN and GPTQ results of one scheme (was: the "
          "last one used)", _advise_two_results_one_scheme, "both measured 4-bit symmetric weights"),
+    Case("probe-demo-no-recipes", "`demo --recipes ,` (was: a traceback)", _demo("--recipes", ","),
+         "names no recipe", creates="out"),
+    Case("probe-demo-recipe-twice", "`demo --recipes w4a16-rtn,w4a16-rtn` (was: a temporary folder named, --force "
+         "advised)", _demo("--recipes", "w4a16-rtn,w4a16-rtn"), "names the recipe 'w4a16-rtn' twice", creates="out"),
+    Case("probe-demo-max-tokens-below-window", "`demo --max-tokens 64` for a model of 256 positions (was: advised "
+         "--window, which demo lacks)", _demo("--max-tokens", "64"),
+         "--max-tokens 64 is less than one evaluation window of 256 tokens", creates="out"),
 ]
