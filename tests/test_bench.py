@@ -186,6 +186,18 @@ def test_bench_checks_that_the_baseline_is_the_checkpoints_source(tmp_path, caps
     assert data["command"].endswith("--allow-other-baseline")
 
 
+def test_the_default_cache_limit_is_a_quarter_of_the_timed_devices_memory():
+    """--gpu h200 on a CPU prices the roofline only: the KV cache limit comes from this machine's RAM."""
+    import os
+
+    from quantkit.commands.bench import benchmark
+
+    data = benchmark("ref:tiny", gpu="h200", device="cpu", dtype="float32", prompt_lens=[8], context_lens=[8],
+                     batch_sizes=[1], warmup=0, repeats=1, quiet=True)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert data["settings"]["max_cache_bytes"] == ram / 4 != data["device"]["spec"]["memory_bytes"] / 4
+
+
 def test_fp8_kv_variant_decodes_with_half_the_cache_bytes(tmp_path):
     from quantkit.harness.timing import BenchSettings, decode_run, measure
 

@@ -58,7 +58,8 @@ def register(subparsers) -> None:
     p.add_argument("--gpu", default="probe", help="roofline device: a known GPU name (h200, h100-sxm, a100, ...) or "
                                                   "'probe' to measure this device (default)")
     p.add_argument("--max-cache-gb", type=positive_float, help="skip decode shapes whose KV cache exceeds this (default: "
-                                                      "a quarter of the device memory)")
+                                                      "a quarter of the memory of the device timed: the GPU's, or "
+                                                      "the RAM on CPU)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="time eager decode steps on GPU")
     p.add_argument("--compile", nargs="?", const="all", choices=("all", "decode"),
                    help="run every variant's forward (baseline included) through torch.compile, in both phases "
@@ -177,7 +178,7 @@ def benchmark(
     """
     import torch
 
-    from quantkit.harness.hardware import resolve_device_spec
+    from quantkit.harness.hardware import device_memory_bytes, resolve_device_spec
     from quantkit.harness.report import summary_lines
     from quantkit.dtypes import parse_dtype
     from quantkit.harness.timing import BenchSettings, merge_phases, run_bench
@@ -234,7 +235,8 @@ def benchmark(
     if gpu.strip().lower() == "probe":
         _say(quiet, f"measuring the memory bandwidth and matmul peak of {device} (the roofline's device)")
     spec = resolve_device_spec(gpu, device, dtype=phase_dtypes["prefill"])
-    settings.max_cache_bytes = max_cache_gb * 2**30 if max_cache_gb else spec.memory_bytes / 4
+    # a quarter of the memory of the device timed (not of --gpu's, which only prices the roofline)
+    settings.max_cache_bytes = max_cache_gb * 2**30 if max_cache_gb else device_memory_bytes(device) / 4
     variant_specs = list(variants)
     model_is_checkpoint = not model.endswith(".json") and is_quantized_checkpoint(resolve_model_source(model))
     if model_is_checkpoint:
