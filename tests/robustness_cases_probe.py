@@ -86,6 +86,10 @@ def _advise_two_results_one_scheme(work):
     return [*ADVISE, "--quality", _quality(work, "rtn", "w4a16-rtn", 12.0), _quality(work, "gptq", "w4a16-gptq", 11.5)]
 
 
+def _inspect_config_file(work):
+    return ["inspect", str(checkpoint(work) / "config.json")]
+
+
 def _demo(*options: str):
     return lambda work: ["demo", "--model", "ref:tiny", "--no-bench", "--out", str(work / "out"), *options]
 
@@ -125,4 +129,6 @@ CASES = [
     Case("probe-demo-max-tokens-below-window", "`demo --max-tokens 64` for a model of 256 positions (was: advised "
          "--window, which demo lacks)", _demo("--max-tokens", "64"),
          "--max-tokens 64 is less than one evaluation window of 256 tokens", creates="out"),
+    Case("probe-inspect-config-file", "`inspect CK/config.json` (was: \"has no config.json\")", _inspect_config_file,
+         "config.json is not a model folder but a file; give the folder that holds the model"),
 ]
