@@ -72,6 +72,10 @@ def _bench_compile_backend(work):
     return ["bench", "ref:tiny", "--compile", "--compile-backend", "nonsense", *TINY_BENCH]
 
 
+def _bench_backend_without_compile(work):
+    return ["bench", "ref:tiny", "--compile-backend", "aot_eager", *TINY_BENCH]
+
+
 def _bench_nothing_measured(work):
     return ["bench", "ref:tiny", "--prompt-lens", "100000", "--context-lens", "100000", "--batch-sizes", "1",
             "--warmup", "0", "--repeats", "1", "--gpu", "h200", "--device", "cpu", "--quiet"]
@@ -116,6 +120,8 @@ CASES = [
          _bench_seed, "outside the range of torch's generators"),
     Case("probe-bench-compile-backend", "`bench --compile --compile-backend nonsense` (was: a traceback)",
          _bench_compile_backend, "'nonsense' is not a torch.compile backend"),
+    Case("probe-bench-backend-without-compile", "`bench --compile-backend aot_eager` without `--compile` (was: "
+         "ignored, timed eager)", _bench_backend_without_compile, "takes effect only with --compile"),
     Case("probe-bench-nothing-measured", "`bench` whose every length exceeds the context (was: exit 0, no timings)",
          _bench_nothing_measured, "nothing would be measured"),
     Case("probe-report-quality-twice", "`report --quality w4.json w4.json` (was: the row twice)",

@@ -65,7 +65,7 @@ def register(subparsers) -> None:
                    help="run every variant's forward (baseline included) through torch.compile, in both phases "
                         "(all, the default) or in decode only; on GPU the compiled decode step is replayed as a "
                         "CUDA graph")
-    p.add_argument("--compile-backend", default="inductor",
+    p.add_argument("--compile-backend", default=None,
                    help="torch.compile backend for --compile (default inductor; aot_eager/eager only trace)")
     p.add_argument("--threads", type=int_at_least(1), help="CPU threads (torch.set_num_threads)")
     p.add_argument("--seed", type=int, default=0, help="seed of random models, prompts and caches")
@@ -128,12 +128,17 @@ def _say(quiet: bool, message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.compile_backend is not None and not args.compile:
+        from quantkit.errors import UsageError
+
+        raise UsageError(f"--compile-backend {args.compile_backend} takes effect only with --compile; add --compile "
+                         f"(or drop --compile-backend)")
     benchmark(
         args.model, baseline=args.baseline, variants=_split(args.variants), json_out=args.json_out,
         device=args.device, dtype=args.dtype, backend=args.backend, prompt_lens=args.prompt_lens,
         context_lens=args.context_lens, batch_sizes=args.batch_sizes, prefill_batch_sizes=args.prefill_batch_sizes,
         warmup=args.warmup, repeats=args.repeats, gpu=args.gpu, max_cache_gb=args.max_cache_gb,
-        cuda_graphs=not args.no_cuda_graphs, compile=args.compile, compile_backend=args.compile_backend,
+        cuda_graphs=not args.no_cuda_graphs, compile=args.compile, compile_backend=args.compile_backend or "inductor",
         threads=args.threads, seed=args.seed, quiet=args.quiet, allow_source_mismatch=args.allow_source_mismatch,
         allow_other_baseline=args.allow_other_baseline,
     )
