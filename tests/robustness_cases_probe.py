@@ -76,6 +76,14 @@ def _bench_backend_without_compile(work):
     return ["bench", "ref:tiny", "--compile-backend", "aot_eager", *TINY_BENCH]
 
 
+def _bench_variant_plus(work):
+    return ["bench", "ref:tiny", "--variants", "+", *TINY_BENCH]
+
+
+def _eval_max_tokens_huge(work):
+    return ["eval", str(checkpoint(work)), "--baseline", "ref:tiny", "--max-tokens", str(10**12)]
+
+
 def _bench_nothing_measured(work):
     return ["bench", "ref:tiny", "--prompt-lens", "100000", "--context-lens", "100000", "--batch-sizes", "1",
             "--warmup", "0", "--repeats", "1", "--gpu", "h200", "--device", "cpu", "--quiet"]
@@ -137,4 +145,8 @@ CASES = [
          "--max-tokens 64 is less than one evaluation window of 256 tokens", creates="out"),
     Case("probe-inspect-config-file", "`inspect CK/config.json` (was: \"has no config.json\")", _inspect_config_file,
          "config.json is not a model folder but a file; give the folder that holds the model"),
+    Case("probe-bench-variant-plus", "`bench --variants +` (was: an unnamed copy of the float model timed)",
+         _bench_variant_plus, "variant '+' names no recipe"),
+    Case("probe-eval-max-tokens-huge", "`eval --max-tokens 10**12` (was: MemoryError reserving 4 TB for the text)",
+         _eval_max_tokens_huge, "is more than the evaluation text has"),
 ]
