@@ -80,7 +80,7 @@ def check_writable(path: str | os.PathLike, *, force: bool = False, file: bool =
     or delete one of `inputs` (paths the command reads; None and names that are no local path are skipped),
     or its nearest existing parent is a file or is not writable. Returns the absolute path."""
     out = _output_path(path)
-    check_name_lengths(out)
+    _check_name_lengths(out)
     refuse_inputs(out, inputs, file=file)
     if os.path.lexists(out):
         if not force:
@@ -108,7 +108,7 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-def check_name_lengths(out: Path) -> None:
+def _check_name_lengths(out: Path) -> None:
     """UsageError when a name in the absolute path `out` is longer than its filesystem allows (NAME_MAX bytes,
     usually 255): a folder to create, or the output's own name, which also needs room for the temporary
     names written beside it (`.NAME.probe-PID-XXXXXXXX`)."""

@@ -1,4 +1,4 @@
-"""Output paths the filesystem cannot hold or that name nothing, baselines that are not the source, settings torch refuses, results given twice."""
+"""Inputs the CLI took silently or with a traceback: output paths, baselines, bench settings, results given twice, demo options."""
 
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import add_other_baseline_option, add_source_mismatch_option, check_backend, input_paths, int_at_least, positive_float
+from . import (add_other_baseline_option, add_source_mismatch_option, check_backend, input_paths, int_at_least,
+               positive_float)
 
 GPU_DEFAULTS = {"prompt_lens": "128,512,1024,2048,4096", "context_lens": "128,512,1024,2048,4096",
                 "batch_sizes": "1,4,16,64"}
