@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
-from .robustness_cases import Case, checkpoint
+from .robustness_cases import Case, checkpoint, float_folder
 
 LONG = "n" * 256  # one byte more than the usual NAME_MAX of 255
 TINY_BENCH = ["--prompt-lens", "8", "--context-lens", "8", "--batch-sizes", "1", "--warmup", "0", "--repeats", "1",
@@ -24,6 +25,16 @@ def _quality(work: Path, name: str, recipe: str, perplexity: float) -> str:
     path = work / f"{name}.json"
     path.write_text(json.dumps({"recipe": recipe, "perplexity": perplexity, "baseline_perplexity": 11.0}) + "\n")
     return str(path)
+
+
+def _small_folder(work: Path) -> Path:
+    """A copy of the small reference model's folder (another model than the tiny one)."""
+    dest = work.parent / "_shared" / "small-float"
+    if not dest.exists():
+        from quantkit.loading import resolve_model_source
+
+        shutil.copytree(resolve_model_source("ref:small"), dest)
+    return dest
 
 
 def _out_name_too_long(work):
@@ -48,11 +59,12 @@ def _advise_json_empty(work):
 
 
 def _bench_other_baseline(work):
-    return ["bench", str(checkpoint(work)), "--baseline", "ref:small", *TINY_BENCH]
+    return ["bench", str(checkpoint(work)), "--baseline", str(_small_folder(work)), *TINY_BENCH]
 
 
 def _bench_other_shapes_allowed(work):
-    return ["bench", str(checkpoint(work)), "--baseline", "ref:small", "--allow-other-baseline", *TINY_BENCH]
+    return ["bench", str(checkpoint(work)), "--baseline", str(_small_folder(work)), "--allow-other-baseline",
+            *TINY_BENCH]
 
 
 def _eval_checkpoint_as_baseline(work):
@@ -61,7 +73,7 @@ def _eval_checkpoint_as_baseline(work):
 
 
 def _eval_reversed(work):
-    return ["eval", "ref:tiny", "--baseline", str(checkpoint(work)), "--max-tokens", "64", "--window", "32"]
+    return ["eval", str(float_folder(work)), "--baseline", str(checkpoint(work)), "--max-tokens", "64", "--window", "32"]
 
 
 def _bench_seed(work):
@@ -122,7 +134,7 @@ CASES = [
          _bench_other_shapes_allowed, "bench times every variant on the baseline's shapes"),
     Case("probe-eval-checkpoint-as-baseline", "`eval CK --baseline CK` (was: KL 0, exit 0)",
          _eval_checkpoint_as_baseline, "the baseline is itself quantized: 14 of its linears"),
-    Case("probe-eval-reversed", "`eval ref:tiny --baseline CK` (model and baseline swapped; was: exit 0)",
+    Case("probe-eval-reversed", "`eval FLOAT --baseline CK` (model and baseline swapped; was: exit 0)",
          _eval_reversed, "the baseline is itself quantized"),
     Case("probe-bench-seed-overflow", "`bench --seed 10**23` (was: a traceback after loading the models)",
          _bench_seed, "outside the range of torch's generators"),
