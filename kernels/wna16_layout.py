@@ -195,7 +195,7 @@ def to_triton_layout(
     Group sizes must be a multiple of B (so the B consecutive values of one bit field share a scale)
     or cover the whole row (per channel).
     """
-    n, k, bits = shape.out_features, shape.in_features, shape.bits
+    k, bits = shape.in_features, shape.bits
     require_triton_layout(shape)
     per_word = 32 // bits
     rows = triton_word_rows(k, bits)

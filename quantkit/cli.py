@@ -32,29 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     stderr and no traceback; 130: interrupted.
     """
     args = build_parser().parse_args(argv)
-    from .errors import OutputExistsError, QuantkitError
+    from .errors import run_command
 
-    try:
-        return int(args.func(args) or 0)
-    except OutputExistsError as e:
-        return _fail(args, f"output {e.path} already exists{e.detail}: choose another --out, or pass --force to replace it")
-    except QuantkitError as e:
-        return _fail(args, str(e), status=getattr(e, "exit_status", 2))
-    except OSError as e:  # a file that cannot be read or written (permissions, full disk, not a folder)
-        if e.filename is None:
-            raise
-        where = f"{e.filename}" + (f" -> {e.filename2}" if e.filename2 else "")
-        return _fail(args, f"{where}: {e.strerror or e}", status=1)
-    except KeyboardInterrupt:
-        print(f"quantkit {args.command}: interrupted", file=sys.stderr)
-        return 130
-
-
-def _fail(args: argparse.Namespace, message: str, status: int = 2) -> int:
-    from .errors import shorten
-
-    print(f"quantkit {args.command}: error: {shorten(message)}", file=sys.stderr)
-    return status
+    return run_command(f"quantkit {args.command}", lambda: args.func(args))
 
 
 if __name__ == "__main__":

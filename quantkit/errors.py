@@ -1,12 +1,15 @@
 """Exceptions with messages that name the problem and the fix.
 
 Every error quantkit raises for bad input is a QuantkitError: the command line prints its message
-(no traceback) and exits with status 2 (NoSpaceError: 1). Each kind is also a ValueError (or
+(no traceback) and exits with status 2 (NoSpaceError: 1); `run_command` does that for each command line
+(`quantkit`, `python -m quantkit.refmodels`). Each kind is also a ValueError (or
 FileExistsError, OSError), so Python callers that caught those before still do.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 #: The longest message an error carries: whatever it quotes of the input (a value, a list of keys), it stays
@@ -80,7 +83,35 @@ class NoSpaceError(QuantkitError, OSError):
     exit_status = 1
 
 
+def run_command(prog: str, command: Callable[[], "int | None"]) -> int:
+    """Run one command of a command line (`command()`, whose result is the exit status; None is 0) and
+    return its exit status, printing each failure as one line `PROG: error: MESSAGE` on stderr.
+
+    2: bad input (a QuantkitError; an existing output names the flags --out and --force); 1: a file
+    could not be read or written (an OSError naming it, or NoSpaceError); 130: interrupted. Any other
+    exception is a bug of quantkit and keeps its traceback.
+    """
+    def fail(message: str, status: int = 2) -> int:
+        print(f"{prog}: error: {shorten(message)}", file=sys.stderr)
+        return status
+
+    try:
+        return int(command() or 0)
+    except OutputExistsError as e:
+        return fail(f"output {e.path} already exists{e.detail}: choose another --out, or pass --force to replace it")
+    except QuantkitError as e:
+        return fail(str(e), getattr(e, "exit_status", 2))
+    except OSError as e:  # a file that cannot be read or written (permissions, full disk, not a folder)
+        if e.filename is None:
+            raise
+        where = f"{e.filename}" + (f" -> {e.filename2}" if e.filename2 else "")
+        return fail(f"{where}: {e.strerror or e}", 1)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+
+
 __all__ = [
     "CheckpointError", "ConfigError", "EvaluationError", "NoSpaceError", "OutputExistsError", "OutputRefusedError",
-    "QuantizationError", "QuantkitError", "UsageError", "shorten",
+    "QuantizationError", "QuantkitError", "UsageError", "run_command", "shorten",
 ]

@@ -68,6 +68,9 @@ def resolve_model_source(name: str | os.PathLike) -> str:
 def read_config_json(folder: Path) -> dict:
     """The model folder's config.json as a dict; CheckpointError if it is missing, not JSON or not an object."""
     path = folder / "config.json"
+    if folder.is_file():
+        raise CheckpointError(f"{folder} is not a model folder but a file; give the folder that holds the model "
+                              f"({folder.parent})")
     if not path.is_file():
         raise CheckpointError(f"{folder} is not a model folder: it has no config.json")
     try:

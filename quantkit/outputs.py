@@ -3,7 +3,8 @@ what quantkit itself wrote, only when asked, and never what the command reads.
 
 - `check_writable(path, force=..., inputs=...)` before any long work: the output must not exist (unless
   force, and then `check_replaceable`), must not be, hold or lie in one of the command's inputs (a file
-  it reads, a model folder), and its nearest existing parent must be a folder this process can write into.
+  it reads, a model folder), its names must fit the filesystem (with room for the temporary names written
+  beside it), and its nearest existing parent must be a folder this process can write into.
 - `check_replaceable(folder)`: what force may replace: an empty folder, or one whose marker
   (`.quantkit-output.json`, written into every output folder) lists every file in it. Never a symbolic
   link, a file, the working folder or a folder holding it, or a folder with files quantkit did not write.
@@ -61,6 +62,13 @@ def _absolute(path: str | os.PathLike) -> Path:
     return Path(os.path.abspath(Path(path).expanduser()))
 
 
+def _output_path(path: str | os.PathLike) -> Path:
+    """The absolute path of an output; UsageError for an empty one (which would mean the working folder)."""
+    if not os.fspath(path):
+        raise UsageError("the output path is empty: name the file or folder to write")
+    return _absolute(path)
+
+
 def _listed(paths: list[str]) -> str:
     return ", ".join(paths[:_SHOWN]) + (f" and {len(paths) - _SHOWN} more" if len(paths) > _SHOWN else "")
 
@@ -71,7 +79,8 @@ def check_writable(path: str | os.PathLike, *, force: bool = False, file: bool =
     that `check_replaceable` refuses), it is a folder where a file is meant (file=True), it would overwrite
     or delete one of `inputs` (paths the command reads; None and names that are no local path are skipped),
     or its nearest existing parent is a file or is not writable. Returns the absolute path."""
-    out = _absolute(path)
+    out = _output_path(path)
+    _check_name_lengths(out)
     refuse_inputs(out, inputs, file=file)
     if os.path.lexists(out):
         if not force:
@@ -80,9 +89,7 @@ def check_writable(path: str | os.PathLike, *, force: bool = False, file: bool =
             raise UsageError(f"cannot write {out}: it is a folder; name a file to write")
         if not file:
             check_replaceable(out, known_files=known_files)
-    parent = out.parent
-    while not parent.exists():
-        parent = parent.parent
+    parent = _nearest_existing(out.parent)
     if not parent.is_dir():
         raise UsageError(f"cannot write {out}: {parent} is a file, not a folder; choose another output path")
     try:
@@ -92,6 +99,34 @@ def check_writable(path: str | os.PathLike, *, force: bool = False, file: bool =
             f"cannot write {out}: {parent} is not writable ({e.strerror}); choose another output path"
         ) from None
     return out
+
+
+def _nearest_existing(path: Path) -> Path:
+    """`path` or its nearest parent that exists (os.path.exists: a name too long is one that does not)."""
+    while not os.path.exists(path):
+        path = path.parent
+    return path
+
+
+def _check_name_lengths(out: Path) -> None:
+    """UsageError when a name in the absolute path `out` is longer than its filesystem allows (NAME_MAX bytes,
+    usually 255): a folder to create, or the output's own name, which also needs room for the temporary
+    names written beside it (`.NAME.probe-PID-XXXXXXXX`)."""
+    existing = _nearest_existing(out)
+    try:
+        limit = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):  # no such query here: the common limit
+        limit = 255
+    for part in out.parent.relative_to(_nearest_existing(out.parent)).parts:
+        if len(os.fsencode(part)) > limit:
+            raise UsageError(f"cannot write {out}: the folder name {part!r} is {len(os.fsencode(part))} bytes, "
+                             f"more than the {limit} this filesystem allows; choose a shorter path")
+    extra = len(f"..probe-{os.getpid()}-{'0' * 8}")
+    size = len(os.fsencode(out.name))
+    if size + extra > limit:
+        raise UsageError(f"cannot write {out}: its name is {size} bytes, and quantkit writes it through a temporary "
+                         f"name {extra} bytes longer beside it, more than the {limit} bytes per name this "
+                         f"filesystem allows; choose a name of at most {limit - extra} bytes")
 
 
 def refuse_inputs(out: Path, inputs: Iterable[str | os.PathLike | None], *, file: bool) -> None:
@@ -253,8 +288,8 @@ def atomic_output_dir(out_dir: str | os.PathLike, *, force: bool = False,
     `size_hint`: bytes the output will take, checked against the free space before anything is written.
     On failure the temporary folder is removed and `out_dir` is untouched.
     """
-    out = _absolute(out_dir)
-    if out.parent.is_dir():
+    out = _output_path(out_dir)
+    if os.path.isdir(out.parent):  # False for a name too long, which check_writable names
         clean_stale(out)
     check_writable(out, force=force, inputs=inputs, known_files=known_files)
     before = output_state(out) if expect is None else expect
@@ -431,9 +466,7 @@ def check_free_space(out: str | os.PathLike, needed: int) -> None:
     """NoSpaceError, before anything is written, when the filesystem that will hold `out` has fewer than
     `needed` bytes free (unknown free space passes; a quota is only found when it is hit)."""
     out = _absolute(out)
-    parent = out.parent
-    while not parent.exists():
-        parent = parent.parent
+    parent = _nearest_existing(out.parent)
     try:
         free = shutil.disk_usage(parent).free
     except OSError:
@@ -511,7 +544,7 @@ def publish_files(out_dir: str | os.PathLike, names: Iterable[str], *, force: bo
     unless force. With force, only files an earlier publish listed in the marker are overwritten. Other
     files of `out_dir` are kept; none of `inputs` (files the caller reads) is ever overwritten.
     """
-    out = _absolute(out_dir)
+    out = _output_path(out_dir)
     inputs = list(inputs)
     names = list(names)
     for name in names:

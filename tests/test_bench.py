@@ -161,6 +161,43 @@ def test_bench_rejects_bad_input(tmp_path, capsys):
     assert "quantkit bench: error: --baseline is for a quantized MODEL" in capsys.readouterr().err
 
 
+def test_bench_checks_that_the_baseline_is_the_checkpoints_source(tmp_path, capsys):
+    """As `eval` does: a checkpoint benchmarked against a float model it was not quantized from is refused
+    (here: the tiny model with its embedding rows reversed); --allow-other-baseline takes that model."""
+    import quantkit
+    from quantkit.cli import main
+
+    checkpoint, other = tmp_path / "w4", tmp_path / "other"
+    quantkit.save(quantkit.quantize(quantkit.load("ref:tiny"), "w4a16-rtn", progress=False), checkpoint)
+    model = quantkit.load("ref:tiny")
+    with torch.no_grad():
+        model.get_input_embeddings().weight.copy_(model.get_input_embeddings().weight.flip(0))
+    model.save_pretrained(other)
+    argv = ["bench", str(checkpoint), "--baseline", str(other), "--prompt-lens", "8", "--context-lens", "8",
+            "--batch-sizes", "1", "--warmup", "0", "--repeats", "1", "--gpu", "h200", "--device", "cpu",
+            "--dtype", "float32", "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"the baseline {other} is not the model {checkpoint} was quantized from (the input embeddings differ" in err
+    out = tmp_path / "bench.json"
+    assert main([*argv, "--allow-other-baseline", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [v["name"] for v in data["variants"]][1:] == ["w4"] and len(data["decode"]) == 2
+    assert data["command"].endswith("--allow-other-baseline")
+
+
+def test_the_default_cache_limit_is_a_quarter_of_the_timed_devices_memory():
+    """--gpu h200 on a CPU prices the roofline only: the KV cache limit comes from this machine's RAM."""
+    import os
+
+    from quantkit.commands.bench import benchmark
+
+    data = benchmark("ref:tiny", gpu="h200", device="cpu", dtype="float32", prompt_lens=[8], context_lens=[8],
+                     batch_sizes=[1], warmup=0, repeats=1, quiet=True)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert data["settings"]["max_cache_bytes"] == ram / 4 != data["device"]["spec"]["memory_bytes"] / 4
+
+
 def test_fp8_kv_variant_decodes_with_half_the_cache_bytes(tmp_path):
     from quantkit.harness.timing import BenchSettings, decode_run, measure
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from quantkit.harness.roofline import ModelShape
-from quantkit.harness.timing import BenchSettings, fill_cache, make_decode_cache, rewind
+from quantkit.harness.timing import fill_cache, make_decode_cache, rewind
 from quantkit.harness.variants import build_variant, load_source_model
 from quantkit.modules.kv_scales import cache_keyword
 

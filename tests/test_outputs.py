@@ -11,8 +11,8 @@ import sys
 import pytest
 
 import quantkit
-from quantkit.errors import OutputExistsError, OutputRefusedError
-from quantkit.outputs import MARKER, atomic_output_dir, atomic_write_text, clean_stale, publish_files
+from quantkit.errors import OutputExistsError, OutputRefusedError, UsageError
+from quantkit.outputs import MARKER, atomic_output_dir, atomic_write_text, check_writable, clean_stale, publish_files
 
 
 def _dead_pid() -> int:
@@ -178,3 +178,28 @@ def test_an_unwritable_output_is_found_before_any_work(tmp_path, monkeypatch, ca
     monkeypatch.setattr(quantkit.loading, "load_float_model", no_work)
     assert main(["quantize", "ref:tiny", "--recipe", "w4a16-rtn", "--out", str(tmp_path / "locked" / "out")]) == 2
     assert "is not writable (Permission denied)" in capsys.readouterr().err
+
+
+def test_names_too_long_for_the_filesystem_are_named_before_any_work(tmp_path):
+    """The longest output name accepted is written (with the temporary names beside it); one byte more, or a
+    folder name over NAME_MAX on the way, is refused with the limit (not as an unwritable folder)."""
+    limit = os.pathconf(tmp_path, "PC_NAME_MAX")
+    longest = next(n for n in range(limit, 0, -1) if _accepted(tmp_path / ("a" * n)))
+    assert limit - 30 < longest < limit
+    with atomic_output_dir(tmp_path / ("a" * longest)) as tmp:
+        (tmp / "x.txt").write_text("x")
+    atomic_write_text(tmp_path / ("b" * longest), "x")
+    assert {p.name for p in tmp_path.iterdir()} == {"a" * longest, "b" * longest}
+    with pytest.raises(UsageError, match=f"{limit} bytes per name this filesystem allows; choose a name of at most "
+                                         f"{longest} bytes"):
+        atomic_output_dir(tmp_path / ("c" * (longest + 1))).__enter__()
+    with pytest.raises(UsageError, match=f"the folder name 'dd*' is {limit + 1} bytes, more than the {limit}"):
+        check_writable(tmp_path / ("d" * (limit + 1)) / "out.json", file=True)
+
+
+def _accepted(path) -> bool:
+    try:
+        check_writable(path)
+        return True
+    except UsageError:
+        return False

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -218,6 +217,31 @@ def test_unknown_model_name_is_a_clear_error():
         refmodels.resolve_model_name("ref:huge")
     with pytest.raises(SystemExit):
         refmodels_main(["build", "huge"])
+
+
+@pytest.mark.parametrize("out", ["m" * 300, "m" * 300 + "/model"], ids=["name", "folder"])
+def test_cli_names_an_output_path_too_long_for_the_filesystem(tmp_path, monkeypatch, capsys, out):
+    monkeypatch.chdir(tmp_path)
+    assert refmodels_main(["build", "tiny", "--out", out, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"python -m quantkit.refmodels build: error: cannot write {tmp_path / out}: ")
+    assert "300 bytes" in err and err.count("\n") == 1 and not list(tmp_path.iterdir())
+
+
+def test_cli_reports_an_interrupt_and_a_full_disk_as_quantkit_does(tmp_path, monkeypatch, capsys):
+    from quantkit.errors import NoSpaceError
+    from quantkit.refmodels import cli
+
+    for raised, status, line in [
+        (KeyboardInterrupt(), 130, "interrupted"),
+        (NoSpaceError("no space left on the device: free 1 GB"), 1, "error: no space left on the device: free 1 GB"),
+    ]:
+        def fail(*args, **kwargs):
+            raise raised
+
+        monkeypatch.setattr(cli, "build_atomically", fail)
+        assert refmodels_main(["build", "tiny", "--out", str(tmp_path / "m")]) == status
+        assert capsys.readouterr().err == f"python -m quantkit.refmodels build: {line}\n"
 
 
 def test_spec_rejects_dimensions_real_kernels_cannot_take():

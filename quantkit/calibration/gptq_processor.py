@@ -39,4 +39,3 @@ class GPTQProcessor:
                     scale_dtype=self.scale_dtype or linear.weight.dtype, name=f"{ctx.name}.{name}",
                 )
                 ctx.set_quantized(name, qweight)
-            del acc

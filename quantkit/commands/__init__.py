@@ -68,6 +68,15 @@ def add_source_mismatch_option(parser: argparse.ArgumentParser) -> None:
                              "(default: refuse, naming the tensors)")
 
 
+def add_other_baseline_option(parser: argparse.ArgumentParser, checkpoints: str, allows: str = "") -> None:
+    """--allow-other-baseline: use a baseline that is not the model `checkpoints` were quantized from
+    (harness/baseline.py); `allows` says what stays required."""
+    parser.add_argument("--allow-other-baseline", action="store_true",
+                        help=f"compare with a baseline that is not the model {checkpoints} quantized from (by "
+                             f"default the baseline's shapes and embeddings must match, and a different model is "
+                             f"refused){allows}")
+
+
 def positive_float(text: str) -> float:
     """An argparse `type`: a finite number > 0."""
     value = _finite_float(text)

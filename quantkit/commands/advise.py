@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.errors import UsageError
     from quantkit.outputs import atomic_write_text, check_writable
 
-    if args.json_out:  # never over a file this command reads
+    if args.json_out is not None:  # never over a file this command reads
         check_writable(args.json_out, force=True, file=True, inputs=input_paths(args.model, *args.quality))
     shape = load_shape(args.model)
     device = resolve_device_spec(args.gpu)
@@ -84,6 +84,6 @@ def run(args: argparse.Namespace) -> int:
         max_kl=args.max_kl, min_gain=args.min_gain / 100,
     )
     print("\n".join(format_advice(advice)))
-    if args.json_out:
+    if args.json_out is not None:
         atomic_write_text(args.json_out, json.dumps(advice.to_dict(), indent=1) + "\n")
     return 0 if advice.recommended is not None else 1

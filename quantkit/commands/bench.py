@@ -10,7 +10,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import add_source_mismatch_option, check_backend, input_paths, int_at_least, positive_float
+from . import (add_other_baseline_option, add_source_mismatch_option, check_backend, input_paths, int_at_least,
+               positive_float)
 
 GPU_DEFAULTS = {"prompt_lens": "128,512,1024,2048,4096", "context_lens": "128,512,1024,2048,4096",
                 "batch_sizes": "1,4,16,64"}
@@ -58,19 +59,22 @@ def register(subparsers) -> None:
     p.add_argument("--gpu", default="probe", help="roofline device: a known GPU name (h200, h100-sxm, a100, ...) or "
                                                   "'probe' to measure this device (default)")
     p.add_argument("--max-cache-gb", type=positive_float, help="skip decode shapes whose KV cache exceeds this (default: "
-                                                      "a quarter of the device memory)")
+                                                      "a quarter of the memory of the device timed: the GPU's, or "
+                                                      "the RAM on CPU)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="time eager decode steps on GPU")
     p.add_argument("--compile", nargs="?", const="all", choices=("all", "decode"),
                    help="run every variant's forward (baseline included) through torch.compile, in both phases "
                         "(all, the default) or in decode only; on GPU the compiled decode step is replayed as a "
                         "CUDA graph")
-    p.add_argument("--compile-backend", default="inductor",
+    p.add_argument("--compile-backend", default=None,
                    help="torch.compile backend for --compile (default inductor; aot_eager/eager only trace)")
     p.add_argument("--threads", type=int_at_least(1), help="CPU threads (torch.set_num_threads)")
     p.add_argument("--seed", type=int, default=0, help="seed of random models, prompts and caches")
     p.add_argument("--quiet", action="store_true", help="no progress lines (by default each step and each "
                                                         "measured shape is announced on stderr as it starts)")
     add_source_mismatch_option(p)
+    add_other_baseline_option(p, "the checkpoints (MODEL, --variants folders) were",
+                              "; its shapes must still match: every variant is timed on them")
     p.set_defaults(func=run)
 
 
@@ -81,7 +85,7 @@ def _split(values: list[str]) -> list[str]:
 def _command_line(model: str, baseline: str | None, variants: list[str], device, settings, *, dtype: str,
                   backend: str, gpu: str, seed: int, max_cache_gb: float | None, cuda_graphs: bool,
                   compile: str | None, compile_backend: str, threads: int | None, json_out: str | None,
-                  allow_source_mismatch: bool = False) -> str:
+                  allow_source_mismatch: bool = False, allow_other_baseline: bool = False) -> str:
     """The command that repeats this measurement (every setting spelled out)."""
     import shlex
 
@@ -112,6 +116,8 @@ def _command_line(model: str, baseline: str | None, variants: list[str], device,
         parts += ["--json", json_out]
     if allow_source_mismatch:
         parts.append("--allow-source-mismatch")
+    if allow_other_baseline:
+        parts.append("--allow-other-baseline")
     env = [f"{k}={os.environ[k]}" for k in TIMING_ENV if os.environ.get(k)]
     return shlex.join(env + parts)
 
@@ -123,13 +129,19 @@ def _say(quiet: bool, message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.compile_backend is not None and not args.compile:
+        from quantkit.errors import UsageError
+
+        raise UsageError(f"--compile-backend {args.compile_backend} takes effect only with --compile; add --compile "
+                         f"(or drop --compile-backend)")
     benchmark(
         args.model, baseline=args.baseline, variants=_split(args.variants), json_out=args.json_out,
         device=args.device, dtype=args.dtype, backend=args.backend, prompt_lens=args.prompt_lens,
         context_lens=args.context_lens, batch_sizes=args.batch_sizes, prefill_batch_sizes=args.prefill_batch_sizes,
         warmup=args.warmup, repeats=args.repeats, gpu=args.gpu, max_cache_gb=args.max_cache_gb,
-        cuda_graphs=not args.no_cuda_graphs, compile=args.compile, compile_backend=args.compile_backend,
+        cuda_graphs=not args.no_cuda_graphs, compile=args.compile, compile_backend=args.compile_backend or "inductor",
         threads=args.threads, seed=args.seed, quiet=args.quiet, allow_source_mismatch=args.allow_source_mismatch,
+        allow_other_baseline=args.allow_other_baseline,
     )
     return 0
 
@@ -158,6 +170,7 @@ def benchmark(
     seed: int = 0,
     quiet: bool = False,
     allow_source_mismatch: bool = False,
+    allow_other_baseline: bool = False,
     model_label: str | None = None,
 ) -> dict:
     """Time prefill (TTFT) and decode (TPOT) of `model` and its `variants` (recipes or quantized
@@ -165,11 +178,13 @@ def benchmark(
     default lengths and batch sizes; `cuda_graphs=False` is --no-cuda-graphs; `compile` is None, "all"
     or "decode"). Prints the summary (and progress lines on stderr unless `quiet`), writes `json_out`
     when given, and returns the results as written there. `model_label`: how the results name the
-    model (default: the float model's source as given).
+    model (default: the float model's source as given). A checkpoint variant's float baseline must be
+    the model it was quantized from (harness/baseline.py); `allow_other_baseline` lets it be another
+    model of the same shapes.
     """
     import torch
 
-    from quantkit.harness.hardware import resolve_device_spec
+    from quantkit.harness.hardware import device_memory_bytes, resolve_device_spec
     from quantkit.harness.report import summary_lines
     from quantkit.dtypes import parse_dtype
     from quantkit.harness.timing import BenchSettings, merge_phases, run_bench
@@ -190,9 +205,19 @@ def benchmark(
     else:
         device = resolve_device(device, option="--device")
     check_backend(backend, device)
-    if json_out:  # before any work; never over a file this command reads
+    if json_out is not None:  # before any work; never over a file this command reads
         check_writable(json_out, force=True, file=True,
                        inputs=input_paths(model, baseline, *variants))
+    defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
+    settings = BenchSettings(  # checked before any work; the cache limit follows from the device's memory
+        prompt_lens=list(prompt_lens) if prompt_lens else int_list(defaults["prompt_lens"]),
+        context_lens=list(context_lens) if context_lens else int_list(defaults["context_lens"]),
+        batch_sizes=list(batch_sizes) if batch_sizes else int_list(defaults["batch_sizes"]),
+        prefill_batch_sizes=list(prefill_batch_sizes), warmup=warmup, repeats=repeats,
+        cuda_graphs=cuda_graphs, seed=seed,
+        compile_backend=compile_backend if compile else None,
+        compile_prefill=compile == "all",
+    )
     features = None
     if device.type == "cpu":
         from quantkit.harness.cpu_features import detect_cpu_features
@@ -213,20 +238,11 @@ def benchmark(
                   "(--dtype auto times each phase in the dtype fastest here)", file=sys.stderr)
     for phase, reason in dtype_reasons.items():
         _say(quiet, f"{phase} runs in {str(phase_dtypes[phase]).removeprefix('torch.')} ({reason})")
-    defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
     if gpu.strip().lower() == "probe":
         _say(quiet, f"measuring the memory bandwidth and matmul peak of {device} (the roofline's device)")
     spec = resolve_device_spec(gpu, device, dtype=phase_dtypes["prefill"])
-    max_cache = max_cache_gb * 2**30 if max_cache_gb else spec.memory_bytes / 4
-    settings = BenchSettings(
-        prompt_lens=list(prompt_lens) if prompt_lens else int_list(defaults["prompt_lens"]),
-        context_lens=list(context_lens) if context_lens else int_list(defaults["context_lens"]),
-        batch_sizes=list(batch_sizes) if batch_sizes else int_list(defaults["batch_sizes"]),
-        prefill_batch_sizes=list(prefill_batch_sizes), warmup=warmup, repeats=repeats,
-        cuda_graphs=cuda_graphs, max_cache_bytes=max_cache, seed=seed,
-        compile_backend=compile_backend if compile else None,
-        compile_prefill=compile == "all",
-    )
+    # a quarter of the memory of the device timed (not of --gpu's, which only prices the roofline)
+    settings.max_cache_bytes = max_cache_gb * 2**30 if max_cache_gb else device_memory_bytes(device) / 4
     variant_specs = list(variants)
     model_is_checkpoint = not model.endswith(".json") and is_quantized_checkpoint(resolve_model_source(model))
     if model_is_checkpoint:
@@ -255,6 +271,8 @@ def benchmark(
             _say(quiet, f"preparing variant {i + 1}/{len(variant_specs)}: {s} "
                         f"({'loading the checkpoint' if Path(s).is_dir() else 'quantizing a copy of the float model'})")
             built.append(build_variant(s, base, dtype=model_dtype, device=device, backend=kernel_backend))
+            if base is not None and Path(s).is_dir():
+                _check_baseline(built[-1].model, base, s, allow_other_baseline)
         return built
 
     label = model_label or str(base_source or model)
@@ -278,9 +296,23 @@ def benchmark(
         model, baseline, variant_specs if not model_is_checkpoint else variant_specs[1:], device, settings,
         dtype=dtype, backend=backend, gpu=gpu, seed=seed, max_cache_gb=max_cache_gb, cuda_graphs=cuda_graphs,
         compile=compile, compile_backend=compile_backend, threads=threads, json_out=json_out,
-        allow_source_mismatch=allow_source_mismatch)
+        allow_source_mismatch=allow_source_mismatch, allow_other_baseline=allow_other_baseline)
     print("\n".join(summary_lines(results)))
-    if json_out:
+    if json_out is not None:
         atomic_write_text(json_out, json.dumps(results, indent=1) + "\n")
         print(f"wrote {json_out}")
     return results
+
+
+def _check_baseline(checkpoint, base, which: str, allow_other_baseline: bool) -> None:
+    """UsageError unless `base` is the model the checkpoint `which` was quantized from, or (with
+    allow_other_baseline) a model of its shapes: every variant is timed on the baseline's shapes."""
+    from quantkit.errors import UsageError
+    from quantkit.harness.baseline import check_same_source, shape_mismatches
+
+    if not allow_other_baseline:
+        check_same_source(checkpoint, base, which)
+    elif problems := shape_mismatches(checkpoint, base):
+        raise UsageError(f"the baseline {getattr(base, 'name_or_path', '')} does not have the shapes of {which} "
+                         f"({'; '.join(problems[:4])}): bench times every variant on the baseline's shapes, so "
+                         f"--allow-other-baseline takes another model of the same shapes only; give such a baseline")

@@ -33,7 +33,8 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import quantkit
-    from quantkit.harness.eval_text import eval_token_windows
+    from quantkit.errors import UsageError
+    from quantkit.harness.eval_text import eval_token_windows, eval_window
     from quantkit.harness.quality import evaluate_variants
     from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source, source_dtype
     from quantkit.outputs import atomic_output_dir
@@ -42,12 +43,23 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.summaries import dtype_name, quantized_bits_per_weight
 
     recipes = [quantkit.load_recipe(r.strip()) for r in args.recipes.split(",") if r.strip()]
+    if not recipes:
+        raise UsageError(f"--recipes {args.recipes!r} names no recipe; give comma-separated recipes, e.g. "
+                         f"{DEFAULT_RECIPES}")
+    names = [r.name for r in recipes]
+    if twice := next((name for name in names if names.count(name) > 1), None):
+        raise UsageError(f"--recipes names the recipe {twice!r} twice (each is saved as checkpoints/NAME); "
+                         f"give each recipe once")
     out = Path(args.out)
     with atomic_output_dir(out, force=args.force, inputs=input_paths(args.model)) as tmp:
         steps = 3 if args.no_bench else 4
         print(f"[1/{steps}] reference model {args.model}")
         source = resolve_model_source(args.model)
         baseline = load_float_model(source, dtype=None)
+        window = eval_window(None, baseline.config)
+        if args.max_tokens < window:
+            raise UsageError(f"--max-tokens {args.max_tokens} is less than one evaluation window of {window} tokens "
+                             f"(the model's context, at most 2048); give --max-tokens {window} or more")
         windows = eval_token_windows(source, None, max_tokens=args.max_tokens, model_config=baseline.config)
         rows, models = [], {}
         for i, recipe in enumerate(recipes):

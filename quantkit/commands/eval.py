@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from . import add_model_options, check_backend, input_paths, int_at_least, torch_dtype
+from . import add_model_options, add_other_baseline_option, check_backend, input_paths, int_at_least, torch_dtype
 
 WINDOW_WHY = " (a window of W tokens predicts its tokens 2..W)"
 # Tokens evaluated unless --max-tokens says otherwise: minutes on a CPU for a small model, not the whole text.
@@ -19,9 +19,7 @@ def register(sub) -> None:
                        description="Evaluate MODEL against BASELINE (the --baseline model) on the same token windows.")
     p.add_argument("model", help="quantized checkpoint or model folder / hub id / ref:NAME")
     p.add_argument("--baseline", required=True, help="the unquantized model (folder, hub id, ref:NAME)")
-    p.add_argument("--allow-other-baseline", action="store_true",
-                   help="compare with a baseline that is not the model MODEL was quantized from (by default its "
-                        "shapes and embeddings must match MODEL's, and a different model is refused)")
+    add_other_baseline_option(p, "MODEL was")
     p.add_argument("--data", default=None,
                    help="evaluation text: a .txt/.jsonl/.parquet file or folder, or hub:NAME[:CONFIG]:SPLIT:COLUMN (default: the reference models' held-out text)")
     p.add_argument("--window", type=int_at_least(2, WINDOW_WHY), default=None,
@@ -48,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.outputs import atomic_write_text, check_writable
 
     check_backend(args.backend, resolve_device(args.device, option="--device"))
-    if args.json:  # before any work; never over a file this command reads
+    if args.json is not None:  # before any work; never over a file this command reads
         check_writable(args.json, force=True, file=True, inputs=input_paths(args.model, args.baseline, args.data))
     dtype = torch_dtype(args.dtype)
     strict = not args.allow_source_mismatch
@@ -88,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"KL          {result['kl_divergence']:.6f} nats/token")
     print(f"top-1 agree {result['top1_agreement']:.4f}")
     print(f"over {result['windows']} windows of {result['window']} tokens ({result['tokens']} predictions)")
-    if args.json:
+    if args.json is not None:
         atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
     return 0
 

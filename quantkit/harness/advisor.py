@@ -205,8 +205,16 @@ def advise(
         if name is not None:
             key = next((scheme_key(s) for s in schemes if s.name == name), None)
         key = key or quality_key(q)
-        if key is not None:
-            by_key[key] = q
+        if key is None:
+            continue
+        if key in by_key:
+            bits, kv_bits, symmetric = key
+            raise UsageError(
+                f"quality results {by_key[key].name!r} and {q.name!r} both measured {bits}-bit "
+                f"{'symmetric' if symmetric else 'asymmetric'} weights with {'an FP8' if kv_bits == 8 else 'a float'} "
+                f"KV cache, and the advice weighs one result per scheme: give only the result of the checkpoint "
+                f"you would serve")
+        by_key[key] = q
 
     candidates = []
     for s in schemes:

@@ -25,16 +25,17 @@ _ROWS = 4096  # embedding rows compared at a time (bounded temporary memory for 
 
 
 def source_mismatches(model: nn.Module, baseline: nn.Module) -> list[str]:
-    """How `baseline` differs from the model `model` was quantized from: config fields, then the input
-    (and untied, unquantized output) embedding tables; [] when it can be that model. Models without a
-    config or embeddings (plain torch modules) are not compared."""
+    """How `baseline` differs from the model `model` was quantized from: quantized weights of its own (a
+    checkpoint is no float baseline, whatever it shares with `model`), config fields, then the input (and
+    untied, unquantized output) embedding tables; [] when it can be that model. Models without a config or
+    embeddings (plain torch modules) are not compared."""
+    quantized = _quantized_linears(baseline)
+    if quantized:
+        return [f"the baseline is itself quantized: {quantized} of its linears hold quantized weights"]
     configs = [_text_config(m) for m in (model, baseline)]
     if None in configs:
         return []
-    problems = [f"{field} {getattr(configs[0], field)} in the model, {getattr(configs[1], field)} in the baseline"
-                for field in SHAPE_FIELDS
-                if getattr(configs[0], field, None) is not None and getattr(configs[1], field, None) is not None
-                and getattr(configs[0], field) != getattr(configs[1], field)]
+    problems = shape_mismatches(model, baseline)
     if problems:
         return problems
     rtol, atol = _rounding(model, baseline)
@@ -44,6 +45,18 @@ def source_mismatches(model: nn.Module, baseline: nn.Module) -> list[str]:
         elif (worst := _largest_excess(ours, theirs, rtol, atol)) > 1:
             problems.append(f"{what} differ by up to {worst:.3g}x what rounding to their dtypes explains")
     return problems
+
+
+def shape_mismatches(model: nn.Module, baseline: nn.Module) -> list[str]:
+    """The config fields of SHAPE_FIELDS in which `baseline` differs from `model` ("hidden_size 128 in the
+    model, 256 in the baseline"); [] when they agree or a model has no config."""
+    configs = [_text_config(m) for m in (model, baseline)]
+    if None in configs:
+        return []
+    return [f"{field} {getattr(configs[0], field)} in the model, {getattr(configs[1], field)} in the baseline"
+            for field in SHAPE_FIELDS
+            if getattr(configs[0], field, None) is not None and getattr(configs[1], field, None) is not None
+            and getattr(configs[0], field) != getattr(configs[1], field)]
 
 
 def check_same_source(model: nn.Module, baseline: nn.Module, which: str) -> None:
@@ -61,6 +74,12 @@ def check_same_source(model: nn.Module, baseline: nn.Module, which: str) -> None
         f"({'; '.join(problems[:4])}){made_from}: give the source model as the baseline, or pass "
         f"--allow-other-baseline (allow_other_baseline=True in Python) to compare with another model on purpose"
     )
+
+
+def _quantized_linears(model: nn.Module) -> int:
+    from ..modules.quant_linear import QuantLinear
+
+    return sum(isinstance(m, QuantLinear) for m in model.modules())
 
 
 def _text_config(model: nn.Module):

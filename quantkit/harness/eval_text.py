@@ -62,6 +62,8 @@ def _text_prefix(data: str | None, limit: int | None) -> tuple[str, bool]:
 def _read_text_file(path: Path, limit: int) -> tuple[str, bool]:
     """Up to `limit` characters (-1: all) of a UTF-8 text file (a BOM is dropped) and whether that is the whole file;
     EvaluationError for bytes that are not UTF-8 text."""
+    if limit >= path.stat().st_size:  # no more characters than bytes: all of it (read(limit) would reserve limit)
+        limit = -1
     try:
         with open(path, encoding="utf-8-sig") as f:
             text = f.read(limit)

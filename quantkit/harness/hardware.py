@@ -245,6 +245,13 @@ def local_device_name(device: torch.device) -> str:
     return f"CPU {cpu_name()} ({torch.get_num_threads()} threads)"
 
 
+def device_memory_bytes(device: torch.device) -> int:
+    """The memory of `device`, this machine's: a GPU's own, or the host's RAM for a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def probe_device(
     device: str | torch.device = "cpu",
     *,
@@ -273,10 +280,7 @@ def probe_device(
         dtype = getattr(torch, max(rates, key=rates.get))
     dtype = dtype or torch.bfloat16
     flops = measure_matmul_flops(device, matmul_n, dtype)
-    if on_gpu:
-        memory = torch.cuda.get_device_properties(device).total_memory
-    else:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    memory = device_memory_bytes(device)
     table = match_known_gpu(local_device_name(device)) if on_gpu else None
     return DeviceSpec(
         name=local_device_name(device),

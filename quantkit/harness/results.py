@@ -229,6 +229,12 @@ def load_quality(paths: Sequence[str | Path]) -> list[QualityResult]:
             raise UsageError(f"{path} has no `perplexity`: pass the JSON written by `quantkit eval`")
         for label, d in found:
             results.append(_quality_result(label, d, path, f"result {label!r}: " if len(found) > 1 else ""))
+    names = [r.name for r in results]
+    if twice := next((name for name in names if names.count(name) > 1), None):
+        first, second = [r.source for r in results if r.name == twice][:2]
+        where = f"{first} twice" if first == second else f"{first} and {second}"
+        raise UsageError(f"two quality results are named {twice!r} ({where}), and results are told apart by name: "
+                         f"give each result once, or name them apart with a \"label\" in their JSON")
     return results
 
 

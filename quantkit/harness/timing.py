@@ -38,12 +38,17 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from ..errors import UsageError
 from ..modules.kv_scales import cache_keyword
 from .hardware import DeviceSpec, capture_cuda_graph, cpu_name, synchronize
 from .roofline import ModelShape, decode_cost, kv_cache_bytes, predict, prefill_cost
 from .variants import Variant, model_tensor_bytes
 
 SCHEMA = "quantkit.bench/1"
+
+
+#: the seeds BenchSettings takes: the signed 64-bit integers whose successor is one too
+SEED_RANGE = (-2**63, 2**63 - 2)
 
 
 @dataclass
@@ -70,6 +75,14 @@ class BenchSettings:
             setattr(self, name, [int(v) for v in values])
         if self.repeats < 1 or self.warmup < 0:
             raise ValueError(f"repeats must be >= 1 and warmup >= 0; got {self.repeats}, {self.warmup}")
+        if not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:  # decode seeds its tokens with seed + 1
+            raise UsageError(f"seed {self.seed} is outside the range of torch's generators; give an integer from "
+                             f"-2**63 to 2**63 - 2")
+        if self.compile_backend is not None and (
+                self.compile_backend not in torch.compiler.list_backends(exclude_tags=())):
+            raise UsageError(f"{self.compile_backend!r} is not a torch.compile backend; choose inductor (the default), "
+                             f"aot_eager or eager (they only trace), or another that torch.compiler.list_backends() "
+                             f"names")
 
 
 # -- timers -------------------------------------------------------------------------------------
@@ -448,6 +461,10 @@ def run_bench(variants: Sequence[Variant], spec: DeviceSpec, settings: BenchSett
             else:
                 decode_shapes.append((c, b))
     prefill_shapes = [(p, b) for p in prompt_lens for b in settings.prefill_batch_sizes]
+    if not prefill_shapes and not decode_shapes:
+        shown = "; ".join(describe_skipped(s) for s in skipped[:3]) + ("; ..." if len(skipped) > 3 else "")
+        raise UsageError(f"every shape asked for is skipped, nothing would be measured ({shown}): give prompt and "
+                         f"context lengths within the model's context of {max_ctx} tokens, or a larger cache limit")
     if "prefill" not in phases:
         prefill_shapes = []
     if "decode" not in phases:

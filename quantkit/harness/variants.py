@@ -126,6 +126,9 @@ def _split_recipes(spec: str):
     from quantkit.recipe import load_recipe
 
     recipes = [load_recipe(part) for part in spec.split("+") if part]
+    if not recipes:
+        raise UsageError(f"variant {spec!r} names no recipe; give a recipe (e.g. w4a16-rtn, w4a16-rtn+kv-fp8) or a "
+                         f"checkpoint folder")
     weights = [r for r in recipes if r.weights is not None]
     kv = [r for r in recipes if r.kv_cache is not None]
     if len(weights) > 1 or len(kv) > 1:

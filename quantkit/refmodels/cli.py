@@ -55,9 +55,6 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     add_build_arguments(commands.add_parser("build", help="train a reference model into a folder"))
     args = parser.parse_args(argv)
-    from ..errors import QuantkitError
+    from ..errors import run_command
 
-    try:
-        return run_build(args)
-    except QuantkitError as e:
-        parser.exit(2, f"{parser.prog}: error: {e}\n")
+    return run_command(f"{parser.prog} {args.command}", lambda: run_build(args))

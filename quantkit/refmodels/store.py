@@ -37,9 +37,9 @@ def cache_folder(spec: RefModelSpec) -> Path:
 def is_complete(folder: Path, spec: RefModelSpec) -> bool:
     """True when ``folder`` holds a whole model built from exactly ``spec``."""
     folder = Path(folder)
-    if not all((folder / name).is_file() for name in REQUIRED_FILES):
-        return False
-    try:
+    try:  # OSError: a path that cannot be a folder (a name too long, a file on the way) holds no model
+        if not all((folder / name).is_file() for name in REQUIRED_FILES):
+            return False
         record = json.loads((folder / TRAINING_RECORD).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
