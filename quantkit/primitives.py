@@ -13,6 +13,7 @@ import torch
 from .scheme import FP8_E4M3_MAX, QuantScheme
 
 _EPS = 1e-12
+_MSE_PATIENCE = 10  # grid steps without any group improving after which mse_clip_ratio stops
 
 
 def _grouped(w: torch.Tensor, scheme: QuantScheme) -> torch.Tensor:
@@ -88,6 +89,7 @@ def mse_clip_ratio(
 
     w: [N, K] float; importance: [K] non-negative weight per input column (e.g. GPTQ's diag(H), the
     energy of each input), None for plain MSE. returns fp32 [N, G] factors for compute_qparams(clip_ratio=).
+    The search stops early once no group has improved for _MSE_PATIENCE steps in a row.
     """
     if scheme.strategy == "tensor":
         raise ValueError("mse_clip_ratio is for channel and group schemes")
@@ -100,7 +102,10 @@ def mse_clip_ratio(
     wmax = wg.amax(dim=-1).clamp(min=0.0)
     best = torch.ones(wg.shape[:2], dtype=torch.float32, device=w.device)  # [N, G]
     best_err = torch.full_like(best, float("inf"))
+    last_better = 0
     for i in range(max(1, int(round(max_shrink * grid)) + 1)):
+        if i - last_better > _MSE_PATIENCE:
+            break
         r = 1.0 - i / grid
         scale, zero = _range_qparams(wmin * r, wmax * r, scheme, symmetric_scale, scale_dtype)
         scale = scale.unsqueeze(-1)  # [N, G, 1]
@@ -112,6 +117,8 @@ def mse_clip_ratio(
             deq = q.clamp_(scheme.qmin, scheme.qmax).mul_(scale)
         err = deq.sub_(wg).pow_(2).mul_(weight).sum(dim=-1)  # [N, G]
         better = err < best_err
+        if bool(better.any()):
+            last_better = i
         best_err = torch.where(better, err, best_err)
         best = torch.where(better, torch.full_like(best, r), best)
     return best

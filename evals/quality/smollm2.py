@@ -202,6 +202,27 @@ def greedy(model, tokenizer, prompt: str, tokens: int) -> str:
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 
+def target_lines(rows: list[dict]) -> list[str]:
+    """The quality targets on this model, computed from the rows present: GPTQ's KL against llm-compressor's
+    (each observer), the share of RTN's KL that AWQ removes, W8 and FP8 KV against the perplexity band."""
+    kl = {r["name"]: r["kl"] for r in rows}
+    out = ["Targets (W4 KL to the float model; the `smollm2-135m-ablations.md` table says where the gaps come from):", ""]
+    for row in LLMC_OBSERVERS:
+        if "w4a16-gptq" in kl and row in kl:
+            ratio = kl["w4a16-gptq"] / kl[row]
+            out.append(f"- w4a16-gptq / {row}: {ratio:.3f}x (target <= 0.8x: {'met' if ratio <= 0.8 else 'missed'})")
+    if "w4a16-awq" in kl and "w4a16-rtn" in kl:
+        removed = 1 - kl["w4a16-awq"] / kl["w4a16-rtn"]
+        out.append(f"- w4a16-awq removes {removed * 100:.1f}% of w4a16-rtn's KL "
+                   f"(target >= 60%: {'met' if removed >= 0.6 else 'missed'})")
+    for r in rows:
+        if r["name"] in ("w8a16-rtn", "kv-fp8"):
+            change, band = r["perplexity"] / r["baseline_perplexity"] - 1, 2 * r["stderr"]
+            out.append(f"- {r['name']}: perplexity {change * 100:+.2f}% ± {band * 100:.2f}% "
+                       f"(target: within the band: {'met' if abs(change) <= band else 'missed'})")
+    return out
+
+
 def markdown(meta: dict, rows: list[dict]) -> str:
     from quantkit.summaries import human_bytes
 
@@ -231,6 +252,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         lines.append(
             f"| {r['name']} | {r['scheme']} | {r['perplexity']:.3f} | {change:+.2f}% ± {band:.2f}%{within} | "
             f"{r['kl']:.4f} | {r['top1']:.4f} | {human_bytes(r['bytes'])} | {r['seconds']:.0f} s |")
+    lines += ["", *target_lines(rows)]
     lines += ["", "Greedy continuations (max 16 new tokens):", ""]
     for prompt in PROMPTS:
         lines += [f"*{prompt}*", "", "| variant | continuation |", "|---|---|"]
