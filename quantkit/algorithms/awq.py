@@ -38,9 +38,9 @@ class AWQOptions:
     clip_grid, max_shrink: shrink factors 1 - i/clip_grid for i < max_shrink * clip_grid.
     max_search_tokens: calibration tokens (evenly subsampled) the scale search evaluates on.
     clip_tokens: tokens (a subsample of those) the clipping search evaluates on.
-    block_outputs: compare the outputs of sub-modules that take the block's other arguments (the attention's
-      output for q/k/v, as AutoAWQ and llm-compressor do) by forwards through the block on the first
-      max_search_tokens tokens; False compares the outputs of those groups' linears instead (cheaper).
+    block_outputs: score q/k/v candidates by the attention's output (as AutoAWQ and llm-compressor do), from
+      forwards through the block on the first max_search_tokens tokens, instead of by the q/k/v outputs. Off
+      by default: on SmolLM2-135M it took about 3x the time and gave a slightly higher KL (0.363 vs 0.347).
     """
 
     grid: int = 20
@@ -50,7 +50,7 @@ class AWQOptions:
     max_shrink: float = 0.5
     max_search_tokens: int = 4096
     clip_tokens: int = 1024
-    block_outputs: bool = True
+    block_outputs: bool = False
 
     def __post_init__(self) -> None:
         if self.grid < 1 or self.clip_grid < 1:

@@ -5,10 +5,10 @@ Per block, two phases:
 1. scales, on the float block: for each sub-layer step whose input comes from a module we can fold
    into (the attention norm for q/k/v, v_proj for o_proj when shapes allow, the MLP norm for
    gate/up, up_proj for down_proj), search s on the step's input and compare the sub-block's output
-   (the attention's output for q/k/v, as AutoAWQ and llm-compressor do, read from forwards through
-   the block; the MLP's output for gate/up; the linear's own output otherwise); then fold: weight
-   columns * s, the producer's output / s. Folding keeps the float block's function, so all scales
-   can be searched before anything is quantized (as in AWQ);
+   (the three projections' outputs for q/k/v, or with the ``block_outputs`` option the attention's
+   output, read from forwards through the block; the MLP's output for gate/up; the linear's own output
+   otherwise); then fold: weight columns * s, the producer's output / s. Folding keeps the float
+   block's function, so all scales can be searched before anything is quantized (as in AWQ);
 2. clipping and rounding, in sub-layer order: each step's inputs come from a forward through the
    block whose earlier steps are already quantized.
 """
