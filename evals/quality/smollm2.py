@@ -205,7 +205,7 @@ def greedy(model, tokenizer, prompt: str, tokens: int) -> str:
 def target_lines(rows: list[dict]) -> list[str]:
     """The quality targets on this model, computed from the rows present: GPTQ's KL against llm-compressor's
     (each observer), the share of RTN's KL that AWQ removes, W8 and FP8 KV against the perplexity band."""
-    kl = {r["name"]: r["kl"] for r in rows}
+    kl = {r["name"]: r["kl"] for r in rows if r["name"] != "float"}
     out = ["Targets (W4 KL to the float model; the `smollm2-135m-ablations.md` table says where the gaps come from):", ""]
     for row in LLMC_OBSERVERS:
         if "w4a16-gptq" in kl and row in kl:

@@ -41,7 +41,7 @@ ROWS = (
      "the group of the GGUF's own Q4_1 format (asymmetric, 32 weights)"),
     ("awq no clip", "w4a16-awq", {"clip": False}, {}, "what the clipping search buys"),
     ("awq no duo scaling", "w4a16-awq", {"duo_scaling": False}, {}, "scales from activations only"),
-    ("awq 4x calibration", "w4a16-awq", {}, {"num_samples": 64}, "is 16 x 256 tokens too little?"),
+    ("awq asym", "w4a16-awq-asym", {}, {}, "AutoAWQ's default scheme (asymmetric), against RTN asym"),
 )
 # FP8 KV: which of K and V the error comes from, simulated on the float model by rounding the k_proj / v_proj
 # outputs to fp8 e4m3 with the kv-fp8 checkpoint's per-tensor scales (K before the rotary embedding: a rotation,
@@ -51,7 +51,8 @@ KV_ROWS = (
     ("kv fp8 K only (simulated)", ("k",), "how much of it is the keys'"),
     ("kv fp8 V only (simulated)", ("v",), "how much is the values'"),
 )
-REFERENCES = {"rtn": "w4a16-rtn", "llm-compressor": "llm-compressor GPTQ (same groups)", "kv-fp8": "kv-fp8"}
+REFERENCES = {"rtn": "w4a16-rtn", "rtn-asym": "w4a16-rtn-asym", "llm-compressor": "llm-compressor GPTQ (same groups)",
+              "kv-fp8": "kv-fp8"}
 
 
 def kv_rounding_hooks(model, kv_checkpoint: Path, which: tuple[str, ...]) -> list:
@@ -89,15 +90,15 @@ def recipe_for(builtin: str, options: dict):
 
 
 def markdown(meta: dict, rows: list[dict], refs: dict) -> str:
-    rtn, llmc = refs.get("rtn"), refs.get("llm-compressor")
+    llmc = refs.get("llm-compressor")
     lines = [
         "# SmolLM2-135M: GPTQ and AWQ, one change at a time", "",
         f"Reproduce: `{meta['command']}` (after `python evals/quality/smollm2.py`; on {meta['cpu']}, 2 cores).", "",
         "Same model, calibration and evaluation windows as smollm2-135m.md (calibration: "
         f"{meta['calib_samples']} x {meta['calib_seq_len']} tokens of the Python documentation topics unless the "
         f"row says otherwise; evaluation: {meta['eval_tokens']} predictions on Debian's licence texts). "
-        f"References from that table: RTN (w4a16-rtn) KL {rtn:.4f}"
-        + (f", llm-compressor GPTQ KL {llmc:.4f}" if llmc else "") + ".", "",
+        f"References from that table: RTN KL {refs['rtn']:.4f} (w4a16-rtn; asymmetric rows: w4a16-rtn-asym, "
+        f"{refs['rtn-asym']:.4f})" + (f", llm-compressor GPTQ KL {llmc:.4f}" if llmc else "") + ".", "",
         "| row | what it asks | change | KL | KL / RTN's | RTN's KL removed | KL / llm-compressor's | perplexity | "
         "top-1 | quantize time |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -107,7 +108,8 @@ def markdown(meta: dict, rows: list[dict], refs: dict) -> str:
         if "kv" in r:
             continue
         change = ", ".join(f"{k}={v}" for k, v in {**r["options"], **r["calibration"]}.items()) or "-"
-        vs_llmc = f"{r['kl'] / llmc:.3f}" if llmc else "-"
+        vs_llmc = f"{r['kl'] / llmc:.3f}" if llmc and r["recipe"].startswith("w4a16-gptq") else "-"
+        rtn = refs["rtn-asym" if r["recipe"].endswith("-asym") else "rtn"]
         lines.append(
             f"| {r['name']} | {r['asks']} | {change} | {r['kl']:.4f} | {r['kl'] / rtn:.3f} | "
             f"{(1 - r['kl'] / rtn) * 100:.1f}% | {vs_llmc} | {r['perplexity']:.3f} | {r['top1']:.4f} | "
