@@ -212,9 +212,10 @@ def gptq_quantize(
         scales.copy_(s)
         if zeros is not None:
             zeros.copy_(z)
-    one_group = dataclasses.replace(scheme, strategy="channel", group_size=None, actorder=None)
+    else:  # each group's parameters from its updated columns, when the walk reaches the group
+        one_group = dataclasses.replace(scheme, strategy="channel", group_size=None, actorder=None)
 
-    perm = torch.argsort(torch.diag(h), descending=True) if options.act_order else None
+    perm = torch.argsort(energy, descending=True) if options.act_order else None
     if perm is not None:
         w = w[:, perm]
         h = h[perm][:, perm]
