@@ -5,8 +5,10 @@ Backends (``resolve_backend`` turns "auto" into one of them, from the weight's d
 - "triton": the Triton kernels (``torch.ops.quantkit.wna16_gemm``). "auto" picks it for CUDA tensors.
   Runs int2/int4/int8, per channel or in groups of a multiple of 32/bits, symmetric or not,
   activations fp16/bf16/fp32 (fp32 accumulation, output in x's dtype).
-- "torch": PyTorch's weight-only CPU kernels. "auto" picks it for CPU tensors of a bf16 or fp32
-  model (or an unknown dtype). Per layer, at prepare time:
+- "torch": the CPU kernels. "auto" picks it for CPU tensors of a bf16 or fp32 model (or an unknown
+  dtype). Per layer, at prepare time: int4/int8 with K and the group size multiples of 32 ->
+  ``torch.ops.quantkit.wna16_cpu_q8dot`` (quantkit's C++ kernel, int8-rounded activations and integer
+  dot products: ``wna16_cpu_q8``) when its library builds and loads; otherwise PyTorch's kernels:
   int8 per channel -> ``torch.ops.quantkit.wna16_int8_cpu`` (aten._weight_int8pack_mm);
   int4, or int8 in groups, with N % 16 == 0 and a group size that is a multiple of 32 (or per
   channel with K % 32 == 0) -> ``torch.ops.quantkit.wna16_int4_cpu`` (aten._weight_int4pack_mm_for_cpu;
@@ -27,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from . import wna16_cpu  # noqa: F401  (registers torch.ops.quantkit.wna16_int4_cpu / wna16_int8_cpu)
+from .cpu_extension import load_cpu_kernels
 from .reference import wna16_linear_reference
 from .wna16_layout import (
     ACTIVATION_DTYPES as _ACTIVATION_DTYPES,
@@ -35,13 +38,16 @@ from .wna16_layout import (
     check_wna16_weight,
     cpu_int4_supports,
     cpu_int8_supports,
+    cpu_q8_supports,
     require_triton_layout,
     to_cpu_int4_layout,
+    to_cpu_q8_layout,
     triton_supports,
     to_cpu_int8_layout,
     to_triton_layout,
     uniform_groups,
 )
+from .wna16_cpu_q8 import wna16_cpu_q8_linear
 from .wna16_triton import check_triton_operands, triton_can_run_on
 
 BACKENDS = ("auto", "triton", "torch", "reference")
@@ -115,6 +121,8 @@ def prepare_wna16(
             probe, prepared["triton_qweight"], prepared["triton_scales"], prepared.get("triton_zeros"), None, bits
         )
         return prepared
+    if layout == "cpu_q8":
+        return to_cpu_q8_layout(weight_packed, weight_scale, weight_zero_point, shape)
     if layout == "cpu_int8":
         return to_cpu_int8_layout(weight_packed, weight_scale, weight_zero_point, shape)
     if layout == "cpu_int4":
@@ -127,8 +135,10 @@ def prepare_wna16(
 
 def planned_layout(shape: WNA16Shape, backend: str) -> str:
     """The layout ``prepare_wna16`` builds for a layer of ``shape`` on a concrete ``backend``:
-    "triton", "cpu_int8", "cpu_int4" or "reference" (the "torch" backend keeps the reference for layers
-    its kernels cannot run). Raises ValueError where the backend cannot hold the layer at all (the Triton
+    "triton", "cpu_q8", "cpu_int8", "cpu_int4" or "reference" (the "torch" backend keeps the reference
+    for layers its kernels cannot run). "cpu_q8" (quantkit's C++ kernel) wherever it runs the layer and
+    its library loads (``cpu_extension.load_cpu_kernels``, which builds it on first use); PyTorch's
+    kernels otherwise. Raises ValueError where the backend cannot hold the layer at all (the Triton
     layout and a group size that is not a multiple of its word block).
 
     ``shape`` comes from ``check_wna16_weight``, which reads only dtypes and shapes: an engine can ask
@@ -138,6 +148,8 @@ def planned_layout(shape: WNA16Shape, backend: str) -> str:
         require_triton_layout(shape)
         return "triton"
     if backend == "torch":
+        if cpu_q8_supports(shape) and load_cpu_kernels().available:
+            return "cpu_q8"
         if cpu_int8_supports(shape):
             return "cpu_int8"
         if cpu_int4_supports(shape):
@@ -146,9 +158,10 @@ def planned_layout(shape: WNA16Shape, backend: str) -> str:
 
 
 def prepared_layout(prepared: dict[str, torch.Tensor]) -> str:
-    """Which layout a prepared dict holds: "triton", "cpu_int4", "cpu_int8" or "reference"."""
+    """Which layout a prepared dict holds: "triton", "cpu_q8", "cpu_int4", "cpu_int8" or "reference"."""
     for layout, key in (
         ("triton", "triton_qweight"),
+        ("cpu_q8", "cpu_q8_weight"),
         ("cpu_int4", "cpu_int4_weight"),
         ("cpu_int8", "cpu_int8_weight"),
         ("reference", "weight_packed"),
@@ -156,6 +169,31 @@ def prepared_layout(prepared: dict[str, torch.Tensor]) -> str:
         if key in prepared:
             return layout
     raise ValueError(f"not a prepared WNA16 weight (keys {sorted(prepared)}); build it with prepare_wna16")
+
+
+KERNEL_NAMES = {
+    "cpu_q8": "quantkit::wna16_cpu_q8dot",
+    "cpu_int4": "aten._weight_int4pack_mm_for_cpu",
+    "cpu_int8": "aten._weight_int8pack_mm",
+    "triton": "quantkit::wna16_gemm (Triton)",
+    "reference": "reference (dequantize + fp32 matmul)",
+}
+
+
+def describe_layouts(layouts: list[str]) -> str:
+    """Which kernels run a model's linears, from their prepared layouts: "quantkit::wna16_cpu_q8dot
+    (avx512-vnni) x 30, aten._weight_int8pack_mm x 2" (the C++ kernel's code path named)."""
+    from collections import Counter
+
+    from .cpu_extension import cpu_kernel_isa
+
+    parts = []
+    for layout, count in Counter(layouts).most_common():
+        name = KERNEL_NAMES.get(layout, layout)
+        if layout == "cpu_q8":
+            name += f" ({cpu_kernel_isa()})"
+        parts.append(f"{name} x {count}")
+    return ", ".join(parts) or "none"
 
 
 def wna16_linear(
@@ -177,7 +215,11 @@ def wna16_linear(
     if x.dtype not in _ACTIVATION_DTYPES or x.shape[-1] != in_features:
         check_activation(x, in_features)  # raises, naming the problem
     x2 = x.reshape(-1, in_features) if x.dim() != 2 else x  # [M, K]
-    if "cpu_int4_weight" in prepared and backend == "torch":
+    if "cpu_q8_weight" in prepared and backend == "torch":
+        y = wna16_cpu_q8_linear(
+            x2, prepared["cpu_q8_weight"], prepared["cpu_q8_scale"], prepared.get("cpu_q8_zero"), bias
+        )
+    elif "cpu_int4_weight" in prepared and backend == "torch":
         y = torch.ops.quantkit.wna16_int4_cpu(
             x2, prepared["cpu_int4_weight"], prepared["cpu_int4_scales_zeros"],
             prepared.get("cpu_int4_weight_lo"), prepared.get("cpu_int4_scales_zeros_lo"), bias,

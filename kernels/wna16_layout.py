@@ -327,3 +327,50 @@ def to_cpu_int8_layout(
         zp = unpack_zero_point(weight_zero_point.cpu(), 8, n)[:, 0].to(torch.float32)  # [N]
         out["cpu_int8_zero_scale"] = (zp * s).contiguous()
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# CPU q8dot layout (quantkit's own C++ kernel: kernels/csrc/wna16_q8dot.cpp)
+# ----------------------------------------------------------------------------------------------
+CPU_Q8_BLOCK = 32  # the kernel's activation block: K and the group size must be multiples of it
+CPU_Q8_SUPER = 64  # values per superblock of its weight layout (K padded to a multiple)
+
+
+def cpu_q8_supports(shape: WNA16Shape) -> bool:
+    """int4 / int8, symmetric or not, per channel or in groups of a multiple of 32, K % 32 == 0, any N."""
+    return (
+        shape.bits in (4, 8)
+        and shape.in_features % CPU_Q8_BLOCK == 0
+        and shape.group_size % CPU_Q8_BLOCK == 0
+    )
+
+
+def to_cpu_q8_layout(
+    weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_zero_point: torch.Tensor | None, shape: WNA16Shape
+) -> dict[str, torch.Tensor]:
+    """On-disk tensors -> the layout ``quantkit::wna16_cpu_q8dot`` streams (CPU tensors), K padded to
+    Kp = a multiple of 64 (padding weights 0; the kernel pads the activations with 0):
+
+    - ``cpu_q8_weight``: int4 -> uint8 [N, Kp/2], superblock t (64 values of K) in 32 bytes, byte j
+      holding u = q + 8 of k = 64t + j (low nibble) and of k = 64t + 32 + j (high nibble): one 32-byte
+      load is two blocks of 32 consecutive values. int8 -> int8 [N, Kp], q itself.
+    - ``cpu_q8_scale``: fp32 [N, G] (exact copies of the checkpoint's scales).
+    - ``cpu_q8_zero`` (asymmetric only): fp32 [N, G], the zero in the kernel's domain: zp + 8 (int4) or
+      zp (int8); w = (u - zero) * scale.
+    """
+    if not cpu_q8_supports(shape):
+        raise ValueError(f"the CPU q8dot kernel cannot run {shape}: it needs int4/int8 with K and the group size "
+                         f"multiples of {CPU_Q8_BLOCK}")
+    n, k = shape.out_features, shape.in_features
+    kp = -(-k // CPU_Q8_SUPER) * CPU_Q8_SUPER
+    q = unpack_int32(weight_packed.cpu(), shape.bits, k)  # int8 [N, K] signed
+    if shape.bits == 4:
+        u = torch.nn.functional.pad((q + 8).to(torch.uint8), (0, kp - k)).view(n, kp // CPU_Q8_SUPER, 2, 32)
+        weight = (u[:, :, 0] | (u[:, :, 1] << 4)).reshape(n, kp // 2).contiguous()
+    else:
+        weight = torch.nn.functional.pad(q, (0, kp - k)).contiguous()
+    out = {"cpu_q8_weight": weight, "cpu_q8_scale": weight_scale.cpu().to(torch.float32).contiguous()}
+    if weight_zero_point is not None:
+        zp = unpack_zero_point(weight_zero_point.cpu(), shape.bits, n).to(torch.float32)  # [N, G]
+        out["cpu_q8_zero"] = (zp + (8 if shape.bits == 4 else 0)).contiguous()
+    return out

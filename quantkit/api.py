@@ -28,6 +28,7 @@ from .loading import (
 from .outputs import OutputState, atomic_output_dir
 from .modules.kv_cache import enable_fp8_kv_cache
 from .modules.kv_scales import attach_kv_scales, pop_kv_scales
+from .modules.fused_linear import fuse_projections, is_fused
 from .modules.quant_linear import QuantLinear
 from .recipe import Recipe, load_recipe
 from .scheme import QuantScheme
@@ -145,6 +146,11 @@ def save(
     quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
     if not quantized and not getattr(model.config, "quantization_config", None):
         raise QuantizationError("the model has no quantized layers: call quantkit.quantize(model, recipe) first")
+    if is_fused(model):
+        raise QuantizationError(
+            "this model runs fused q/k/v and gate/up projections, whose tensors are not the checkpoint's; "
+            "load it with quantkit.load(path, fuse=False) to save it again"
+        )
     if any(m.checkpoint_tensors_released for m in quantized):
         raise QuantizationError(
             "this model's layers released their checkpoint tensors for a faster backend; "
@@ -209,22 +215,28 @@ def _deduplicated_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 def load(
     path: "str | os.PathLike", *, backend: str = "auto", device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None, trust_remote_code: bool = False, strict: bool = True,
+    fuse: bool | None = None,
 ) -> nn.Module:
     """A ready model from a quantkit/compressed-tensors checkpoint (or a float model folder / hub id).
 
     Quantized linears run through quantkit.kernels with `backend` ("auto", "triton", "torch",
     "reference"); weights load from safetensors only. strict (float models): refuse one whose weights
     transformers would not load as stored (see loading.load_float_model); False loads it with a warning.
+    fuse: run each layer's q/k/v and gate/up projections as one linear each (modules.fused_linear;
+    fewer, larger kernel calls per decode step). None: where the layers run on the CPU ("torch"
+    backend). A fused model cannot be saved again (load it with fuse=False to save).
     """
     device = resolve_device(device)
     source = resolve_model_source(str(path))
     if not is_quantized_checkpoint(source):
         return load_float_model(source, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
                                 strict=strict)
-    return _load_quantized(Path(source), backend=backend, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    return _load_quantized(Path(source), backend=backend, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
+                           fuse=fuse)
 
 
-def _load_quantized(folder: Path, *, backend: str, device, dtype, trust_remote_code: bool) -> nn.Module:
+def _load_quantized(folder: Path, *, backend: str, device, dtype, trust_remote_code: bool,
+                    fuse: bool | None = None) -> nn.Module:
     model, qcfg, dtype = empty_quantized_model(folder, dtype=dtype, trust_remote_code=trust_remote_code)
     quantization_config = read_config_json(folder)["quantization_config"]
     state = read_state_dict(folder)
@@ -243,9 +255,9 @@ def _load_quantized(folder: Path, *, backend: str, device, dtype, trust_remote_c
     if leftover:
         raise CheckpointError(f"{folder}: no weights for {leftover[:5]}; the checkpoint is incomplete")
     model.to(device)
-    for module in model.modules():
-        if isinstance(module, QuantLinear):
-            module.prepare(backend)
+    backends = {module.prepare(backend) for module in model.modules() if isinstance(module, QuantLinear)}
+    if fuse or (fuse is None and backends == {"torch"}):
+        fuse_projections(model)
     if qcfg.kv_cache is not None:
         attach_kv_scales(model, kv_scales, dtype=dtype)
         enable_fp8_kv_cache(model)

@@ -177,7 +177,8 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
                f"{fmt_intensity(spec['ridge_intensity'])} flop/byte"]
     md += [""]
     md += ["| variant | source | backend | weights in memory |", "|---|---|---|---|"]
-    md += [f"| {v['name']} | {v['source']} | {v.get('backend') or '–'} | {_fmt_bytes(v['weight_bytes'])} |"
+    md += [f"| {v['name']} | {v['source']} | {v.get('backend') or '–'}"
+           f"{' (' + v['kernels'] + ')' if v.get('kernels') else ''} | {_fmt_bytes(v['weight_bytes'])} |"
            for v in bench["variants"]]
     md += [""]
 

@@ -111,14 +111,29 @@ def float_variant(model: nn.Module, name: str | None = None) -> Variant:
 
 
 def _prepare_kernels(model: nn.Module, backend: str) -> str | None:
-    """Repack every QuantLinear for ``backend``; returns the concrete backend (None if none)."""
+    """Repack every QuantLinear for ``backend`` (q/k/v and gate/up fused on the CPU backend, as
+    ``quantkit.load`` does); returns the concrete backend (None if none)."""
+    from quantkit.modules.fused_linear import fuse_projections
     from quantkit.modules.quant_linear import QuantLinear
 
     chosen = None
     for m in model.modules():
         if isinstance(m, QuantLinear):
-            chosen = m.prepare(backend, release_checkpoint_tensors=True)
+            chosen = m.prepare(backend)
+    if chosen == "torch":
+        fuse_projections(model)
+    for m in model.modules():
+        if isinstance(m, QuantLinear) and m.backend == chosen:
+            m.prepare(chosen, release_checkpoint_tensors=True)
     return chosen
+
+
+def kernels_used(model: nn.Module) -> str:
+    """The kernels the model's quantized linears run, e.g. "quantkit::wna16_cpu_q8dot (avx512-vnni) x 48"."""
+    from quantkit.kernels.wna16 import describe_layouts
+    from quantkit.modules.quant_linear import QuantLinear
+
+    return describe_layouts([m.kernel_layout for m in model.modules() if isinstance(m, QuantLinear)])
 
 
 def _split_recipes(spec: str):
@@ -166,6 +181,8 @@ def build_variant(
                                          dtype_bytes=dtypes.dtype_bytes(dtype))
         variant = Variant(name=name, model=model.eval(), scheme=scheme, source=f"recipe:{spec}", kv_cache=kv_scheme)
         variant.backend = _prepare_kernels(model, backend)
+    if variant.backend is not None:
+        variant.info["kernels"] = kernels_used(variant.model)
     if variant.kv_cache is not None:
         variant.info["kv_attention"] = _enable_fp8_attention(variant.model, device)
     return variant

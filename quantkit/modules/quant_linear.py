@@ -112,6 +112,11 @@ class QuantLinear(nn.Module):
             out_features=self.out_features, backend=self.backend, bias=self.bias,
         )
 
+    @property
+    def kernel_layout(self) -> str:
+        """The prepared layout forward runs: "cpu_q8", "cpu_int4", "cpu_int8", "triton" or "reference"."""
+        return kernels.prepared_layout({key: None for key in self._kernel_keys})
+
     def dequantized_weight(self) -> torch.Tensor:
         """fp32 [N, K] from the checkpoint tensors (the reference dequantization)."""
         if self.checkpoint_tensors_released:

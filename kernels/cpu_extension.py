@@ -1,0 +1,166 @@
+"""The C++ CPU kernels (``csrc/*.cpp``), compiled on first use and cached per user and machine.
+
+``load_cpu_kernels()`` builds ``csrc/wna16_q8dot.cpp`` with ``torch.utils.cpp_extension.load`` the first
+time a process needs it and registers its ops (``torch.ops.quantkit.wna16_cpu_q8dot`` and friends);
+later processes load the cached library in milliseconds. Returns ``CpuKernels`` (``available`` and, if
+not, the one-line ``reason``): callers fall back to PyTorch's own kernels when the build is impossible.
+
+- Cache: ``$QUANTKIT_CACHE_DIR`` (default ``$XDG_CACHE_HOME/quantkit`` or ``~/.cache/quantkit``)
+  ``/cpu-kernels/<key>``, key = hash of the sources, the compiler flags, the compiler, torch's version
+  and the CPU's flags: a new source, torch or CPU builds again, never a stale library.
+- One build at a time: an ``fcntl`` lock on ``<key>.lock`` (released by the OS if a build dies), and
+  the others then load what it built.
+- Flags: ``-O3`` only. The three code paths (AVX-512 VNNI, AVX2, scalar) carry their own
+  ``__attribute__((target(...)))``, and the path is chosen at run time from the CPU (``cpuid``), so the
+  library is correct on any x86-64 CPU; ``-march=native`` is not needed.
+- ``QUANTKIT_CPU_KERNELS=0`` turns the kernels off (the reason says so); no C++ compiler
+  (``$CXX``, else ``c++``), no ninja or a failed build -> unavailable, with the reason, warned once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SOURCES = ("wna16_q8dot.cpp",)
+CFLAGS = ("-O3", "-std=c++17")
+ENV_SWITCH = "QUANTKIT_CPU_KERNELS"
+ISA_NAMES = ("scalar", "avx2", "avx512-vnni")  # indices: the C++ Isa enum
+
+
+@dataclass(frozen=True)
+class CpuKernels:
+    """Whether the C++ CPU kernels are loaded (their ops registered), and why not."""
+
+    available: bool
+    reason: str = ""
+    build_dir: str = ""
+
+
+def _csrc() -> Path:
+    return Path(__file__).resolve().parent / "csrc"
+
+
+def cache_root() -> Path:
+    base = os.environ.get("QUANTKIT_CACHE_DIR")
+    if base:
+        return Path(base).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "quantkit"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def compiler() -> str | None:
+    """The C++ compiler cpp_extension will call ($CXX, else c++), if it exists."""
+    return shutil.which(os.environ.get("CXX", "c++"))
+
+
+def _ninja_on_path() -> bool:
+    """cpp_extension runs `ninja`; the pip package's binary is not on PATH when the venv is not activated."""
+    if shutil.which("ninja"):
+        return True
+    try:
+        import ninja
+    except ImportError:
+        return False
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    return shutil.which("ninja") is not None
+
+
+def build_key() -> str:
+    h = hashlib.sha256()
+    for name in SOURCES:
+        h.update((_csrc() / name).read_bytes())
+    h.update(" ".join(CFLAGS).encode())
+    h.update(str(compiler()).encode())
+    h.update(torch.__version__.encode())
+    h.update(_cpu_flags().encode())
+    h.update(platform.machine().encode())
+    return h.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _build_lock(path: Path):
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@functools.cache
+def load_cpu_kernels() -> CpuKernels:
+    """Build (first time on this machine) and load the C++ CPU kernels; never raises."""
+    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "off", "no"):
+        return CpuKernels(False, f"turned off by {ENV_SWITCH}={os.environ[ENV_SWITCH]}")
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return CpuKernels(False, f"the C++ CPU kernels are written for x86-64, this is {platform.machine()}")
+    if compiler() is None:
+        return CpuKernels(False, f"no C++ compiler ({os.environ.get('CXX', 'c++')} not found; install g++ or set CXX)")
+    if not _ninja_on_path():
+        return CpuKernels(False, "ninja is not installed (pip install ninja)")
+    key = build_key()
+    build_dir = cache_root() / "cpu-kernels" / key
+    name = f"quantkit_cpu_{key}"
+    try:
+        from torch.utils import cpp_extension
+
+        build_dir.mkdir(parents=True, exist_ok=True)
+        with _build_lock(build_dir.parent / f"{key}.lock"):
+            built = (build_dir / f"{name}.so").exists()
+            if not built:
+                print(f"quantkit: compiling the CPU kernels (once per machine, about a minute) in {build_dir} ...",
+                      file=sys.stderr, flush=True)
+            start = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cpp_extension.load(
+                    name=name, sources=[str(_csrc() / s) for s in SOURCES], extra_cflags=list(CFLAGS),
+                    build_directory=str(build_dir), is_python_module=False, verbose=False,
+                )
+            if not built:
+                print(f"quantkit: CPU kernels built in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    except Exception as e:  # a failed build must never stop a model from running: report and fall back
+        detail = " ".join(str(e).split())[-300:]
+        reason = f"the C++ CPU kernels did not build ({type(e).__name__}: {detail})"
+        warnings.warn(f"quantkit: {reason}; using PyTorch's CPU kernels instead", stacklevel=2)
+        return CpuKernels(False, reason, str(build_dir))
+    from . import wna16_cpu_q8  # noqa: F401  (fake implementations of the ops just registered)
+
+    wna16_cpu_q8.register_fakes()
+    return CpuKernels(True, "", str(build_dir))
+
+
+def cpu_kernel_isa(force: str | None = None) -> str:
+    """The code path the C++ kernels take on this CPU ("avx512-vnni", "avx2" or "scalar"); ``force``
+    ("auto" or one of those) switches it for this process (capped at what the CPU can run)."""
+    if not load_cpu_kernels().available:
+        return "unavailable"
+    if force is None:
+        return ISA_NAMES[torch.ops.quantkit.wna16_cpu_q8dot_isa(-2)]
+    code = -1 if force == "auto" else ISA_NAMES.index(force)
+    return ISA_NAMES[torch.ops.quantkit.wna16_cpu_q8dot_isa(code)]
