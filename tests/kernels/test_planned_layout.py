@@ -10,6 +10,9 @@ from quantkit.kernels.wna16_layout import check_wna16_weight
 
 from .wna16_cases import Scheme, random_weight
 
+# PyTorch's CPU kernels: the "torch" backend's fallback (quantkit's C++ kernel: test_wna16_cpu_q8.py).
+pytestmark = pytest.mark.usefixtures("aten_cpu_path")
+
 CASES = [  # (scheme, N, K, backend, layout)
     (Scheme(8, None, True), 96, 128, "torch", "cpu_int8"),
     (Scheme(8, None, False), 96, 128, "torch", "cpu_int8"),

@@ -22,6 +22,9 @@ from quantkit.scheme import QuantScheme
 
 from .wna16_cases import Scheme, random_weight, reference_output, rel_mean_error, tolerance
 
+# PyTorch's CPU kernels: the "torch" backend's fallback (quantkit's C++ kernel: test_wna16_cpu_q8.py).
+pytestmark = pytest.mark.usefixtures("aten_cpu_path")
+
 AUTO_FP32_TOL = tolerance(torch.bfloat16)  # 2^-7; reasoning in the module docstring
 
 SCHEMES = {  # scheme -> the layout "auto" must pick on CPU for an fp32 model

@@ -13,6 +13,9 @@ import quantkit.kernels as qk
 
 from .wna16_cases import Scheme, random_weight, reference_output, rel_mean_error, tolerance
 
+# PyTorch's CPU kernels: the "torch" backend's fallback (quantkit's C++ kernel: test_wna16_cpu_q8.py).
+pytestmark = pytest.mark.usefixtures("aten_cpu_path")
+
 N, K = 96, 256
 BF16_TOL = tolerance(torch.bfloat16)
 

@@ -11,6 +11,9 @@ from quantkit.kernels import wna16_cpu, wna16_cpu_dequant
 from .test_wna16_cpu import CPU_SCHEMES, _prepare
 from .wna16_cases import random_weight, reference_output, rel_mean_error, tolerance
 
+# PyTorch's CPU kernels: the "torch" backend's fallback (quantkit's C++ kernel: test_wna16_cpu_q8.py).
+pytestmark = pytest.mark.usefixtures("aten_cpu_path")
+
 K = 256
 BF16_TOL = tolerance(torch.bfloat16)
 

@@ -15,6 +15,9 @@ from quantkit.kernels.wna16_layout import check_wna16_weight, uniform_groups
 
 from .wna16_cases import Scheme, random_weight, reference_output, rel_mean_error, tolerance
 
+# PyTorch's CPU kernels: the "torch" backend's fallback (quantkit's C++ kernel: test_wna16_cpu_q8.py).
+pytestmark = pytest.mark.usefixtures("aten_cpu_path")
+
 N = 48  # a multiple of 16 (the CPU int4 kernel's N) and of 8 (int4 zero points packed along N)
 # (K, group size): gcd(g, K) = 64, 64, 8 (Triton's word block: the CPU int4 kernel cannot take it), 32
 SHAPES = [(576, 128), (960, 128), (200, 64), (96, 64)]
