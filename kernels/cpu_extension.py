@@ -10,7 +10,8 @@ not, the one-line ``reason``): callers fall back to PyTorch's own kernels when t
   and the CPU's flags: a new source, torch or CPU builds again, never a stale library.
 - One build at a time: an ``fcntl`` lock on ``<key>.lock`` (released by the OS if a build dies), and
   the others then load what it built.
-- Flags: ``-O3`` only. The three code paths (AVX-512 VNNI, AVX2, scalar) carry their own
+- Flags: ``-O3 -fopenmp`` (``at::parallel_for`` is inline OpenMP code: without the flag it runs on one
+  thread). The three code paths (AVX-512 VNNI, AVX2, scalar) carry their own
   ``__attribute__((target(...)))``, and the path is chosen at run time from the CPU (``cpuid``), so the
   library is correct on any x86-64 CPU; ``-march=native`` is not needed.
 - ``QUANTKIT_CPU_KERNELS=0`` turns the kernels off (the reason says so); no C++ compiler
@@ -34,7 +35,8 @@ from pathlib import Path
 import torch
 
 SOURCES = ("wna16_q8dot.cpp",)
-CFLAGS = ("-O3", "-std=c++17")
+CFLAGS = ("-O3", "-std=c++17", "-fopenmp")  # -fopenmp: at::parallel_for is inline OpenMP, sequential without it
+LDFLAGS = ("-fopenmp",)
 ENV_SWITCH = "QUANTKIT_CPU_KERNELS"
 ISA_NAMES = ("scalar", "avx2", "avx512-vnni")  # indices: the C++ Isa enum
 
@@ -91,7 +93,7 @@ def build_key() -> str:
     h = hashlib.sha256()
     for name in SOURCES:
         h.update((_csrc() / name).read_bytes())
-    h.update(" ".join(CFLAGS).encode())
+    h.update(" ".join(CFLAGS + LDFLAGS).encode())
     h.update(str(compiler()).encode())
     h.update(torch.__version__.encode())
     h.update(_cpu_flags().encode())
@@ -139,7 +141,7 @@ def load_cpu_kernels() -> CpuKernels:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 cpp_extension.load(
-                    name=name, sources=[str(_csrc() / s) for s in SOURCES], extra_cflags=list(CFLAGS),
+                    name=name, sources=[str(_csrc() / s) for s in SOURCES], extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
                     build_directory=str(build_dir), is_python_module=False, verbose=False,
                 )
             if not built:

@@ -43,9 +43,10 @@ class FusedLinearGroup(nn.Module):
         """x [..., K] -> part ``index``'s output [..., sizes[index]] (a view of the fused output)."""
         if torch.compiler.is_compiling():
             return self.fused(x).split(self.sizes, dim=-1)[index]
-        if self._x is not x or self._version != x._version or self._parts[index] is None:
+        version = None if x.is_inference() else x._version  # inference tensors keep no version counter
+        if self._x is not x or self._version != version or self._parts[index] is None:
             self._parts = list(self.fused(x).split(self.sizes, dim=-1))
-            self._x, self._version = x, x._version
+            self._x, self._version = x, version
         y = self._parts[index]
         self._parts[index] = None
         if all(p is None for p in self._parts):  # every sibling served: hold no tensors between steps
