@@ -12,7 +12,8 @@ Contract used by quantkit.modules.QuantLinear:
 - ``resolve_backend(backend, device, dtype)`` turns "auto" into a concrete backend.
 
 Ops (``torch.ops.quantkit.*``, usable without the rest of quantkit, with fake implementations for
-torch.compile): ``wna16_gemm`` (Triton), ``wna16_int4_cpu`` and ``wna16_int8_cpu`` (PyTorch's CPU
+torch.compile): ``wna16_gemm`` (Triton), ``wna16_cpu_q8dot`` (C++, int8-rounded activations and integer
+dot products; built on first use: ``cpu_extension``), ``wna16_int4_cpu`` and ``wna16_int8_cpu`` (PyTorch's CPU
 weight-only kernels), ``decode_attention_fp8`` (FP8/bf16 KV-cache decode attention),
 ``fp8_kv_cache_write`` (quantize-on-write into a static FP8 KV cache). Backends,
 layouts and numerics: README.md here, ``wna16``, ``wna16_layout``, ``wna16_triton``.

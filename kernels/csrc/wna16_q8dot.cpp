@@ -544,25 +544,31 @@ at::Tensor wna16_cpu_q8dot_unpack(const at::Tensor& weight, const at::Tensor& sc
   const float* sp = scale.data_ptr<float>();
   const float* zp = zero.has_value() ? zero->data_ptr<float>() : nullptr;
   void* op_ = out.data_ptr();
+  const int64_t nsb = (k + SUPER - 1) / SUPER;
   at::parallel_for(0, n, 16, [&](int64_t n0, int64_t n1) {
-    std::vector<float> row(k);
+    std::vector<float> row(nsb * SUPER);
     for (int64_t r = n0; r < n1; ++r) {
       const uint8_t* w = wp + r * row_bytes;
-      for (int64_t kk = 0; kk < k; ++kk) {
-        const int64_t g = kk / gs;
-        const float z = zp ? zp[r * groups + g] : (int4 ? 8.f : 0.f);
-        float u;
-        if (int4) {
-          const int64_t t = kk / SUPER, j = kk % SUPER;
-          const uint8_t byte = w[t * 32 + (j & 31)];
-          u = static_cast<float>(j < 32 ? (byte & 0x0F) : (byte >> 4));
-        } else {
-          u = static_cast<float>(reinterpret_cast<const int8_t*>(w)[kk]);
+      const float* s = sp + r * groups;
+      for (int64_t t = 0; t < nsb; ++t) {  // per superblock: two blocks of 32, each in one group
+        for (int h = 0; h < 2; ++h) {
+          const int64_t k0 = t * SUPER + h * BLOCK;
+          if (k0 >= k) break;
+          const int64_t g = k0 / gs;
+          const float z = zp ? zp[r * groups + g] : (int4 ? 8.f : 0.f), sc = s[g];
+          float* dst = row.data() + k0;
+          if (int4) {
+            const uint8_t* src = w + t * 32;
+            if (h == 0) for (int j = 0; j < BLOCK; ++j) dst[j] = (static_cast<float>(src[j] & 0x0F) - z) * sc;
+            else for (int j = 0; j < BLOCK; ++j) dst[j] = (static_cast<float>(src[j] >> 4) - z) * sc;
+          } else {
+            const int8_t* src = reinterpret_cast<const int8_t*>(w) + k0;
+            for (int j = 0; j < BLOCK; ++j) dst[j] = (static_cast<float>(src[j]) - z) * sc;
+          }
         }
-        row[kk] = (u - z) * sp[r * groups + g];
       }
       if (bf16) store(row.data(), k, static_cast<c10::BFloat16*>(op_) + r * k);
-      else store(row.data(), k, static_cast<float*>(op_) + r * k);
+      else std::copy(row.data(), row.data() + k, static_cast<float*>(op_) + r * k);
     }
   });
   return out;
