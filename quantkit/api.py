@@ -28,7 +28,7 @@ from .loading import (
 from .outputs import OutputState, atomic_output_dir
 from .modules.kv_cache import enable_fp8_kv_cache
 from .modules.kv_scales import attach_kv_scales, pop_kv_scales
-from .modules.fused_linear import fuse_projections, is_fused
+from .modules.fused_linear import fuse_projections, is_fused, unfused_state_dict
 from .modules.quant_linear import QuantLinear
 from .recipe import Recipe, load_recipe
 from .scheme import QuantScheme
@@ -146,17 +146,15 @@ def save(
     quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
     if not quantized and not getattr(model.config, "quantization_config", None):
         raise QuantizationError("the model has no quantized layers: call quantkit.quantize(model, recipe) first")
-    if is_fused(model):
-        raise QuantizationError(
-            "this model runs fused q/k/v and gate/up projections, whose tensors are not the checkpoint's; "
-            "load it with quantkit.load(path, fuse=False) to save it again"
-        )
     if any(m.checkpoint_tensors_released for m in quantized):
         raise QuantizationError(
             "this model's layers released their checkpoint tensors for a faster backend; "
             "load it with quantkit.load(path, backend='reference') to save it again"
         )
-    state = _in_dtype(_deduplicated_state_dict(model), dtype)
+    state = _deduplicated_state_dict(model)
+    if is_fused(model):
+        state = unfused_state_dict(model, state)
+    state = _in_dtype(state, dtype)
     config = model.config.to_dict()
     config["quantization_config"] = build_quantization_config(model, kv_cache_scheme_of(model))
     loaded_from = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
@@ -224,7 +222,7 @@ def load(
     transformers would not load as stored (see loading.load_float_model); False loads it with a warning.
     fuse: run each layer's q/k/v and gate/up projections as one linear each (modules.fused_linear;
     fewer, larger kernel calls per decode step). None: where the layers run on the CPU ("torch"
-    backend). A fused model cannot be saved again (load it with fuse=False to save).
+    backend). `save` writes a fused model's layers back as the checkpoint has them.
     """
     device = resolve_device(device)
     source = resolve_model_source(str(path))

@@ -48,7 +48,10 @@ def layer(fmt: str, k: int, n: int, gen: torch.Generator) -> dict:
     bits, groups = (4, k // 128) if fmt == "int4" else (8, 1)
     packed = torch.randint(-(2**31), 2**31 - 1, (n, k * bits // 32), dtype=torch.int32, generator=gen)
     scale = torch.rand(n, groups, generator=gen) * 0.01 + 0.001  # fp32 [N, G]
-    prep = qk.prepare_wna16(packed, scale, None, bits=bits, in_features=k, backend="torch")
+    shape = qk.wna16_layout.check_wna16_weight(packed, scale, None, bits, k)
+    # PyTorch's CPU kernels' layouts (what this script times), whichever kernel the "torch" backend would pick
+    build = qk.wna16_layout.to_cpu_int4_layout if fmt == "int4" else qk.wna16_layout.to_cpu_int8_layout
+    prep = build(packed, scale, None, shape)
     return {"bits": bits, "packed": packed, "scale": scale, "prep": prep}
 
 

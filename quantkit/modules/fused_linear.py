@@ -13,8 +13,9 @@ pattern is still correct (a part called with another input recomputes). Under ``
 part computes the fused product and slices it (no Python state is traced; identical op calls are
 deduplicated by the compiler's CSE).
 
-A fused model's state dict no longer matches the checkpoint: ``quantkit.save`` refuses it (load with
-``fuse=False`` to save).
+A fused model's state dict no longer matches the checkpoint: ``quantkit.save`` writes the parts'
+tensors back from the fused ones (``unfused_state_dict``), so a fused model saves the checkpoint it
+was loaded from.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from ..kernels.fusion import concat_wna16_weights
+from ..kernels.packing import pack_zero_point, unpack_zero_point
 from .quant_linear import QuantLinear
 
 # (parts, name of the fused group on the parent): projections that read one input in HF decoder layers.
@@ -32,9 +34,12 @@ FUSIBLE = ((("q_proj", "k_proj", "v_proj"), "qkv_proj_fused"), (("gate_proj", "u
 class FusedLinearGroup(nn.Module):
     """One QuantLinear over parts concatenated along N; hands each part its slice."""
 
-    def __init__(self, fused: QuantLinear, sizes: list[int]) -> None:
+    def __init__(self, fused: QuantLinear, sizes: list[int], names: list[str] | None = None,
+                 biased: list[bool] | None = None) -> None:
         super().__init__()
         self.fused, self.sizes = fused, list(sizes)
+        self.names = list(names or [str(i) for i in range(len(sizes))])  # the parts' attribute names
+        self.biased = list(biased or [fused.bias is not None] * len(sizes))  # which parts had a bias
         self._x: torch.Tensor | None = None
         self._version = -1
         self._parts: list[torch.Tensor | None] = []
@@ -110,7 +115,8 @@ def fuse_projections(model: nn.Module) -> int:
             if fused is None:
                 continue
             fused.prepare(parts[0].backend)
-            group = FusedLinearGroup(fused, [p.out_features for p in parts])
+            group = FusedLinearGroup(fused, [p.out_features for p in parts], list(names),
+                                     [p.bias is not None for p in parts])
             parent.add_module(group_name, group)
             for i, (name, p) in enumerate(zip(names, parts)):
                 setattr(parent, name, FusedPart(group, i, p.in_features, p.out_features))
@@ -120,3 +126,34 @@ def fuse_projections(model: nn.Module) -> int:
 
 def is_fused(model: nn.Module) -> bool:
     return any(isinstance(m, FusedLinearGroup) for m in model.modules())
+
+
+def unfused_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` (the model's state dict) with every fused group's tensors split back into the parts'
+    checkpoint tensors (``<parent>.q_proj.weight_packed`` ...), as the checkpoint the model was loaded
+    from had them: weights and scales by rows, zero points unpacked, split and packed again."""
+    out = dict(state)
+    for name, group in model.named_modules():
+        if not isinstance(group, FusedLinearGroup):
+            continue
+        parent = name.rsplit(".", 1)[0] + "." if "." in name else ""
+        fused, bits = group.fused, group.fused.scheme.num_bits
+        for key in list(out):
+            if key.startswith(f"{name}.fused."):
+                del out[key]
+        zero = None
+        if fused.weight_zero_point is not None:
+            zero = unpack_zero_point(fused.weight_zero_point, bits, fused.out_features)  # [N, G]
+        start = 0
+        for part, size, biased in zip(group.names, group.sizes, group.biased):
+            rows = slice(start, start + size)
+            prefix = f"{parent}{part}."
+            out[prefix + "weight_packed"] = fused.weight_packed[rows].clone()
+            out[prefix + "weight_scale"] = fused.weight_scale[rows].clone()
+            out[prefix + "weight_shape"] = torch.tensor([size, fused.in_features], dtype=torch.int64)
+            if zero is not None:
+                out[prefix + "weight_zero_point"] = pack_zero_point(zero[rows].contiguous(), bits)
+            if biased:
+                out[prefix + "bias"] = fused.bias.detach()[rows].clone()
+            start += size
+    return out
