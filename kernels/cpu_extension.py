@@ -14,6 +14,8 @@ not, the one-line ``reason``): callers fall back to PyTorch's own kernels when t
   thread). The three code paths (AVX-512 VNNI, AVX2, scalar) carry their own
   ``__attribute__((target(...)))``, and the path is chosen at run time from the CPU (``cpuid``), so the
   library is correct on any x86-64 CPU; ``-march=native`` is not needed.
+- ``QUANTKIT_CPU_KERNEL_ISA=avx2`` (or ``scalar``) makes the kernels take a lower code path than the
+  CPU's best, for comparisons (capped at what the CPU runs).
 - ``QUANTKIT_CPU_KERNELS=0`` turns the kernels off (the reason says so); no C++ compiler
   (``$CXX``, else ``c++``), no ninja or a failed build -> unavailable, with the reason, warned once.
 """
@@ -39,6 +41,7 @@ CFLAGS = ("-O3", "-std=c++17", "-fopenmp")  # -fopenmp: at::parallel_for is inli
 LDFLAGS = ("-fopenmp",)
 ENV_SWITCH = "QUANTKIT_CPU_KERNELS"
 ISA_NAMES = ("scalar", "avx2", "avx512-vnni")  # indices: the C++ Isa enum
+ISA_ENV = "QUANTKIT_CPU_KERNEL_ISA"  # force a code path (capped at what the CPU runs), e.g. to time AVX2 on AVX-512
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,12 @@ def load_cpu_kernels() -> CpuKernels:
     from . import wna16_cpu_q8  # noqa: F401  (fake implementations of the ops just registered)
 
     wna16_cpu_q8.register_fakes()
+    forced = os.environ.get(ISA_ENV, "").strip()
+    if forced:
+        if forced not in ISA_NAMES + ("auto",):
+            warnings.warn(f"quantkit: {ISA_ENV}={forced!r} is none of {ISA_NAMES}; using the CPU's best", stacklevel=2)
+        else:
+            torch.ops.quantkit.wna16_cpu_q8dot_isa(-1 if forced == "auto" else ISA_NAMES.index(forced))
     return CpuKernels(True, "", str(build_dir))
 
 
