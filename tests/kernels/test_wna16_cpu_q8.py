@@ -189,3 +189,13 @@ def test_opcheck_and_compile(q8_kernels, gen):
 
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(x), f(x))
+
+
+def test_the_isa_variable_forces_a_lower_path(q8_kernels, monkeypatch):
+    monkeypatch.setenv("QUANTKIT_CPU_KERNEL_ISA", "scalar")
+    try:
+        assert load_cpu_kernels.__wrapped__().available
+        assert cpu_kernel_isa() == "scalar"
+    finally:
+        cpu_kernel_isa("auto")
+    assert cpu_kernel_isa() != "scalar" or cpu_extension.ISA_NAMES.index(cpu_kernel_isa()) == 0
