@@ -70,3 +70,17 @@ def test_fusion_skips_parts_with_different_schemes():
     parent = torch.nn.Module()
     parent.gate_proj, parent.up_proj = layer(4), layer(8)
     assert fuse_projections(parent) == 0 and isinstance(parent.gate_proj, QuantLinear)
+
+
+def test_compiled_parts_run_their_own_rows(checkpoint):
+    fused = quantkit.load(checkpoint)
+    group = fused.model.layers[0].self_attn.qkv_proj_fused
+    x = torch.randn(1, 2, 128)
+    whole = group.fused(x)
+    start = group.sizes[0]
+    assert torch.equal(group.fused.forward_rows(x, start, start + group.sizes[1]), whole[..., start:start + group.sizes[1]])
+    ids = torch.randint(0, fused.config.vocab_size, (1, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        eager = fused(ids).logits
+        compiled = torch.compile(fused, backend="aot_eager")(ids).logits
+    assert torch.allclose(compiled, eager, rtol=1e-5, atol=1e-5)

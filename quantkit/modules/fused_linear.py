@@ -9,9 +9,10 @@ The model's code is not changed: each original projection becomes a ``FusedPart`
 ``FusedLinearGroup`` for its slice of the fused output. The group computes the fused product on the
 first call with a new input and serves the siblings' calls with the *same* tensor (identity and
 version checked) from it; once every part has taken its slice the group drops it. Any other call
-pattern is still correct (a part called with another input recomputes). Under ``torch.compile`` each
-part computes the fused product and slices it (no Python state is traced; identical op calls are
-deduplicated by the compiler's CSE).
+pattern is still correct (a part called with another input recomputes). Under ``torch.compile`` no
+Python state is traced: each part runs the kernel on its own rows of the fused layout (views, for the
+layouts whose tensors run along N: ``ROW_SLICEABLE``), which costs what the unfused layers did; other
+layouts compute the fused product per part and slice it (the compiler does not merge the calls).
 
 A fused model's state dict no longer matches the checkpoint: ``quantkit.save`` writes the parts'
 tensors back from the fused ones (``unfused_state_dict``), so a fused model saves the checkpoint it
@@ -27,6 +28,8 @@ from ..kernels.fusion import concat_wna16_weights
 from ..kernels.packing import pack_zero_point, unpack_zero_point
 from .quant_linear import QuantLinear
 
+# Prepared layouts whose tensors all run along N first, so a part's rows are a contiguous slice of them.
+ROW_SLICEABLE = ("cpu_q8", "cpu_int8")
 # (parts, name of the fused group on the parent): projections that read one input in HF decoder layers.
 FUSIBLE = ((("q_proj", "k_proj", "v_proj"), "qkv_proj_fused"), (("gate_proj", "up_proj"), "gate_up_proj_fused"))
 
@@ -46,7 +49,10 @@ class FusedLinearGroup(nn.Module):
 
     def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
         """x [..., K] -> part ``index``'s output [..., sizes[index]] (a view of the fused output)."""
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():  # no Python state in a traced graph
+            start = sum(self.sizes[:index])
+            if self.fused.kernel_layout in ROW_SLICEABLE:  # the part's rows of the fused layout: one call per part
+                return self.fused.forward_rows(x, start, start + self.sizes[index])
             return self.fused(x).split(self.sizes, dim=-1)[index]
         version = None if x.is_inference() else x._version  # inference tensors keep no version counter
         if self._x is not x or self._version != version or self._parts[index] is None:

@@ -112,6 +112,15 @@ class QuantLinear(nn.Module):
             out_features=self.out_features, backend=self.backend, bias=self.bias,
         )
 
+    def forward_rows(self, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """Outputs start..stop-1 only: x [..., K] -> [..., stop - start], from row views of the prepared
+        tensors (layouts whose tensors all run along N first, e.g. "cpu_q8", "cpu_int8")."""
+        prepared = {key: getattr(self, attr)[start:stop] for key, attr in self._kernel_keys.items()}
+        return kernels.wna16_linear(
+            x, prepared, bits=self.scheme.num_bits, in_features=self.in_features, out_features=stop - start,
+            backend=self.backend, bias=None if self.bias is None else self.bias[start:stop],
+        )
+
     @property
     def kernel_layout(self) -> str:
         """The prepared layout forward runs: "cpu_q8", "cpu_int4", "cpu_int8", "triton" or "reference"."""
