@@ -43,11 +43,11 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.device import resolve_device
     from quantkit.errors import UsageError
     from quantkit.harness.eval_text import eval_window, load_tokenizer, read_eval_tokens
-    from quantkit.outputs import atomic_write_text, check_writable
+    from quantkit.outputs import check_output_file, output_stream, write_output_file
 
     check_backend(args.backend, resolve_device(args.device, option="--device"))
     if args.json is not None:  # before any work; never over a file this command reads
-        check_writable(args.json, force=True, file=True, inputs=input_paths(args.model, args.baseline, args.data))
+        check_output_file(args.json, inputs=input_paths(args.model, args.baseline, args.data))
     dtype = torch_dtype(args.dtype)
     strict = not args.allow_source_mismatch
     baseline = quantkit.load(args.baseline, dtype=dtype, device=args.device, trust_remote_code=args.trust_remote_code,
@@ -80,14 +80,16 @@ def run(args: argparse.Namespace) -> int:
     result.update(model=str(args.model), baseline=str(args.baseline), data=args.data or "reference held-out text")
     from quantkit.harness.formatting import fmt_perplexity_change
 
+    shown = sys.stderr if output_stream(args.json) == 1 else sys.stdout  # the JSON alone on a standard output
     change = fmt_perplexity_change(result["perplexity"], result["baseline_perplexity"], result["log_ppl_ratio_stderr"])
-    print(f"perplexity  {result['perplexity']:.4f}  (baseline {result['baseline_perplexity']:.4f}, {change}"
-          f"{'; ± is two standard errors over windows' if result['log_ppl_ratio_stderr'] is not None else ''})")
-    print(f"KL          {result['kl_divergence']:.6f} nats/token")
-    print(f"top-1 agree {result['top1_agreement']:.4f}")
-    print(f"over {result['windows']} windows of {result['window']} tokens ({result['tokens']} predictions)")
+    noise = "; ± is two standard errors over windows" if result["log_ppl_ratio_stderr"] is not None else ""
+    print(f"perplexity  {result['perplexity']:.4f}  (baseline {result['baseline_perplexity']:.4f}, {change}{noise})",
+          file=shown)
+    print(f"KL          {result['kl_divergence']:.6f} nats/token", file=shown)
+    print(f"top-1 agree {result['top1_agreement']:.4f}", file=shown)
+    print(f"over {result['windows']} windows of {result['window']} tokens ({result['tokens']} predictions)", file=shown)
     if args.json is not None:
-        atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
+        write_output_file(args.json, json.dumps(result, indent=2, allow_nan=False) + "\n")
     return 0
 
 
