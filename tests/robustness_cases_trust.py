@@ -316,6 +316,9 @@ CASES = [
          "then refused)", _quantize_out_link_to_ref, "it is a symbolic link", absent="--force"),
     Case("trust-quantize-out-file", "`quantize --out FILE`, an existing file (was: --force advised, then refused)",
          _quantize_out_file, "it is a file, not an output folder", absent="--force"),
+    # typed configs
+    Case("trust-eval-float-weights", "`eval` of a checkpoint whose config says weights type float (was: a "
+         "traceback, ValueError from QuantLinear)", _eval_float_weights, "weights are float per channel"),
     # outputs
     Case("trust-report-force-stale-plot", "`report --force` without --quality over a report made with it (was: "
          "its quality.png left)", _report_force_over_quality, "quality.png of the earlier one removed", status=0,
@@ -323,6 +326,17 @@ CASES = [
 ]
 
 PYTHON_CASES = [
+    # typed configs
+    PythonCase("trust-py-recipe-algorithm-string", "`Recipe(..., algorithm=\"gptq\")` (was: AttributeError later)",
+               _recipe_with(algorithm="gptq"), ConfigError, "algorithm must be an AlgorithmConfig"),
+    PythonCase("trust-py-algorithm-magic", "`AlgorithmConfig(name=\"magic\")` (was: KeyError later)",
+               _algorithm_magic, ConfigError, "unknown algorithm 'magic'"),
+    PythonCase("trust-py-recipe-targets-none", "`Recipe(..., targets=None)` (was: TypeError later)",
+               _recipe_with(targets=None), ConfigError, "targets must be a list or tuple"),
+    PythonCase("trust-py-recipe-targets-string", "`Recipe(..., targets=\"Linear\")` (was: split into 'L', 'i', ...)",
+               _recipe_with(targets="Linear"), ConfigError, "e.g. ('Linear',), got 'Linear' (a str)"),
+    PythonCase("trust-py-group-size-string", "`QuantScheme(group_size=\"128\")` (was: \"must be one of (32, 64, "
+               "128) ..., got 128\")", _group_size_string, ValueError, "got '128' (a str)"),
     # outputs
     PythonCase("trust-py-save-over-file", "`quantkit.save(model, FILE)` over a file (was: force=True advised, then "
                "refused)", _save_over_file, OutputRefusedError, "it is a file", absent="force=True"),
