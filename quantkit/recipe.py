@@ -234,10 +234,27 @@ MAX_RECIPE_DEPTH = 32
 
 
 class _NoAliasLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses aliases (`*name`: a few nested aliases expand to billions of values)
-    and values nested deeper than MAX_RECIPE_DEPTH."""
+    """yaml.SafeLoader that refuses aliases (`*name`: a few nested aliases expand to billions of values),
+    values nested deeper than MAX_RECIPE_DEPTH and a key given twice in one mapping (YAML 1.2 forbids it;
+    PyYAML would keep the last value, silently)."""
 
     depth = 0
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark)
+                except TypeError:  # an unhashable key: the constructor names it below
+                    continue
+                if first is not key_node.start_mark:
+                    mark = key_node.start_mark
+                    raise ConfigError(f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}: the key "
+                                      f"{key!r} is given twice in one mapping (first at line {first.line + 1}, "
+                                      f"column {first.column + 1}); give each key once")
+        return super().construct_mapping(node, deep=deep)
 
     def compose_node(self, parent, index):
         mark = self.peek_event().start_mark
@@ -267,7 +284,21 @@ def read_recipe_yaml(path: Path):
         raise ConfigError(f"recipe file {path} cannot be read as text ({e.reason} at byte {e.position}); "
                           f"save it as UTF-8 text") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"recipe file {path} is not valid YAML: {e}") from None
+        raise ConfigError(f"recipe file {path} is not valid YAML: {_yaml_problem(e)}") from None
     finally:
         if loader is not None:
             loader.dispose()
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error as one clause: what is wrong, where (line, column), and the fix for the usual mistakes."""
+    problem = getattr(e, "problem", None) or str(e)
+    mark = getattr(e, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    if "expected a single document" in f"{problem} {getattr(e, 'context', None)}":
+        return (f"it holds more than one YAML document (another starts{where.replace(' (', ' at ').rstrip(')')}); a "
+                f"recipe is one document: remove the second '---' and what follows, or merge them")
+    if "'\\t'" in problem or "\t" in problem:
+        return f"{problem}{where}: indent with spaces, not tabs"
+    context = getattr(e, "context", None)
+    return f"{problem}{where}" + (f", {context}" if context else "")

@@ -319,10 +319,49 @@ CASES = [
     # typed configs
     Case("trust-eval-float-weights", "`eval` of a checkpoint whose config says weights type float (was: a "
          "traceback, ValueError from QuantLinear)", _eval_float_weights, "weights are float per channel"),
+    # silent wrong results
+    Case("trust-report-time-1e308", "`report --bench` with a time of 1e308 s (was: matplotlib's traceback, an "
+         "empty --out left)", _report_bench(_huge_time), "decode[1].median_s is 1e+308", creates="report"),
+    Case("trust-recipe-duplicate-inline-key", "recipe `{num_bits: 4, ..., num_bits: 8}` (was: int8, the last one)",
+         _recipe_case("dup-inline", W4.replace("}", ", num_bits: 8}")), "the key 'num_bits' is given twice",
+         creates="out"),
+    Case("trust-recipe-duplicate-top-key", "recipe with two `weights:` (was: the last one used)",
+         _recipe_case("dup-top", W4 + W4.replace("num_bits: 4", "num_bits: 8")), "the key 'weights' is given twice",
+         creates="out"),
+    Case("trust-recipe-target-embedding", "recipe `targets: [model.embed_tokens]` next to Linear (was: dropped "
+         "silently)", _recipe_case("embed", W4 + "targets: [Linear, model.embed_tokens]\n"),
+         "'model.embed_tokens' matches only modules quantkit cannot quantize", creates="out"),
+    Case("trust-recipe-ignore-typo", "recipe `ignore: [lm_haed]` (was: lm_head quantized, exit 0)",
+         _recipe_case("typo", W4 + "ignore: [lm_haed]\n"), "did you mean 'lm_head'?", creates="out"),
+    Case("trust-shards-and-single-file", "a model folder with a shard index and a model.safetensors (was: quantkit "
+         "read the shards, transformers the single file)", _shards_and_single, "holds both model.safetensors",
+         creates="out"),
+    Case("trust-eval-corrupt-tokenizer", "`eval` of a checkpoint whose tokenizer.json is corrupt (was: ignored, "
+         "the baseline's used silently)", _eval_corrupt_tokenizer, "could not load a tokenizer"),
+    Case("trust-eval-other-tokenizer", "`eval` of a checkpoint holding another model's tokenizer (was: ignored)",
+         _eval_other_tokenizer, "own tokenizer (tokenizer.json, tokenizer_config.json) differs from the baseline's"),
+    Case("trust-report-empty-phases", "`report --bench` whose prefill and decode are empty (was: empty tables)",
+         _report_bench(_empty_phases), "prefill and decode are both empty", creates="report"),
+    Case("trust-report-infinite-peak", "`report --bench` with `peak_bytes: Infinity` (was: written into "
+         "report.json, which was then not JSON)", _report_bench(_infinite_peak), "memory.peak_bytes is inf",
+         creates="report"),
     # outputs
     Case("trust-report-force-stale-plot", "`report --force` without --quality over a report made with it (was: "
          "its quality.png left)", _report_force_over_quality, "quality.png of the earlier one removed", status=0,
          check=_check_no_stale_plot),
+    # messages
+    Case("trust-report-variant-twice", "`report --bench` with two variants of one name (was: \"prefill[1].variant "
+         "is 'bf16'; allowed: ...\")", _report_bench(_twice_named), "the variant name 'bf16' is duplicated",
+         creates="report"),
+    Case("trust-recipe-tab-indent", "a tab-indented recipe (was: a 4-line error)",
+         _recipe_case("tabs", "weights:\n\tnum_bits: 4\n"), "indent with spaces, not tabs", creates="out"),
+    Case("trust-recipe-two-documents", "a recipe of two YAML documents (was: a 7-line error)",
+         _recipe_case("two", W4 + "---\n" + W4), "more than one YAML document", creates="out"),
+    Case("trust-inspect-two-folders", "`quantkit inspect A B` (was: \"quantkit: error:\" without the command, "
+         "after a usage block)", lambda w: ["inspect", "A", "B"], "quantkit inspect: error: unrecognized arguments: B"),
+    Case("trust-quantize-unknown-option", "`quantkit quantize --calib-file x.txt` (an unknown option; was: "
+         "\"quantkit: error:\")", lambda w: [*_quantize("w4a16-rtn", w), "--calib-file", "x.txt"],
+         "quantkit quantize: error: unrecognized arguments: --calib-file x.txt", creates="out"),
 ]
 
 PYTHON_CASES = [
@@ -342,4 +381,7 @@ PYTHON_CASES = [
                "refused)", _save_over_file, OutputRefusedError, "it is a file", absent="force=True"),
     PythonCase("trust-py-save-newline", "`quantkit.save(model, \"nl\\nck\")`", _save_newline, UsageError,
                "holds the control character", creates="nl\nck"),
+    # silent wrong results
+    PythonCase("trust-py-quantize-ignore-typo", "`quantkit.quantize` with `ignore: [lm_haed]` (was: lm_head "
+               "quantized)", _quantize_ignore_typo, QuantizationError, "'lm_haed' matches no module"),
 ]
