@@ -68,7 +68,9 @@ _SHOWN = 5  # paths an error message lists
 
 
 def _absolute(path: str | os.PathLike) -> Path:
-    return Path(os.path.abspath(Path(path).expanduser()))
+    """`path` made absolute, `~` and `~user` expanded (a `~name` of no user stays as it is, as in a shell;
+    pathlib's expanduser raises RuntimeError for it)."""
+    return Path(os.path.abspath(os.path.expanduser(path)))
 
 
 def _output_path(path: str | os.PathLike) -> Path:

@@ -227,8 +227,9 @@ def _report_over_report(work):
     quality = work / "quality.json"
     quality.write_text(json.dumps({"recipe": "w4a16-rtn", "perplexity": 12.0, "baseline_perplexity": 11.0}) + "\n")
     previous = work / "report"
-    previous.mkdir(exist_ok=True)
-    (previous / "report.md").write_text("# an earlier report\n")
+    from quantkit.cli import main
+
+    assert main(["report", "--quality", str(quality), "--out", str(previous)]) == 0  # an earlier report
     return ["report", "--quality", str(quality), "--out", str(previous)]
 
 

@@ -357,6 +357,8 @@ CASES = [
          _recipe_case("tabs", "weights:\n\tnum_bits: 4\n"), "indent with spaces, not tabs", creates="out"),
     Case("trust-recipe-two-documents", "a recipe of two YAML documents (was: a 7-line error)",
          _recipe_case("two", W4 + "---\n" + W4), "more than one YAML document", creates="out"),
+    Case("trust-inspect-unknown-user", "`inspect ~nosuchuser/model` (a home that does not exist; was: pathlib's "
+         "RuntimeError traceback)", lambda w: ["inspect", "~nosuchuser/model"], "does not exist"),
     Case("trust-inspect-two-folders", "`quantkit inspect A B` (was: \"quantkit: error:\" without the command, "
          "after a usage block)", lambda w: ["inspect", "A", "B"], "quantkit inspect: error: unrecognized arguments: B"),
     Case("trust-quantize-unknown-option", "`quantkit quantize --calib-file x.txt` (an unknown option; was: "

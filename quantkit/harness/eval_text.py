@@ -7,6 +7,7 @@ file that is one huge line costs no more than that prefix.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,11 +116,11 @@ def check_model_tokenizer(model: str, baseline: str, tokenizer) -> str:
     local `model` folder with tokenizer files of its own must agree with it: same vocabulary, same ids for a
     probe text; CheckpointError when its tokenizer cannot be read, EvaluationError when it differs (the
     scores would compare the checkpoint on text it was never meant to see)."""
-    folder = Path(resolve_model_source(model)).expanduser()
+    folder = Path(os.path.expanduser(resolve_model_source(model)))
     own = [name for name in TOKENIZER_FILES if (folder / name).exists()] if folder.is_dir() else []
     if not own:
         return f"the baseline's tokenizer ({baseline}); {model} has no tokenizer files of its own"
-    if folder.resolve() == Path(resolve_model_source(baseline)).expanduser().resolve():
+    if folder.resolve() == Path(os.path.expanduser(resolve_model_source(baseline))).resolve():
         return f"the tokenizer of {baseline}"
     theirs = load_tokenizer(model)
     if theirs.get_vocab() != tokenizer.get_vocab():
