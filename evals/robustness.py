@@ -32,6 +32,13 @@ def error_line(stderr: str) -> str:
     return lines[-1] if lines else (stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
 
 
+def shell_word(arg: str) -> str:
+    """An argument as a shell would need it typed: $'...' with escapes when it holds a control character."""
+    if all(c.isprintable() for c in arg):
+        return arg
+    return "$'" + "".join(c if c.isprintable() and c not in "'\\" else repr(c)[1:-1] for c in arg) + "'"
+
+
 def cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -48,7 +55,7 @@ def run_cases(root: Path, cases) -> list[str]:
         argv = case.setup(work)
         proc = subprocess.run([sys.executable, "-m", "quantkit.cli", *argv], cwd=work, env=env,
                               capture_output=True, text=True)
-        shown = " ".join(a.replace(str(work), ".").replace(str(root), "..") for a in argv)
+        shown = " ".join(shell_word(a.replace(str(work), ".").replace(str(root), "..")) for a in argv)
         message = error_line(proc.stderr).replace(str(work), ".").replace(str(root), "..")
         if case.status == 0 and proc.returncode == 0:
             try:
