@@ -170,8 +170,8 @@ def save(
         made = provenance.of(model)
         if made is not None:
             (tmp / provenance.RECIPE_FILE).write_text(
-                provenance.recipe_file_text(made, source, Path(out_dir).expanduser().resolve()))
-    return Path(out_dir).expanduser().resolve()
+                provenance.recipe_file_text(made, source, Path(os.path.expanduser(out_dir)).resolve()))
+    return Path(os.path.expanduser(out_dir)).resolve()
 
 
 def _round_scale(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -11,7 +11,9 @@ COMMANDS = ("quantize", "eval", "bench", "advise", "report", "inspect", "demo", 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from .errors import CommandParser
+
+    parser = CommandParser(
         prog="quantkit", description="Quantize LLMs (INT8/INT4 weights, FP8 KV cache) for fast decoding, and measure it."
     )
     from . import __version__
@@ -31,8 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     could not be read or written; 2: bad input (usage, recipe, model, data), with the message on
     stderr and no traceback; 130: interrupted.
     """
-    args = build_parser().parse_args(argv)
-    from .errors import run_command
+    from .errors import parse_command_line, run_command
+
+    args = parse_command_line(build_parser(), argv)
 
     return run_command(f"quantkit {args.command}", lambda: args.func(args))
 

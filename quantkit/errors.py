@@ -8,6 +8,7 @@ FileExistsError, OSError), so Python callers that caught those before still do.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -83,6 +84,31 @@ class NoSpaceError(QuantkitError, OSError):
     exit_status = 1
 
 
+def one_line(message: str) -> str:
+    """`message` as one line: its lines joined by spaces (a YAML or library message may span several)."""
+    return " ".join(line.strip() for line in message.splitlines() if line.strip())
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors keep the command lines' contract: one line `PROG: error: MESSAGE`
+    on stderr (PROG names the command, e.g. `quantkit bench`), exit status 2; `--help` shows the usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
+def parse_command_line(parser: argparse.ArgumentParser, argv: list[str] | None, command: str = "command"):
+    """`parser.parse_args(argv)`, with arguments no option takes reported by the subcommand they were given to
+    (`quantkit inspect A B`: `quantkit inspect: error: unrecognized arguments: B`)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        chosen = getattr(args, command, None)
+        subparsers = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        owner = subparsers.choices.get(chosen, parser) if subparsers is not None else parser
+        owner.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def run_command(prog: str, command: Callable[[], "int | None"]) -> int:
     """Run one command of a command line (`command()`, whose result is the exit status; None is 0) and
     return its exit status, printing each failure as one line `PROG: error: MESSAGE` on stderr.
@@ -92,7 +118,7 @@ def run_command(prog: str, command: Callable[[], "int | None"]) -> int:
     exception is a bug of quantkit and keeps its traceback.
     """
     def fail(message: str, status: int = 2) -> int:
-        print(f"{prog}: error: {shorten(message)}", file=sys.stderr)
+        print(f"{prog}: error: {shorten(one_line(message))}", file=sys.stderr)
         return status
 
     try:
@@ -112,6 +138,8 @@ def run_command(prog: str, command: Callable[[], "int | None"]) -> int:
 
 
 __all__ = [
-    "CheckpointError", "ConfigError", "EvaluationError", "NoSpaceError", "OutputExistsError", "OutputRefusedError",
-    "QuantizationError", "QuantkitError", "UsageError", "run_command", "shorten",
+    "CheckpointError", "CommandParser", "ConfigError", "EvaluationError", "NoSpaceError", "OutputExistsError",
+    "OutputRefusedError",
+    "QuantizationError", "QuantkitError", "UsageError", "one_line", "parse_command_line", "run_command",
+    "shorten",
 ]

@@ -50,7 +50,7 @@ def resolve_model_source(name: str | os.PathLike) -> str:
     from .refmodels import resolve_model_name
 
     source = resolve_model_name(str(name))
-    local = Path(source).expanduser()
+    local = Path(os.path.expanduser(source))
     if local.exists():
         return str(local) if source.startswith("~") else source
     parent = local.parent

@@ -16,7 +16,14 @@ what quantkit itself wrote, only when asked, and never what the command reads.
   (`clean_stale`, which also removes temporary folders whose owner process is gone). The final step holds
   a lock on the parent folder and is refused when `out` changed since `expect` (default: since the call):
   an output another process finished meanwhile is never replaced, forced or not.
-- `atomic_write_text(path, text)`: a file written beside `path`, then renamed over it.
+- `atomic_write_text(path, text)`: a file written beside `path`, then renamed over it; refused where `path` is
+  anything but a regular file (a device, a pipe, a symbolic link, a folder): a rename would replace it.
+- `check_output_file(path, inputs=...)` / `write_output_file(path, text)`: a file output a user names (`--json`).
+  `-`, `/dev/stdout` and `/dev/stderr` are the process's own streams; a character device or a named pipe
+  (`/dev/null`, `>(jq .)`) is written through, never replaced; a symbolic link to a regular file replaces the
+  file it points to (the link stays); a link to nothing or to a folder, a block device and a socket are refused.
+- Output names with control characters (a newline, a tab, an escape) are refused: they break the lines
+  quantkit writes them into (recipe.yaml's comments, the messages).
 - `publish_files(out, names, force=...)`: files built in a temporary folder, then moved into an existing
   folder one by one (a report written into a folder that also holds its inputs).
 - A full disk or quota (ENOSPC, EDQUOT) while writing, or too little free space for a size known up front:
@@ -35,6 +42,8 @@ import json
 import os
 import secrets
 import shutil
+import stat
+import sys
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
@@ -59,14 +68,30 @@ _SHOWN = 5  # paths an error message lists
 
 
 def _absolute(path: str | os.PathLike) -> Path:
-    return Path(os.path.abspath(Path(path).expanduser()))
+    """`path` made absolute, `~` and `~user` expanded (a `~name` of no user stays as it is, as in a shell;
+    pathlib's expanduser raises RuntimeError for it)."""
+    return Path(os.path.abspath(os.path.expanduser(path)))
 
 
 def _output_path(path: str | os.PathLike) -> Path:
-    """The absolute path of an output; UsageError for an empty one (which would mean the working folder)."""
-    if not os.fspath(path):
+    """The absolute path of an output; UsageError for an empty one (which would mean the working folder) or one
+    with a control character."""
+    text = os.fspath(path)
+    if not text:
         raise UsageError("the output path is empty: name the file or folder to write")
+    check_printable_name(text, "the output path")
     return _absolute(path)
+
+
+def check_printable_name(text: str | bytes, what: str) -> None:
+    """UsageError when `text` holds a control character (U+0000-U+001F, U+007F-U+009F): such a name breaks the
+    one-line records quantkit writes it into (recipe.yaml's comments, messages) and the shell commands it prints."""
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    bad = next((c for c in text if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F), None)
+    if bad is not None:
+        raise UsageError(f"{what} {text!r} holds the control character {bad!r}; choose a name without control "
+                         f"characters (newlines, tabs, escapes)")
 
 
 def _listed(paths: list[str]) -> str:
@@ -83,12 +108,12 @@ def check_writable(path: str | os.PathLike, *, force: bool = False, file: bool =
     _check_name_lengths(out)
     refuse_inputs(out, inputs, file=file)
     if os.path.lexists(out):
-        if not force:
-            raise OutputExistsError(out)
         if file and out.is_dir():
             raise UsageError(f"cannot write {out}: it is a folder; name a file to write")
-        if not file:
+        if not file:  # what force could not replace is refused outright: never advise a force that fails
             check_replaceable(out, known_files=known_files)
+        if not force:
+            raise OutputExistsError(out)
     parent = _nearest_existing(out.parent)
     if not parent.is_dir():
         raise UsageError(f"cannot write {out}: {parent} is a file, not a folder; choose another output path")
@@ -518,6 +543,7 @@ def _no_space_named(out: Path, where: Path, needed: Callable[[], int], *, exact:
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write `text` to `path` (UTF-8) through a temporary file renamed over it; parents are created."""
     path = _absolute(path)
+    _refuse_unreplaceable_file(path)
     data = text.encode("utf-8")
     check_free_space(path, len(data))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -534,23 +560,115 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return path
 
 
+def _kind(mode: int) -> str:
+    """What a file of this st_mode is, in words."""
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _refuse_unreplaceable_file(path: Path) -> None:
+    """OutputRefusedError when `path` exists and is not a regular file: renaming a file over it would replace
+    a device, a pipe, a link or a folder."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        raise OutputRefusedError(f"refusing to replace {path}: it is {_kind(mode)}, not a file quantkit may replace; "
+                                 f"choose another output path")
+
+
+#: the names a file output takes for the process's own streams (written to, never opened or replaced)
+_STREAMS = {"-": 1, "/dev/stdout": 1, "/dev/fd/1": 1, "/proc/self/fd/1": 1,
+            "/dev/stderr": 2, "/dev/fd/2": 2, "/proc/self/fd/2": 2}
+
+
+def output_stream(path: str | os.PathLike | None) -> int | None:
+    """1 or 2 when a file output names standard output or standard error (`-`, /dev/stdout, /dev/stderr), else
+    None. A command that prints its JSON to standard output prints its summary to standard error."""
+    if path is None:
+        return None
+    text = os.fspath(path)
+    return _STREAMS.get(text if text == "-" else os.path.normpath(os.path.abspath(text)))
+
+
+def _file_target(path: str | os.PathLike) -> tuple[str, Path]:
+    """How a file output is written: ("stream", _), ("through", device or pipe) or ("replace", regular file).
+
+    A symbolic link is followed: to a regular file (or a new file in an existing folder) it replaces that file,
+    to a device or a pipe it writes through; a link to nothing that could be created, or to a folder, is refused."""
+    if output_stream(path) is not None:
+        return "stream", Path(os.fspath(path))
+    out = _output_path(path)
+    target = out
+    if out.is_symlink():
+        target = out.resolve()
+        if not os.path.lexists(target) and not target.parent.is_dir():
+            raise OutputRefusedError(f"refusing to write {out}: it is a symbolic link to {target}, which does not "
+                                     f"exist (nor its folder); name a file to write, or fix the link")
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return "replace", target
+    if stat.S_ISREG(mode):
+        return "replace", target
+    if stat.S_ISDIR(mode):
+        raise UsageError(f"cannot write {out}: it is a folder; name a file to write")
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        return "through", target
+    raise OutputRefusedError(f"refusing to write {out}: it is {_kind(mode)}; name a file, a character device or "
+                             f"a pipe to write")
+
+
+def check_output_file(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike | None] = ()) -> None:
+    """Before any work, for a file output a user names (`--json FILE`): refuse what `write_output_file` would
+    refuse, a file that is one of `inputs` (files the command reads), and a folder that cannot be written."""
+    how, target = _file_target(path)
+    if how == "replace":
+        check_writable(target, force=True, file=True, inputs=inputs)
+
+
+def write_output_file(path: str | os.PathLike, text: str) -> None:
+    """Write `text` (UTF-8) to a file output: to standard output or error for `-`, /dev/stdout, /dev/stderr;
+    through a character device or a pipe; else atomically in place of the regular file (the file a symbolic
+    link points to, the link kept)."""
+    how, target = _file_target(path)
+    if how == "stream":
+        stream = sys.stdout if output_stream(path) == 1 else sys.stderr
+        stream.write(text)
+        stream.flush()
+    elif how == "through":
+        with open(target, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        atomic_write_text(target, text)
+
+
 @contextmanager
 def publish_files(out_dir: str | os.PathLike, names: Iterable[str], *, force: bool = False,
-                  inputs: Iterable[str | os.PathLike | None] = ()) -> Iterator[Path]:
+                  inputs: Iterable[str | os.PathLike | None] = (), owned: Collection[str] = ()) -> Iterator[Path]:
     """Yield a temporary folder inside `out_dir`; on success move each file in it into `out_dir`, and
     add them to `out_dir`'s marker.
 
     names: files whose presence in `out_dir` means a previous output would be overwritten: refused
-    unless force. With force, only files an earlier publish listed in the marker are overwritten. Other
-    files of `out_dir` are kept; none of `inputs` (files the caller reads) is ever overwritten.
+    unless force. With force, only regular files an earlier publish listed in the marker are overwritten,
+    and the files of `owned` (every name this kind of output can have) that the marker lists but the new
+    output lacks are removed: a replaced output leaves nothing of the old one behind. Other files of `out_dir`
+    are kept; none of `inputs` (files the caller reads) is ever overwritten. A folder this call created is
+    removed again when the body fails.
     """
     out = _output_path(out_dir)
     inputs = list(inputs)
     names = list(names)
     for name in names:
         refuse_inputs(out / name, inputs, file=True)
-    _check_overwrite(out, names, force)
+    _check_overwrite(out, [*names, *owned], force)  # an earlier output of this kind, whole
     check_writable(out / ".probe", force=True, file=True)
+    created = not os.path.lexists(out)
     out.mkdir(parents=True, exist_ok=True)
     clean_stale(out / ".publish")
     tmp = _make_unique_dir(out, "..publish.tmp-")
@@ -564,22 +682,38 @@ def publish_files(out_dir: str | os.PathLike, names: Iterable[str], *, force: bo
                 _check_overwrite(out, files, force)
                 marker = read_marker(out)
                 listed = set(marker["files"]) if marker else set()
+                stale = sorted(n for n in listed & set(owned) - set(files) if os.path.lexists(out / n)) \
+                    if any(os.path.lexists(out / n) for n in names) else []
+                for name in stale:
+                    _refuse_unreplaceable_file(out / name)
                 for name in files:
                     os.replace(tmp / name, out / name)
+                for name in stale:
+                    (out / name).unlink()
                 write_marker(out, [f for f in listed | set(files) if os.path.lexists(out / f)])
-    finally:
+    except BaseException:
         _remove(tmp)
+        if created:
+            try:
+                os.rmdir(out)  # only if empty: nothing else was put there meanwhile
+            except OSError:
+                pass
+        raise
+    _remove(tmp)
 
 
-def _check_overwrite(out: Path, names: list[str], force: bool) -> None:
-    """OutputExistsError for a file of `names` in `out` (unless force); OutputRefusedError, even with force,
-    for one that `out`'s marker does not list (quantkit did not write it)."""
-    existing = [n for n in names if os.path.lexists(out / n)]
-    if existing and not force:
-        raise OutputExistsError(out / existing[0])
+def _check_overwrite(out: Path, names: Iterable[str], force: bool) -> None:
+    """OutputRefusedError, even with force, for a file of `names` in `out` that `out`'s marker does not list
+    (quantkit did not write it) or that is no regular file; then OutputExistsError for one that exists (unless
+    force). In that order: the advice to pass --force is given only where --force would work."""
+    existing = [n for n in dict.fromkeys(names) if os.path.lexists(out / n)]
     marker = read_marker(out) if existing else None
     foreign = [n for n in existing if marker is None or n not in marker["files"]]
     if foreign:
         raise OutputRefusedError(f"refusing to overwrite {_listed([str(out / n) for n in foreign])}: quantkit did not "
                                  f"write it (no {MARKER} in {out} lists it); move it away, or choose another output "
                                  f"path")
+    for name in existing:
+        _refuse_unreplaceable_file(out / name)
+    if existing and not force:
+        raise OutputExistsError(out / existing[0])

@@ -60,6 +60,12 @@ def recorded_source(checkpoint: Path) -> str | None:
     return source if source not in ("", "unknown") else None
 
 
+def _one_line(text: str) -> str:
+    """`text` for a comment line of recipe.yaml: control characters (a newline would end the comment and
+    start YAML) written as escapes."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+
+
 def recipe_file_text(provenance: Provenance, source: str | None, checkpoint) -> str:
     """The text of ``checkpoint``/recipe.yaml: comments (source model, calibration, the command that
     repeats the run) and the recipe's YAML."""
@@ -72,10 +78,10 @@ def recipe_file_text(provenance: Provenance, source: str | None, checkpoint) -> 
                     "--calib-seq-len", str(calibration["seq_len"]), "--seed", str(calibration["seed"])]
     lines = [
         f"# Written by quantkit {__version__}: the recipe this checkpoint was quantized with.",
-        f"# recipe     : {provenance.recipe.name}",
-        f"{_MODEL_LINE}{source or 'unknown'}",
-        f"# calibration: {describe_calibration(calibration)}",
-        f"# reproduce  : {shlex.join(command)}",
+        f"# recipe     : {_one_line(provenance.recipe.name)}",
+        f"{_MODEL_LINE}{_one_line(source or 'unknown')}",
+        f"# calibration: {_one_line(describe_calibration(calibration))}",
+        f"# reproduce  : {_one_line(shlex.join(command))}",
     ]
     if calibration is not None and calibration["source"] == "token ids":
         lines.append("#              (calibrated on token ids given in Python: pass the same ids to quantkit.quantize)")

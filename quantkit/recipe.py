@@ -34,12 +34,26 @@ from .targets import check_patterns
 RECIPE_VERSION = 1
 
 
+def _shown(value: Any) -> str:
+    return f"{value!r} (a {type(value).__name__})"
+
+
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    """Algorithm name plus its typed options (e.g. GPTQ damping)."""
+    """Algorithm name plus its typed options (e.g. GPTQ damping); options None: the algorithm's defaults."""
 
     name: str = "rtn"
     options: Any = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or self.name not in ALGORITHMS:
+            raise ConfigError(f"unknown algorithm {_shown(self.name)}; available: {', '.join(sorted(ALGORITHMS))}")
+        kind = ALGORITHMS[self.name].options
+        if self.options is None:
+            object.__setattr__(self, "options", kind())
+        elif not isinstance(self.options, kind):
+            raise ConfigError(f"algorithm {self.name!r}: options must be a {kind.__name__} (or None for its "
+                              f"defaults), got {_shown(self.options)}")
 
     @property
     def needs_calibration(self) -> bool:
@@ -66,6 +80,7 @@ class Recipe:
     indivisible: str = "smaller-group"
 
     def __post_init__(self) -> None:
+        self._check_types()
         if self.indivisible not in INDIVISIBLE:
             raise ConfigError(f"indivisible must be one of {', '.join(INDIVISIBLE)}, got {self.indivisible!r}")
         if self.version != RECIPE_VERSION:
@@ -81,6 +96,30 @@ class Recipe:
             raise ConfigError("weights: strategy must be 'channel' or 'group' (per-tensor int weights are unsupported)")
         if self.kv_cache is not None and (self.kv_cache.type != "float" or self.kv_cache.strategy not in ("tensor",)):
             raise ConfigError("kv_cache: only fp8 per-tensor is supported: {num_bits: 8, type: float, strategy: tensor}")
+
+    def _check_types(self) -> None:
+        """ConfigError for a field of the wrong type, wherever the Recipe is built (YAML, a dict, Python): a
+        list of patterns is kept as a tuple, a single string is refused (it is not split into characters)."""
+        if isinstance(self.version, bool) or not isinstance(self.version, int):
+            raise ConfigError(f"version must be an integer, got {_shown(self.version)}")
+        for key in ("name", "description", "indivisible"):
+            if not isinstance(getattr(self, key), str):
+                raise ConfigError(f"{key} must be a string, got {_shown(getattr(self, key))}")
+        for key in ("weights", "kv_cache"):
+            if getattr(self, key) is not None and not isinstance(getattr(self, key), QuantScheme):
+                raise ConfigError(f"{key} must be a QuantScheme or None, got {_shown(getattr(self, key))}")
+        for key in ("targets", "ignore"):
+            value = getattr(self, key)
+            if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(
+                    isinstance(v, str) and v for v in value):
+                example = f"({value!r},)" if isinstance(value, str) else "('Linear',)"
+                raise ConfigError(f"{key} must be a list or tuple of module names or patterns (non-empty strings), "
+                                  f"e.g. {example}, got {_shown(value)}")
+            object.__setattr__(self, key, tuple(value))
+            check_patterns(value, key)
+        if not isinstance(self.algorithm, AlgorithmConfig):
+            hint = f" (e.g. AlgorithmConfig({self.algorithm!r}))" if isinstance(self.algorithm, str) else ""
+            raise ConfigError(f"algorithm must be an AlgorithmConfig{hint}, got {_shown(self.algorithm)}")
 
     def weights_for(self, in_features: int) -> QuantScheme:
         """The weight scheme of a targeted linear with `in_features` inputs (the `indivisible` rule applied);
@@ -195,10 +234,27 @@ MAX_RECIPE_DEPTH = 32
 
 
 class _NoAliasLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses aliases (`*name`: a few nested aliases expand to billions of values)
-    and values nested deeper than MAX_RECIPE_DEPTH."""
+    """yaml.SafeLoader that refuses aliases (`*name`: a few nested aliases expand to billions of values),
+    values nested deeper than MAX_RECIPE_DEPTH and a key given twice in one mapping (YAML 1.2 forbids it;
+    PyYAML would keep the last value, silently)."""
 
     depth = 0
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark)
+                except TypeError:  # an unhashable key: the constructor names it below
+                    continue
+                if first is not key_node.start_mark:
+                    mark = key_node.start_mark
+                    raise ConfigError(f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}: the key "
+                                      f"{key!r} is given twice in one mapping (first at line {first.line + 1}, "
+                                      f"column {first.column + 1}); give each key once")
+        return super().construct_mapping(node, deep=deep)
 
     def compose_node(self, parent, index):
         mark = self.peek_event().start_mark
@@ -228,7 +284,21 @@ def read_recipe_yaml(path: Path):
         raise ConfigError(f"recipe file {path} cannot be read as text ({e.reason} at byte {e.position}); "
                           f"save it as UTF-8 text") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"recipe file {path} is not valid YAML: {e}") from None
+        raise ConfigError(f"recipe file {path} is not valid YAML: {_yaml_problem(e)}") from None
     finally:
         if loader is not None:
             loader.dispose()
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error as one clause: what is wrong, where (line, column), and the fix for the usual mistakes."""
+    problem = getattr(e, "problem", None) or str(e)
+    mark = getattr(e, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    if "expected a single document" in f"{problem} {getattr(e, 'context', None)}":
+        return (f"it holds more than one YAML document (another starts{where.replace(' (', ' at ').rstrip(')')}); a "
+                f"recipe is one document: remove the second '---' and what follows, or merge them")
+    if "'\\t'" in problem or "\t" in problem:
+        return f"{problem}{where}: indent with spaces, not tabs"
+    context = getattr(e, "context", None)
+    return f"{problem}{where}" + (f", {context}" if context else "")

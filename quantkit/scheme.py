@@ -19,6 +19,11 @@ INDIVISIBLE = ("smaller-group", "channel", "ragged", "error")
 FP8_E4M3_MAX = 448.0
 
 
+def _shown(value: Any) -> str:
+    """A value as an error message quotes it: its repr and its type ('128' (a str))."""
+    return f"{value!r} (a {type(value).__name__})"
+
+
 @dataclass(frozen=True)
 class QuantScheme:
     """Quantization arguments of one tensor kind.
@@ -40,10 +45,15 @@ class QuantScheme:
     actorder: Literal["weight"] | None = None
 
     def __post_init__(self) -> None:
+        if self.group_size is not None and (isinstance(self.group_size, bool) or not isinstance(self.group_size, int)):
+            raise ValueError(f"group_size must be an integer or None, got {_shown(self.group_size)}")
+        for key in ("type", "strategy"):
+            if not isinstance(getattr(self, key), str):
+                raise ValueError(f"{key} must be a string, got {_shown(getattr(self, key))}")
         if isinstance(self.num_bits, bool) or not isinstance(self.num_bits, int):
-            raise ValueError(f"num_bits must be an integer (e.g. 4, not 4.0), got {self.num_bits!r}")
+            raise ValueError(f"num_bits must be an integer (e.g. 4, not 4.0), got {_shown(self.num_bits)}")
         if not isinstance(self.symmetric, bool):
-            raise ValueError(f"symmetric must be true or false, got {self.symmetric!r}")
+            raise ValueError(f"symmetric must be true or false, got {_shown(self.symmetric)}")
         if self.type not in TYPES:
             raise ValueError(f"type must be one of {TYPES}, got {self.type!r}")
         if self.strategy not in STRATEGIES:
@@ -58,7 +68,7 @@ class QuantScheme:
         if self.strategy == "group":
             if self.group_size not in GROUP_SIZES:
                 raise ValueError(
-                    f"group_size must be one of {GROUP_SIZES} with strategy 'group', got {self.group_size}"
+                    f"group_size must be one of {GROUP_SIZES} with strategy 'group', got {self.group_size!r}"
                 )
         elif self.group_size is not None:
             raise ValueError(

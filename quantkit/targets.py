@@ -7,6 +7,7 @@ also matches as a dotted suffix: "lm_head" matches "lm_head" and "model.lm_head"
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterable
 
@@ -33,15 +34,43 @@ def matches(name: str, module: nn.Module, pattern: str) -> bool:
     return name == pattern or name.endswith("." + pattern)
 
 
+def quantizable(module: nn.Module) -> bool:
+    """Whether quantkit can quantize `module`'s weight (an nn.Linear)."""
+    return isinstance(module, nn.Linear)
+
+
+def check_every_pattern_matches(model: nn.Module, targets: Iterable[str], ignore: Iterable[str]) -> None:
+    """QuantizationError naming the first target or ignore entry that matches no quantizable module of `model`:
+    a typo (`lm_haed`) or a module quantkit cannot quantize (`model.embed_tokens`) would otherwise be dropped
+    without a word, and an ignore list that ignores nothing quantizes what it was meant to keep."""
+    modules = list(model.named_modules())
+    for key, patterns in (("targets", targets), ("ignore", ignore)):
+        for pattern in patterns:
+            hits = [(name, m) for name, m in modules if name and matches(name, m, pattern)]
+            if any(quantizable(m) for _, m in hits):
+                continue
+            if hits:
+                shown = ", ".join(f"{name} ({type(m).__name__})" for name, m in hits[:3])
+                more = f" and {len(hits) - 3} more" if len(hits) > 3 else ""
+                what = f"matches only modules quantkit cannot quantize: {shown}{more}; quantkit quantizes nn.Linear"
+            else:
+                linears = [name for name, m in modules if quantizable(m)]
+                close = difflib.get_close_matches(pattern, linears + [n.rsplit(".", 1)[-1] for n in linears], n=1)
+                what = "matches no module of the model" + (f" (did you mean {close[0]!r}?)" if close else "")
+            raise QuantizationError(f"the recipe's {key} entry {pattern!r} {what} in {type(model).__name__}; fix or "
+                                    f"remove the entry")
+
+
 def select_linears(model: nn.Module, targets: Iterable[str], ignore: Iterable[str]) -> tuple[list[str], list[str]]:
     """Names of nn.Linear modules to quantize, and names of nn.Linear modules left unquantized.
 
-    Raises QuantizationError when no module matches (naming what the model's linears look like).
+    Raises QuantizationError when no module matches (naming what the model's linears look like), and when a
+    target or ignore entry matches no quantizable module (check_every_pattern_matches).
     """
     targets, ignore = list(targets), list(ignore)
     chosen, skipped = [], []
     for name, module in model.named_modules():
-        if not isinstance(module, nn.Linear):
+        if not quantizable(module):
             continue
         if any(matches(name, module, p) for p in targets) and not any(matches(name, module, p) for p in ignore):
             chosen.append(name)
@@ -54,6 +83,7 @@ def select_linears(model: nn.Module, targets: Iterable[str], ignore: Iterable[st
             f"(its linears: {examples}); quantkit quantizes models whose layers are torch.nn.Linear: "
             f"adjust the recipe's targets/ignore"
         )
+    check_every_pattern_matches(model, targets, ignore)
     return chosen, skipped
 
 

@@ -25,10 +25,27 @@ class Case:
     name: str  # short id (test id)
     bad_input: str  # what the user got wrong, in words
     setup: Callable[[Path], list[str]]  # work folder -> argv (without "quantkit")
-    expect: str  # a fragment of the error message
+    expect: str  # a fragment of the error message (status 0: of what `check` returns)
     needs_non_root: bool = False  # permissions do not stop root
     creates: str | None = None  # a path (relative to the work folder) that must not exist afterwards
     skip: Callable[[], str | None] | None = None  # a reason not to run it in this process, or None
+    absent: str | None = None  # a fragment the error message must not hold (advice that would not work)
+    status: int = 2  # 0: an odd input that is valid and must be handled right (then `check` says how)
+    check: Callable[[Path, str], str] | None = None  # (work folder, stdout) -> what happened; asserts it was right
+
+
+@dataclass(frozen=True)
+class PythonCase:
+    """A bad input of the Python API: `call(work)` must raise `error` with `expect` in its message (and not
+    `absent`), and leave `creates` unwritten."""
+
+    name: str
+    bad_input: str
+    call: Callable[[Path], object]
+    error: type
+    expect: str
+    absent: str | None = None
+    creates: str | None = None
 
 
 # -- inputs built on the committed tiny reference model --------------------------------------------------
@@ -210,8 +227,9 @@ def _report_over_report(work):
     quality = work / "quality.json"
     quality.write_text(json.dumps({"recipe": "w4a16-rtn", "perplexity": 12.0, "baseline_perplexity": 11.0}) + "\n")
     previous = work / "report"
-    previous.mkdir(exist_ok=True)
-    (previous / "report.md").write_text("# an earlier report\n")
+    from quantkit.cli import main
+
+    assert main(["report", "--quality", str(quality), "--out", str(previous)]) == 0  # an earlier report
     return ["report", "--quality", str(quality), "--out", str(previous)]
 
 
@@ -302,11 +320,12 @@ CASES = [
 ]
 
 
-def all_cases() -> list[Case]:
-    """CASES here, then those of every `robustness_cases_<topic>.py` beside this file, by file name."""
+def all_cases(kind: str = "CASES") -> list:
+    """CASES here, then those of every `robustness_cases_<topic>.py` beside this file, by file name
+    (kind="PYTHON_CASES": the Python API's cases of the topics that have some)."""
     import importlib
 
-    cases = list(CASES)
+    cases = list(globals().get(kind, []))
     for path in sorted(Path(__file__).parent.glob("robustness_cases_*.py")):
-        cases += importlib.import_module(f"{__package__}.{path.stem}").CASES
+        cases += getattr(importlib.import_module(f"{__package__}.{path.stem}"), kind, [])
     return cases

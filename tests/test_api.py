@@ -81,12 +81,14 @@ def test_existing_output_folder_is_refused_and_kept(tmp_path):
     out = tmp_path / "ckpt"
     out.mkdir()
     (out / "precious.txt").write_text("keep me")
-    with pytest.raises(FileExistsError, match="force=True"):
-        quantkit.save(model, out)
-    with pytest.raises(FileExistsError, match=r"quantkit did not write it .* would delete precious.txt"):
-        quantkit.save(model, out, force=True)
+    for force in (False, True):  # never advised force=True, which would be refused
+        with pytest.raises(FileExistsError, match=r"quantkit did not write it .* would delete precious.txt") as e:
+            quantkit.save(model, out, force=force)
+        assert "force=True" not in str(e.value)
     assert sorted(p.name for p in out.iterdir()) == ["precious.txt"]
     (out / "precious.txt").unlink()
+    with pytest.raises(FileExistsError, match="force=True"):  # an empty folder: force=True would replace it
+        quantkit.save(model, out)
     quantkit.save(model, out, force=True)  # an empty folder holds nothing to lose
     quantkit.save(model, out, force=True)  # nor does a checkpoint quantkit wrote
     assert (out / "model.safetensors").exists()

@@ -203,3 +203,34 @@ def _accepted(path) -> bool:
         return True
     except UsageError:
         return False
+
+
+def test_file_outputs_write_through_streams_devices_and_links_and_replace_only_regular_files(tmp_path, capsys):
+    from quantkit.outputs import check_output_file, write_output_file
+
+    (tmp_path / "real.json").write_text("old\n")
+    (tmp_path / "link.json").symlink_to("real.json")
+    for name in ("-", "/dev/stdout", os.devnull, tmp_path / "link.json"):
+        check_output_file(name)
+        write_output_file(name, "{}\n")
+    assert capsys.readouterr().out == "{}\n{}\n"
+    assert stat.S_ISCHR(os.lstat(os.devnull).st_mode)
+    assert (tmp_path / "link.json").is_symlink() and (tmp_path / "real.json").read_text() == "{}\n"
+    (tmp_path / "to-folder").symlink_to(tmp_path)
+    with pytest.raises(UsageError, match="it is a folder"):
+        check_output_file(tmp_path / "to-folder")
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(OutputRefusedError, match="a named pipe"):
+        atomic_write_text(tmp_path / "pipe", "{}\n")  # the low-level writer never renames over it
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "pipe").st_mode)
+
+
+def test_recipe_yaml_comments_escape_control_characters():
+    import yaml
+
+    from quantkit.provenance import Provenance, recipe_file_text
+
+    text = recipe_file_text(Provenance(quantkit.load_recipe("w4a16-rtn")), "models/a\nb\x1b", "out/ck")
+    comments = [line for line in text.splitlines() if line.startswith("#")]
+    assert any("models/a\\nb\\x1b" in line for line in comments), comments
+    assert yaml.safe_load(text)["weights"]["num_bits"] == 4  # no stray line became YAML

@@ -12,6 +12,7 @@ from quantkit.cli import main
 from .robustness_cases import all_cases
 
 CASES = all_cases()
+PYTHON_CASES = all_cases("PYTHON_CASES")
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +46,35 @@ def test_bad_input_gets_a_clear_error(case, cases_root, monkeypatch, capsys):
         status = main(argv)
     except SystemExit as e:  # argparse rejects a bad option value itself
         status = e.code
-    err = capsys.readouterr().err
-    assert status == 2, err
+    captured = capsys.readouterr()
+    err = captured.err
+    assert status == case.status, err
+    assert "Traceback" not in err, err
+    if case.status == 0:
+        assert case.expect in case.check(work, captured.out)
+        return
     assert case.expect in err, err
-    assert f"quantkit {argv[0]}: error:" in err and "Traceback" not in err
+    assert f"quantkit {argv[0]}: error:" in err
+    assert len([line for line in err.splitlines() if ": error: " in line]) == 1 and "usage:" not in err, err
+    if case.absent:
+        assert case.absent not in err, err
     if case.creates:
-        assert not (work / case.creates).exists(), f"{case.creates} was written despite the error"
+        assert not os.path.lexists(work / case.creates), f"{case.creates} was written despite the error"
+
+
+@pytest.mark.parametrize("case", PYTHON_CASES, ids=[c.name for c in PYTHON_CASES])
+def test_python_api_bad_input_gets_a_clear_error(case, cases_root, monkeypatch):
+    work = cases_root / case.name
+    work.mkdir()
+    monkeypatch.chdir(work)
+    with pytest.raises(case.error) as caught:
+        case.call(work)
+    message = str(caught.value)
+    assert case.expect in message and "\n" not in message, message
+    if case.absent:
+        assert case.absent not in message, message
+    if case.creates:
+        assert not os.path.lexists(work / case.creates), f"{case.creates} was written despite the error"
 
 
 def test_the_python_api_names_the_same_mistakes():

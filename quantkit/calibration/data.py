@@ -127,7 +127,7 @@ def parse_source(source: str | os.PathLike, column: str = "text", what: str = "c
         if not all((name, split, col)) or config == "":
             raise QuantizationError(f"{what} source {text!r}: empty NAME, CONFIG, SPLIT or COLUMN")
         return _Source("hub", name=name, config=config, split=split, column=col)
-    path = Path(text).expanduser()
+    path = Path(os.path.expanduser(text))
     if path.is_file():
         builder = _builder_for(path)
         if builder is None:
@@ -273,7 +273,7 @@ def default_source(model) -> str | None:
     except (ImportError, AttributeError):
         pass
     try:
-        path = Path(origin).expanduser().resolve()
+        path = Path(os.path.expanduser(origin)).resolve()
         roots = [r.resolve() for r in roots]
     except (OSError, ValueError):
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from . import input_paths, int_at_least, nonnegative_float, positive_float
@@ -68,10 +69,10 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.harness.hardware import resolve_device_spec
     from quantkit.harness.results import load_quality
     from quantkit.errors import UsageError
-    from quantkit.outputs import atomic_write_text, check_writable
+    from quantkit.outputs import check_output_file, output_stream, write_output_file
 
     if args.json_out is not None:  # never over a file this command reads
-        check_writable(args.json_out, force=True, file=True, inputs=input_paths(args.model, *args.quality))
+        check_output_file(args.json_out, inputs=input_paths(args.model, *args.quality))
     shape = load_shape(args.model)
     device = resolve_device_spec(args.gpu)
     workload = Workload(args.prompt_len, args.output_len, args.batch)
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         quality=quality, max_ppl_increase=None if args.max_ppl_increase is None else args.max_ppl_increase / 100,
         max_kl=args.max_kl, min_gain=args.min_gain / 100,
     )
-    print("\n".join(format_advice(advice)))
+    print("\n".join(format_advice(advice)), file=sys.stderr if output_stream(args.json_out) == 1 else sys.stdout)
     if args.json_out is not None:
-        atomic_write_text(args.json_out, json.dumps(advice.to_dict(), indent=1) + "\n")
+        write_output_file(args.json_out, json.dumps(advice.to_dict(), indent=1) + "\n")
     return 0 if advice.recommended is not None else 1

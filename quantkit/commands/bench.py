@@ -192,7 +192,7 @@ def benchmark(
     from quantkit.device import check_cpu_threads, resolve_device
     from quantkit.errors import UsageError
     from quantkit.loading import is_quantized_checkpoint, resolve_model_source
-    from quantkit.outputs import atomic_write_text, check_writable
+    from quantkit.outputs import check_output_file, output_stream, write_output_file
 
     if compile not in (None, "all", "decode"):
         raise UsageError(f"compile is None, 'all' or 'decode', not {compile!r}")
@@ -206,8 +206,8 @@ def benchmark(
         device = resolve_device(device, option="--device")
     check_backend(backend, device)
     if json_out is not None:  # before any work; never over a file this command reads
-        check_writable(json_out, force=True, file=True,
-                       inputs=input_paths(model, baseline, *variants))
+        check_output_file(json_out,
+                          inputs=input_paths(model, baseline, *variants))
     defaults = GPU_DEFAULTS if device.type == "cuda" else CPU_DEFAULTS
     settings = BenchSettings(  # checked before any work; the cache limit follows from the device's memory
         prompt_lens=list(prompt_lens) if prompt_lens else int_list(defaults["prompt_lens"]),
@@ -297,10 +297,12 @@ def benchmark(
         dtype=dtype, backend=backend, gpu=gpu, seed=seed, max_cache_gb=max_cache_gb, cuda_graphs=cuda_graphs,
         compile=compile, compile_backend=compile_backend, threads=threads, json_out=json_out,
         allow_source_mismatch=allow_source_mismatch, allow_other_baseline=allow_other_baseline)
-    print("\n".join(summary_lines(results)))
+    shown = sys.stderr if output_stream(json_out) == 1 else sys.stdout  # the JSON alone on a standard output
+    print("\n".join(summary_lines(results)), file=shown)
     if json_out is not None:
-        atomic_write_text(json_out, json.dumps(results, indent=1) + "\n")
-        print(f"wrote {json_out}")
+        write_output_file(json_out, json.dumps(results, indent=1) + "\n")
+        if output_stream(json_out) is None:
+            print(f"wrote {json_out}")
     return results
 
 

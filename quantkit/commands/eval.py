@@ -42,12 +42,12 @@ def run(args: argparse.Namespace) -> int:
     import quantkit
     from quantkit.device import resolve_device
     from quantkit.errors import UsageError
-    from quantkit.harness.eval_text import eval_window, load_tokenizer, read_eval_tokens
-    from quantkit.outputs import atomic_write_text, check_writable
+    from quantkit.harness.eval_text import check_model_tokenizer, eval_window, load_tokenizer, read_eval_tokens
+    from quantkit.outputs import check_output_file, output_stream, write_output_file
 
     check_backend(args.backend, resolve_device(args.device, option="--device"))
     if args.json is not None:  # before any work; never over a file this command reads
-        check_writable(args.json, force=True, file=True, inputs=input_paths(args.model, args.baseline, args.data))
+        check_output_file(args.json, inputs=input_paths(args.model, args.baseline, args.data))
     dtype = torch_dtype(args.dtype)
     strict = not args.allow_source_mismatch
     baseline = quantkit.load(args.baseline, dtype=dtype, device=args.device, trust_remote_code=args.trust_remote_code,
@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     if max_tokens < window:
         raise UsageError(f"--max-tokens {max_tokens} is less than one window of {window} tokens; "
                          f"give --max-tokens {window} or more, or a smaller --window")
-    text = read_eval_tokens(load_tokenizer(args.baseline), args.data, max_tokens)  # reads only what it needs
+    tokenizer = load_tokenizer(args.baseline)
+    text = read_eval_tokens(tokenizer, args.data, max_tokens)  # reads only what it needs
     if args.max_tokens is not None and text.whole and text.ids.numel() < args.max_tokens:
         raise UsageError(f"--max-tokens {args.max_tokens} is more than the evaluation text has: "
                          f"{text.ids.numel()} tokens; give --max-tokens {text.ids.numel()} or less, or more text")
@@ -68,26 +69,30 @@ def run(args: argparse.Namespace) -> int:
     windows = token_windows(text.ids, window, max_tokens)  # [N, W]: the first max_tokens tokens, whole windows
     check_comparable({"model": model}, baseline, windows,
                      allow_other_baseline=args.allow_other_baseline)  # before the models run for the time estimate
+    used = check_model_tokenizer(args.model, args.baseline, tokenizer)  # the checkpoint's own must agree
 
     of_text = f"of the text's {text.ids.numel()} tokens" if text.whole else "tokens from the start of the text"
     print(f"eval: {windows.shape[0]} windows of {window} tokens = {windows.numel()} {of_text} "
-          f"(--max-tokens {max_tokens}); "
+          f"(--max-tokens {max_tokens}), tokenized with {used}; "
           f"expect up to ~{_estimate_seconds(model, baseline, windows):.0f} s (one window timed through both models, "
           f"times {windows.shape[0]}; batches of {args.batch_size} run faster)", file=sys.stderr, flush=True)
 
     result = evaluate_quality(model, baseline, windows, batch_size=args.batch_size,
                               allow_other_baseline=args.allow_other_baseline).to_dict()
-    result.update(model=str(args.model), baseline=str(args.baseline), data=args.data or "reference held-out text")
+    result.update(model=str(args.model), baseline=str(args.baseline), data=args.data or "reference held-out text",
+                  tokenizer=used)
     from quantkit.harness.formatting import fmt_perplexity_change
 
+    shown = sys.stderr if output_stream(args.json) == 1 else sys.stdout  # the JSON alone on a standard output
     change = fmt_perplexity_change(result["perplexity"], result["baseline_perplexity"], result["log_ppl_ratio_stderr"])
-    print(f"perplexity  {result['perplexity']:.4f}  (baseline {result['baseline_perplexity']:.4f}, {change}"
-          f"{'; ± is two standard errors over windows' if result['log_ppl_ratio_stderr'] is not None else ''})")
-    print(f"KL          {result['kl_divergence']:.6f} nats/token")
-    print(f"top-1 agree {result['top1_agreement']:.4f}")
-    print(f"over {result['windows']} windows of {result['window']} tokens ({result['tokens']} predictions)")
+    noise = "; ± is two standard errors over windows" if result["log_ppl_ratio_stderr"] is not None else ""
+    print(f"perplexity  {result['perplexity']:.4f}  (baseline {result['baseline_perplexity']:.4f}, {change}{noise})",
+          file=shown)
+    print(f"KL          {result['kl_divergence']:.6f} nats/token", file=shown)
+    print(f"top-1 agree {result['top1_agreement']:.4f}", file=shown)
+    print(f"over {result['windows']} windows of {result['window']} tokens ({result['tokens']} predictions)", file=shown)
     if args.json is not None:
-        atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
+        write_output_file(args.json, json.dumps(result, indent=2, allow_nan=False) + "\n")
     return 0
 
 

@@ -28,7 +28,7 @@ REPORT_FILES = ("report.md", "report.json")
 
 def run(args: argparse.Namespace) -> int:
     from quantkit.errors import UsageError
-    from quantkit.harness.report import render_report
+    from quantkit.harness.report import REPORT_OUTPUTS, render_report
     from quantkit.harness.results import load_bench, load_quality
     from quantkit.outputs import publish_files
 
@@ -36,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("nothing to report: give --bench FILE and/or --quality FILE...")
     bench = load_bench(args.bench) if args.bench else None
     quality = load_quality(args.quality)
-    with publish_files(args.out, REPORT_FILES, force=args.force, inputs=(args.bench, *args.quality)) as tmp:
+    with publish_files(args.out, REPORT_FILES, force=args.force, inputs=(args.bench, *args.quality),
+                       owned=REPORT_OUTPUTS) as tmp:
         render_report(bench, quality, tmp, title=args.title, notes=args.note)
     path = Path(args.out) / "report.md"
     print(f"wrote {path}")

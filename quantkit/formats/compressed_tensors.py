@@ -117,6 +117,10 @@ def parse_quantization_config(qcfg: Any, where: str) -> QuantizationConfig:
             scheme = QuantScheme.from_dict(group["weights"])
         except (KeyError, ValueError) as e:
             raise CheckpointError(f"{where}: {gname} weights are not supported: {e}") from None
+        if scheme.type != "int" or scheme.strategy == "tensor":
+            raise CheckpointError(f"{where}: {gname} weights are {scheme.type} per {scheme.strategy}, which quantkit "
+                                  f"does not read: it runs int weights per channel or group (pack-quantized); "
+                                  f"{restore}")
         targets = _names(group.get("targets"), f"{where}: {gname} targets", restore)
         out.groups.append((targets, scheme))
     kv = qcfg.get("kv_cache_scheme")

@@ -110,6 +110,10 @@ def safetensors_files(folder: Path) -> list[Path]:
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise CheckpointError(f"{folder}: shard(s) listed in {INDEX_FILE} are missing: {', '.join(missing)}")
+        if (folder / SINGLE_FILE).exists() and folder / SINGLE_FILE not in files:
+            raise CheckpointError(f"{folder} holds both {SINGLE_FILE} and the {len(files)} shard(s) {INDEX_FILE} "
+                                  f"lists: transformers reads {SINGLE_FILE}, quantkit would read the shards, and "
+                                  f"they need not hold the same weights; remove the one that is not the model")
         return files
     if (folder / SINGLE_FILE).is_file():
         return [folder / SINGLE_FILE]

@@ -7,6 +7,7 @@ file that is one huge line costs no more than that prefix.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +103,38 @@ def load_tokenizer(source: str):
             f"{str(e).splitlines()[0] if str(e) else ''}); the model folder needs its tokenizer files "
             f"(tokenizer.json, tokenizer_config.json), readable ones"
         ) from None
+
+
+#: Files of a model folder that make up its tokenizer (any one present: the folder has a tokenizer of its own).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt")
+#: Text both tokenizers encode when compared (words, digits, punctuation, spaces, non-ASCII letters).
+_PROBE_TEXT = "The quick brown fox, 1234 jumps over the lazy dog!\n  Déjà vu: naïve café; x = f(y) + 3.14"
+
+
+def check_model_tokenizer(model: str, baseline: str, tokenizer) -> str:
+    """Which tokenizer the evaluation uses (always the baseline's, `tokenizer`), in words for the log. A
+    local `model` folder with tokenizer files of its own must agree with it: same vocabulary, same ids for a
+    probe text; CheckpointError when its tokenizer cannot be read, EvaluationError when it differs (the
+    scores would compare the checkpoint on text it was never meant to see)."""
+    folder = Path(os.path.expanduser(resolve_model_source(model)))
+    own = [name for name in TOKENIZER_FILES if (folder / name).exists()] if folder.is_dir() else []
+    if not own:
+        return f"the baseline's tokenizer ({baseline}); {model} has no tokenizer files of its own"
+    if folder.resolve() == Path(os.path.expanduser(resolve_model_source(baseline))).resolve():
+        return f"the tokenizer of {baseline}"
+    theirs = load_tokenizer(model)
+    if theirs.get_vocab() != tokenizer.get_vocab():
+        ours, other = tokenizer.get_vocab(), theirs.get_vocab()
+        differ = sum(ours.get(t) != i for t, i in other.items()) + len(set(ours) - set(other))
+        raise EvaluationError(f"{model}'s own tokenizer ({', '.join(own)}) differs from the baseline's: {differ} "
+                              f"tokens of {len(ours)} differ; the evaluation tokenizes with the baseline's, so the "
+                              f"checkpoint would be scored on ids it may read otherwise: give the checkpoint the "
+                              f"tokenizer files of the model it was quantized from")
+    if theirs(_PROBE_TEXT)["input_ids"] != tokenizer(_PROBE_TEXT)["input_ids"]:
+        raise EvaluationError(f"{model}'s own tokenizer ({', '.join(own)}) splits text differently from the "
+                              f"baseline's (same vocabulary, other rules); give the checkpoint the tokenizer files of "
+                              f"the model it was quantized from")
+    return f"the baseline's tokenizer ({baseline}), the same as {model}'s own"
 
 
 def eval_window(window: int | None, model_config=None) -> int:

@@ -80,6 +80,12 @@ def summary_lines(bench: dict) -> list[str]:
 
 # -- the report -------------------------------------------------------------------------------------
 
+#: Every file a report can write (render_report writes some of them): a forced report removes those of an
+#: earlier one that it does not write again.
+REPORT_OUTPUTS = ("report.md", "report.json", "ttft_vs_prompt.png", "tpot_vs_context.png", "speedups.png",
+                  "roofline.png", "quality.png")
+
+
 def render_report(bench: dict | None, quality: Sequence[QualityResult], out_dir: str | Path, *,
                   title: str = "quantkit evaluation report", notes: Sequence[str] = ()) -> Path:
     """Write report.md, report.json and the plots into ``out_dir``; returns the Markdown path.
@@ -108,7 +114,7 @@ def render_report(bench: dict | None, quality: Sequence[QualityResult], out_dir:
     md += [f"- `{name}`" for name in images.values()]
     (out / "report.md").write_text("\n".join(md) + "\n")
     payload = {"bench": bench, "quality": [q.report_dict() for q in quality]}
-    (out / "report.json").write_text(json.dumps(payload, indent=1) + "\n")
+    (out / "report.json").write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n")  # valid JSON only
     return out / "report.md"
 
 

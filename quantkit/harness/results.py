@@ -26,19 +26,45 @@ SHAPE_KEYS = {"prefill": ("batch", "prompt_len"), "decode": ("batch", "context_l
 MAX_RESULTS_BYTES = 64 << 20
 
 
+#: Times a bench file may hold, in seconds: no forward pass takes less than a nanosecond or more than
+#: a million seconds; values beyond make ratios and plot limits overflow (1e308 s gives infinite axes).
+TIME_RANGE = (1e-12, 1e6)
+#: Roofline intensities and measured/predicted ratios beyond this are not from a bench run.
+MAX_RATIO = 1e12
+
 # -- reading ----------------------------------------------------------------------------------------
+
+def _parse_json(text: str, path: Path, what: str):
+    """The JSON value of `text`; UsageError for invalid JSON."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as e:  # RecursionError: nested thousands of levels deep
+        raise UsageError(f"cannot read {what} {path}: {e}") from None
+
+
+def _refuse_non_finite(data: Any, path: Path) -> None:
+    """UsageError naming the first NaN or infinite number anywhere in `data` (Python's json reads the bare words
+    NaN and Infinity, and 1e400 as infinity): no file quantkit writes holds one, and a report made from it would
+    not be valid JSON. Called after the field checks, which name the usual fields with their allowed ranges."""
+    stack = [("", data)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise _bad(path, where or "the value", value, "a finite number (JSON has no NaN or Infinity)")
+        if isinstance(value, dict):
+            stack += [(f"{where}.{k}" if where else str(k), v) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+
 
 def load_bench(path: str | Path) -> dict:
     """Read a `quantkit bench --json` file; every number the report and plots use is checked here."""
     path = Path(path)
-    text = read_input_text(path, "bench results", MAX_RESULTS_BYTES)
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as e:  # RecursionError: nested thousands of levels deep
-        raise UsageError(f"cannot read bench results {path}: {e}") from None
+    data = _parse_json(read_input_text(path, "bench results", MAX_RESULTS_BYTES), path, "bench results")
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or "prefill" not in data or "decode" not in data:
         raise UsageError(f"{path} is not a `quantkit bench --json` file (schema {SCHEMA!r} with prefill and decode)")
     _check_bench(data, path)
+    _refuse_non_finite(data, path)
     return data
 
 
@@ -93,12 +119,21 @@ def _check_bench(data: dict, path: Path) -> None:
         raise _bad(path, "variants", variants, "a non-empty list of objects with a name")
     for v in variants:
         _count(path, f"variants[{v['name']!r}].weight_bytes", v.get("weight_bytes"), 0)
-    names = {v["name"] for v in variants}
+    listed = [v["name"] for v in variants]
+    if twice := next((name for name in listed if listed.count(name) > 1), None):
+        raise UsageError(f"{path}: the variant name {twice!r} is duplicated ({listed.count(twice)} variants have it), "
+                         f"and records are told apart by variant name. The file is not what `quantkit` wrote: "
+                         f"re-run the command that makes it")
+    names = set(listed)
     spec = (data.get("device") or {}).get("spec") if isinstance(data.get("device"), dict) else None
     if not isinstance(spec, dict):
         raise _bad(path, "device.spec", spec, "an object (the roofline's device)")
     for key in ("memory_bandwidth", "peak_flops"):
         _number(path, f"device.spec.{key}", spec.get(key), 0.0, math.inf, "per second", low_open=True)
+    if isinstance(data["prefill"], list) and isinstance(data["decode"], list) and not data["prefill"] + data["decode"]:
+        raise UsageError(f"{path}: prefill and decode are both empty, so there is nothing to report; re-run "
+                         f"`quantkit bench` with shapes that fit the model")
+    low_s, high_s = TIME_RANGE
     for phase, keys in SHAPE_KEYS.items():
         recs = data[phase]
         if not isinstance(recs, list):
@@ -110,18 +145,33 @@ def _check_bench(data: dict, path: Path) -> None:
                            f"one of the variants {sorted(names)}")
             for k in keys:
                 _count(path, f"{where}.{k}", r.get(k), 1)
-            _number(path, f"{where}.median_s", r.get("median_s"), 0.0, math.inf, "seconds", low_open=True)
+            _number(path, f"{where}.median_s", r.get("median_s"), low_s, high_s, "seconds")
             times = r.get("times_s")
             if times is not None:
                 if not isinstance(times, list) or not times:
                     raise _bad(path, f"{where}.times_s", times, "a non-empty list of seconds")
                 for j, t in enumerate(times):
-                    _number(path, f"{where}.times_s[{j}]", t, 0.0, math.inf, "seconds", low_open=True)
+                    _number(path, f"{where}.times_s[{j}]", t, low_s, high_s, "seconds")
             roof = r.get("roofline")
             if not isinstance(roof, dict):
                 raise _bad(path, f"{where}.roofline", roof, "an object (the roofline prediction)")
-            for k in ("predicted_s", "intensity", "measured_over_predicted"):
-                _number(path, f"{where}.roofline.{k}", roof.get(k), 0.0, math.inf, "positive", low_open=True)
+            _number(path, f"{where}.roofline.predicted_s", roof.get("predicted_s"), low_s, high_s, "seconds")
+            for k in ("intensity", "measured_over_predicted"):
+                _number(path, f"{where}.roofline.{k}", roof.get(k), 0.0, MAX_RATIO, "positive", low_open=True)
+            if "achieved_bandwidth" in r:
+                _number(path, f"{where}.achieved_bandwidth", r["achieved_bandwidth"], 0.0, math.inf, "bytes per "
+                        "second", low_open=True)
+            memory = r.get("memory")
+            if memory is not None:
+                if not isinstance(memory, dict):
+                    raise _bad(path, f"{where}.memory", memory, "an object (bytes per part)")
+                for k in ("weights_bytes", "kv_cache_bytes", "peak_bytes"):
+                    if k in memory or phase == "decode":
+                        _count(path, f"{where}.memory.{k}", memory.get(k), 0)
+    try:
+        DeviceSpec.from_dict(spec)
+    except (TypeError, ValueError) as e:
+        raise _bad(path, "device.spec", spec, f"the roofline's device as `quantkit bench` writes it ({e})") from None
 
 
 @dataclass
@@ -219,12 +269,12 @@ def load_quality(paths: Sequence[str | Path]) -> list[QualityResult]:
     results = []
     for path in paths:
         path = Path(path)
-        text = read_input_text(path, "quality results", MAX_RESULTS_BYTES)
-        try:
-            data = json.loads(text)
-        except (ValueError, RecursionError) as e:  # RecursionError: nested thousands of levels deep
-            raise UsageError(f"cannot read quality results {path}: {e}") from None
+        data = _parse_json(read_input_text(path, "quality results", MAX_RESULTS_BYTES), path, "quality results")
         found = list(_quality_records(data, path.stem))
+        if found:
+            for label, d in found:  # the fields first: their messages give the allowed ranges
+                _quality_result(label, d, path, f"result {label!r}: " if len(found) > 1 else "")
+            _refuse_non_finite(data, path)
         if not found:
             raise UsageError(f"{path} has no `perplexity`: pass the JSON written by `quantkit eval`")
         for label, d in found:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,7 +165,7 @@ def build_variant(
     import quantkit
 
     device = torch.device(device)
-    path = Path(spec).expanduser()
+    path = Path(os.path.expanduser(spec))
     if path.is_dir():
         model = quantkit.load(str(path), backend=backend, device=device, dtype=dtype)
         config = model.config.to_dict() | {"torch_dtype": str(dtype).removeprefix("torch.")}

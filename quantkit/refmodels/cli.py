@@ -50,11 +50,13 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m quantkit.refmodels",
+    from ..errors import CommandParser, parse_command_line
+
+    parser = CommandParser(prog="python -m quantkit.refmodels",
                                      description="quantkit's built-in reference models")
     commands = parser.add_subparsers(dest="command", required=True)
     add_build_arguments(commands.add_parser("build", help="train a reference model into a folder"))
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     from ..errors import run_command
 
     return run_command(f"{parser.prog} {args.command}", lambda: run_build(args))
