@@ -116,7 +116,8 @@ def adapter_for(model: nn.Module) -> FamilyAdapter:
     if model_type not in _ADAPTERS:
         raise QuantizationError(
             f"calibrated quantization does not support model type {model_type!r} ({type(model).__name__}) yet; "
-            f"supported: {', '.join(supported_model_types())}. Use an RTN recipe (no calibration, any model), or "
-            f"describe the family with quantkit.calibration.register_adapter(FamilyAdapter(...))"
+            f"supported: {', '.join(supported_model_types())}. Use an RTN recipe (no calibration; it quantizes the "
+            f"model's nn.Linear layers and the experts of transformers MoE blocks, and refuses other weights it "
+            f"cannot reach), or describe the family with quantkit.calibration.register_adapter(FamilyAdapter(...))"
         )
     return _ADAPTERS[model_type]
