@@ -32,7 +32,7 @@ from .modules.quant_linear import QuantLinear
 from .recipe import Recipe, load_recipe
 from .scheme import QuantScheme
 from .summaries import refit_notes
-from .moe import experts_modules, from_disk_name, model_type, router_names, to_disk_name, unfuse_experts
+from .moe import routed_token_summary, experts_modules, from_disk_name, model_type, router_names, to_disk_name, unfuse_experts
 from .targets import select_linears, set_submodule
 from .weight_census import unquantizable_weights
 
@@ -144,7 +144,8 @@ def quantize(
     model.config.quantization_config = build_quantization_config(model, recipe.kv_cache)
     from .calibration.data import describe_calibration
 
-    provenance.record(model, recipe, describe_calibration(calibration_data, model) if calibrated else None)
+    provenance.record(model, recipe, describe_calibration(calibration_data, model) if calibrated else None,
+                      routed_token_summary(model))
     return model
 
 

@@ -11,11 +11,13 @@ Supporting a new family whose blocks follow a known layout is one `register_adap
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import nn
 
 from ..errors import QuantizationError
+from ..modules.quant_experts import QuantExperts
 
 
 @dataclass(frozen=True)
@@ -30,12 +32,15 @@ class LinearGroup:
     inspect_in_block: the inspect module takes more than the group's input (an attention takes the mask
       and the rotary embeddings): its output is read from forwards through the block up to it, instead of
       calling it on the group's input alone (an MLP).
+    separate: the linears do not share one input (MoE experts: each sees the tokens routed to it): their
+      statistics are collected per parent module (an expert's gate and up share theirs), in one forward.
     """
 
     linears: tuple[str, ...]
     prev: str | None = None
     inspect: str | None = None
     inspect_in_block: bool = False
+    separate: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,11 @@ class FamilyAdapter:
     model_types: tuple[str, ...]
     blocks: str
     groups: tuple[LinearGroup, ...]
+    expand: Callable[[nn.Module], tuple[LinearGroup, ...]] | None = None
+
+    def groups_for(self, block: nn.Module) -> tuple[LinearGroup, ...]:
+        """The block's sub-layer steps: `groups`, then those `expand` derives from the block (MoE experts)."""
+        return self.groups + (self.expand(block) if self.expand is not None else ())
 
     def blocks_of(self, model: nn.Module) -> nn.ModuleList:
         try:
@@ -103,6 +113,34 @@ register_adapter(FamilyAdapter("llama", ("llama",), "model.layers", LLAMA_LIKE_G
 register_adapter(FamilyAdapter("mistral", ("mistral",), "model.layers", LLAMA_LIKE_GROUPS))
 register_adapter(FamilyAdapter("qwen2", ("qwen2",), "model.layers", LLAMA_LIKE_GROUPS))
 register_adapter(FamilyAdapter("qwen3", ("qwen3",), "model.layers", LLAMA_LIKE_GROUPS))
+
+
+ATTENTION_GROUPS = LLAMA_LIKE_GROUPS[:2]
+
+
+def moe_groups(block: nn.Module) -> tuple[LinearGroup, ...]:
+    """A MoE block's steps after attention: a shared expert's gate/up then down (Qwen2-MoE; its input is
+    also the router's, so AWQ folds nothing into the norm), then every routed expert's gate/up, then every
+    down (one forward each: experts are independent; each down's input comes after its gate/up are
+    quantized). Experts are those of the block's quantkit.modules.QuantExperts."""
+    groups = []
+    names = dict(block.named_modules())
+    if "mlp.shared_expert" in names:
+        groups += [LinearGroup(("mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj")),
+                   LinearGroup(("mlp.shared_expert.down_proj",), prev="mlp.shared_expert.up_proj")]
+    for name, module in names.items():
+        if isinstance(module, QuantExperts):
+            first = module.experts()[0].names
+            gate_up = tuple(f"{name}.{e}.{p}" for e in range(module.num_experts) for p in first[:2])
+            down = tuple(f"{name}.{e}.{first[2]}" for e in range(module.num_experts))
+            groups += [LinearGroup(gate_up, separate=True), LinearGroup(down, separate=True)]
+    return tuple(groups)
+
+
+# Mixture-of-experts decoders (transformers 5 fused experts, split by quantkit.moe.unfuse_experts before
+# calibration): Llama-layout attention, then the MoE block's experts (moe_groups); routers stay float.
+for _name in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe"):
+    register_adapter(FamilyAdapter(_name, (_name,), "model.layers", ATTENTION_GROUPS, expand=moe_groups))
 
 
 def supported_model_types() -> list[str]:

@@ -66,6 +66,7 @@ class AWQProcessor:
         """scheme_for: in_features -> the weight scheme of a linear that wide (Recipe.weights_for).
         scale_dtype: the dtype the checkpoint stores scales in (default: each weight's dtype)."""
         self.scheme_for, self.options, self.scale_dtype = scheme_for, options, scale_dtype
+        self.rtn_fallback: list[str] = []  # MoE expert linears no calibration token reached
 
     # -- capture -------------------------------------------------------------------------------------
     def _capture(self, ctx: BlockContext, name: str, max_tokens: int, with_mean: bool):
@@ -138,6 +139,9 @@ class AWQProcessor:
                 ctx.status(f"awq scales {'/'.join(n.rsplit('.', 1)[-1] for n in step.targets)}")
                 self._search_and_fold(ctx, step.group, step.targets)
         for step in ctx.steps:
+            if step.group.separate:
+                self._separate_step(ctx, step.targets)
+                continue
             ctx.status(f"awq clip {'/'.join(n.rsplit('.', 1)[-1] for n in step.targets)}")
             x = None
             if self.options.clip:
@@ -154,4 +158,40 @@ class AWQProcessor:
                         w, x, scheme, grid=self.options.clip_grid, max_shrink=self.options.max_shrink,
                         scale_dtype=self.scale_dtype or w.dtype,
                     )
+                ctx.set_quantized(name, awq_quantize(w, scheme, ratio, scale_dtype=self.scale_dtype or w.dtype))
+
+    def _separate_step(self, ctx: BlockContext, targets: tuple[str, ...]) -> None:
+        """MoE experts: no scales are folded (an expert's input is shared with the router and the other
+        experts); each expert's clipping search runs on its own input rows, captured in one forward. An
+        expert no calibration token reached is rounded unclipped (announced in `rtn_fallback`)."""
+        ctx.status(f"awq clip {len(targets)} expert linears")
+        by_parent: dict[str, list[str]] = {}
+        for name in targets:
+            by_parent.setdefault(name.rpartition(".")[0], []).append(name)
+        samples = {parent: TokenSubsample(ctx.num_tokens, self.options.clip_tokens) for parent in by_parent}
+
+        def make(parent: str):
+            def keep(module, x, output, _where=f"the input of {ctx.name}.{parent}"):
+                if x.numel():
+                    check_finite(x, _where)
+                    samples[parent].add(x)
+            return keep
+
+        if self.options.clip:
+            hooks = {names[0]: make(parent) for parent, names in by_parent.items()}
+            ctx.forward(hooks, stop_after=list(hooks))
+        for parent, names in by_parent.items():
+            sample = samples.pop(parent)
+            x = sample.rows if sample.parts else None
+            for name in names:
+                linear = ctx.module(name)
+                scheme = self.scheme_for(linear.in_features)
+                w = linear.weight.data
+                ratio = None
+                if x is None or not x.shape[0]:
+                    if self.options.clip:
+                        self.rtn_fallback.append(f"{ctx.name}.{name}")
+                else:
+                    ratio = search_clip(w, x, scheme, grid=self.options.clip_grid, max_shrink=self.options.max_shrink,
+                                        scale_dtype=self.scale_dtype or w.dtype)
                 ctx.set_quantized(name, awq_quantize(w, scheme, ratio, scale_dtype=self.scale_dtype or w.dtype))

@@ -97,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
     print(quantization_summary(model, recipe, source, path, size_before, size_after, elapsed))
     made = provenance.of(model)
     print(f"  calibration      : {provenance.describe_calibration(made.calibration if made else None)}")
+    routing = provenance.describe_moe_routing(made.moe_routing if made else None)
+    if routing:
+        print(f"  experts          : {routing}")
     print(f"  recipe saved as  : {path / provenance.RECIPE_FILE} (repeat the run with --recipe on it)")
     return 0
 
