@@ -111,6 +111,7 @@ def quantize(
         device = resolve_device(device)
     _check_finite(model)
     calibrated = recipe.needs_calibration
+    unfuse_experts(model)  # MoE: per-expert linears, as checkpoints store them (a KV-only recipe too)
     if recipe.weights is not None:
         if any(isinstance(m, QuantLinear) for m in model.modules()):
             raise QuantizationError(

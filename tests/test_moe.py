@@ -5,6 +5,7 @@ family's own code running the dequantized weights."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -150,3 +151,49 @@ def test_cli_prints_share_and_float_kinds(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "% of 2.23M weights quantized" in text and "routers 0.2%" in text
     assert "gate_proj, up_proj, down_proj" in text
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+@pytest.mark.parametrize("recipe", ["w4a16-rtn", "w8a16-rtn", pytest.param("w8a16-rtn-asym", marks=pytest.mark.xfail(
+    strict=True, reason="transformers 5.24's CompressedTensorsDequantize conversion of merged experts does not "
+                        "collect the experts' weight_zero_point: 'Asymmetric quant requires zero-point values'"))])
+def test_transformers_with_compressed_tensors_reads_the_experts(family, recipe, tmp_path):
+    """transformers + compressed-tensors load quantkit's per-expert tensors (decompressed into the fused
+    float experts): the same weights as quantkit's reference dequantization, the same logits."""
+    import transformers
+
+    model = make_moe_model(family)
+    name = recipe if recipe != "w8a16-rtn-asym" else {"weights": {"num_bits": 8, "type": "int", "symmetric": False,
+                                                                  "strategy": "channel"}}
+    quantkit.quantize(model, name, progress=False)
+    out = quantkit.save(model, tmp_path / "q")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # asymmetric checkpoints load only with dequantize=True (transformers 5.24 + compressed-tensors 0.20,
+        # dense models too: tests/test_interop.py)
+        kwargs = {"quantization_config": transformers.CompressedTensorsConfig(dequantize=True)} if (
+            recipe.endswith("asym")) else {}
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(out, **kwargs).eval()
+    ours = quantkit.load(out, backend="reference")
+    fused = theirs.model.layers[1].mlp.experts
+    for e, ex in enumerate(ours.model.layers[1].mlp.experts.experts()):
+        gate, up, down = (p.dequantized_weight() for p in ex.projections())
+        torch.testing.assert_close(fused.gate_up_proj[e].detach(), torch.cat([gate, up]), rtol=0, atol=0)
+        torch.testing.assert_close(fused.down_proj[e].detach(), down, rtol=0, atol=0)
+    ids = torch.randint(3, 512, (2, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(ids).logits, ours(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_kv_only_recipe_on_moe_saves_float_experts_one_by_one(tmp_path):
+    model = make_moe_model("qwen2_moe")
+    ids = torch.randint(3, 512, (4, 64), generator=torch.Generator().manual_seed(5))
+    quantkit.quantize(model, "kv-fp8", ids, progress=False)
+    out = quantkit.save(model, tmp_path / "q")
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert "model.layers.0.mlp.experts.3.up_proj.weight" in names and "model.layers.0.self_attn.k_scale" in names
+    loaded = quantkit.load(out)
+    experts = loaded.model.layers[0].mlp.experts
+    assert isinstance(experts, QuantExperts) and not experts.quantized
+    torch.testing.assert_close(experts.experts()[3].up_proj.weight, model.model.layers[0].mlp.experts.experts()[3].up_proj.weight)
