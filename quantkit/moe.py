@@ -50,13 +50,10 @@ def unfuse_experts(model: nn.Module) -> list[str]:
     (each fused parameter is dropped as soon as its layer is copied: at most one layer's experts are held
     twice); returns the replaced module names. Works on the meta device (building a model to load into)."""
     names = PROJECTIONS.get(model_type(model), DEFAULT_PROJECTIONS)
-    done = []
-    for name, module in list(model.named_modules()):
-        if is_fused_experts(module):
-            model.set_submodule(name, QuantExperts.from_fused(module, names))
-            del module
-            done.append(name)
-    return done
+    fused = [name for name, module in model.named_modules() if is_fused_experts(module)]  # names only: holding
+    for name in fused:  # the modules would keep every fused parameter alive until the end
+        model.set_submodule(name, QuantExperts.from_fused(model.get_submodule(name), names))
+    return fused
 
 
 def experts_modules(model: nn.Module) -> list[tuple[str, QuantExperts]]:

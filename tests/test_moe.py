@@ -197,3 +197,28 @@ def test_kv_only_recipe_on_moe_saves_float_experts_one_by_one(tmp_path):
     experts = loaded.model.layers[0].mlp.experts
     assert isinstance(experts, QuantExperts) and not experts.quantized
     torch.testing.assert_close(experts.experts()[3].up_proj.weight, model.model.layers[0].mlp.experts.experts()[3].up_proj.weight)
+
+
+def test_unfusing_holds_one_layer_of_experts_twice_at_most(monkeypatch):
+    """Each fused parameter is freed once its layer is split: when layer i is copied, the fused weights of
+    the layers before it are gone (no second full copy of the experts)."""
+    import gc
+    import weakref
+
+    from quantkit import moe
+
+    model = make_moe_model("olmoe", layers=4)
+    refs = [weakref.ref(layer.mlp.experts.gate_up_proj) for layer in model.model.layers]
+    alive_at_call = []
+    real = QuantExperts.from_fused.__func__
+
+    def spy(cls, fused, names):
+        gc.collect()
+        alive_at_call.append(sum(r() is not None for r in refs))
+        return real(cls, fused, names)
+
+    monkeypatch.setattr(QuantExperts, "from_fused", classmethod(spy))
+    assert len(moe.unfuse_experts(model)) == 4
+    assert alive_at_call == [4, 3, 2, 1]
+    gc.collect()
+    assert all(r() is None for r in refs)
