@@ -25,6 +25,12 @@ def make_moe_model(family: str, *, seed: int = 0, layers: int = 2, experts: int 
     elif family == "mixtral":
         config = transformers.MixtralConfig(**common, intermediate_size=128, num_local_experts=experts)
         cls = transformers.MixtralForCausalLM
+    elif family == "deepseek_v3":  # MLA attention, a dense first layer, routed + shared experts
+        config = transformers.DeepseekV3Config(
+            **common, intermediate_size=512, moe_intermediate_size=128, n_routed_experts=experts, n_shared_experts=1,
+            first_k_dense_replace=1, q_lora_rank=64, kv_lora_rank=64, qk_rope_head_dim=32, qk_nope_head_dim=32,
+            v_head_dim=64, n_group=1, topk_group=1)
+        cls = transformers.DeepseekV3ForCausalLM
     elif family == "olmoe":
         config = transformers.OlmoeConfig(**common, intermediate_size=128, num_experts=experts)
         cls = transformers.OlmoeForCausalLM

@@ -222,3 +222,17 @@ def test_unfusing_holds_one_layer_of_experts_twice_at_most(monkeypatch):
     assert alive_at_call == [4, 3, 2, 1]
     gc.collect()
     assert all(r() is None for r in refs)
+
+
+def test_rtn_on_deepseek_v3_layout():
+    """A family without a calibration adapter: RTN reaches its routed and shared experts, its router stays
+    float, and the model computes with the dequantized weights as transformers' own code does."""
+    model = make_moe_model("deepseek_v3")
+    quantkit.quantize(model, "w4a16-rtn", progress=False)
+    assert [n for n, m in model.named_modules() if isinstance(m, QuantExperts)] == ["model.layers.1.mlp.experts"]
+    assert isinstance(model.model.layers[1].mlp.shared_experts.down_proj, QuantLinear)
+    assert router_names(model) == ["model.layers.1.mlp.gate"]
+    twin = dequantized_twin("deepseek_v3", model)
+    ids = torch.randint(3, 512, (2, 10), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, twin(ids).logits, rtol=1e-4, atol=1e-4)
