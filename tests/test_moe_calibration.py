@@ -118,3 +118,25 @@ def test_kv_fp8_recipe_on_moe(tmp_path):
     assert "model.layers.1.block_sparse_moe.experts.7.w2.weight_packed" in names
     loaded = quantkit.load(out)
     assert loaded.generate(HELD_OUT[:1, :8], max_new_tokens=4, do_sample=False, pad_token_id=0).shape == (1, 12)
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_awq_fold_into_the_moe_input_keeps_the_float_function(family):
+    """AWQ's scales for the MoE block's input fold into post_attention_layernorm: every expert's (and the
+    shared expert's) gate/up columns and the routers' weight columns are scaled, so the float model
+    computes what it did (routing included); without the routers the routing would change."""
+    from quantkit.calibration.adapters import moe_groups
+    from quantkit.calibration.awq_processor import fold_scales
+    from quantkit.moe import unfuse_experts
+
+    model = make_moe_model(family)
+    unfuse_experts(model)
+    with torch.no_grad():
+        want = model(HELD_OUT).logits
+        for layer in model.model.layers:
+            group = moe_groups(layer)[0]
+            assert group.prev == "post_attention_layernorm" and group.also_scale
+            s = torch.rand(256, generator=torch.Generator().manual_seed(3)) + 0.5
+            fold_scales(layer.get_submodule(group.prev),
+                        [layer.get_submodule(n) for n in group.linears + group.also_scale], s)
+        torch.testing.assert_close(model(HELD_OUT).logits, want, rtol=1e-4, atol=1e-4)

@@ -34,6 +34,10 @@ class LinearGroup:
       calling it on the group's input alone (an MLP).
     separate: the linears do not share one input (MoE experts: each sees the tokens routed to it): their
       statistics are collected per parent module (an expert's gate and up share theirs), in one forward.
+    input_of: the module whose input AWQ's scale search reads (None: the first linear's), e.g. the MoE
+      block, whose input every expert's rows come from.
+    also_scale: float modules that read the same input and stay unquantized (MoE routers): AWQ multiplies
+      their weight columns by s too when it folds 1/s into `prev`, so they compute what they did.
     """
 
     linears: tuple[str, ...]
@@ -41,6 +45,8 @@ class LinearGroup:
     inspect: str | None = None
     inspect_in_block: bool = False
     separate: bool = False
+    input_of: str | None = None
+    also_scale: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -119,21 +125,29 @@ ATTENTION_GROUPS = LLAMA_LIKE_GROUPS[:2]
 
 
 def moe_groups(block: nn.Module) -> tuple[LinearGroup, ...]:
-    """A MoE block's steps after attention: a shared expert's gate/up then down (Qwen2-MoE; its input is
-    also the router's, so AWQ folds nothing into the norm), then every routed expert's gate/up, then every
-    down (one forward each: experts are independent; each down's input comes after its gate/up are
-    quantized). Experts are those of the block's quantkit.modules.QuantExperts."""
-    groups = []
+    """A MoE block's steps after attention: every routed expert's gate/up with the shared expert's
+    (Qwen2-MoE) if any, then the shared expert's down, then every routed expert's down (one forward per
+    step: experts are independent; each down's input comes after its gate/up are quantized). AWQ searches
+    one scale for the block's input (scored on the block's output with the real routing) and folds it into
+    post_attention_layernorm, scaling the routers' weight columns to match. Experts are those of the
+    block's quantkit.modules.QuantExperts."""
     names = dict(block.named_modules())
-    if "mlp.shared_expert" in names:
-        groups += [LinearGroup(("mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj")),
-                   LinearGroup(("mlp.shared_expert.down_proj",), prev="mlp.shared_expert.up_proj")]
+    shared = "mlp.shared_expert" in names
+    gate_up, down, routers = [], [], [n for n in ("mlp.gate", "mlp.shared_expert_gate") if n in names]
     for name, module in names.items():
         if isinstance(module, QuantExperts):
             first = module.experts()[0].names
-            gate_up = tuple(f"{name}.{e}.{p}" for e in range(module.num_experts) for p in first[:2])
-            down = tuple(f"{name}.{e}.{first[2]}" for e in range(module.num_experts))
-            groups += [LinearGroup(gate_up, separate=True), LinearGroup(down, separate=True)]
+            gate_up += [f"{name}.{e}.{p}" for e in range(module.num_experts) for p in first[:2]]
+            down += [f"{name}.{e}.{first[2]}" for e in range(module.num_experts)]
+    if shared:
+        gate_up += ["mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj"]
+    foldable = "post_attention_layernorm" in names and all(
+        getattr(names[r], "weight", None) is not None and names[r].weight.dim() == 2 for r in routers)
+    groups = [LinearGroup(tuple(gate_up), prev="post_attention_layernorm" if foldable else None, inspect="mlp",
+                          separate=True, input_of="mlp", also_scale=tuple(routers))]
+    if shared:
+        groups.append(LinearGroup(("mlp.shared_expert.down_proj",), prev="mlp.shared_expert.up_proj"))
+    groups.append(LinearGroup(tuple(down), separate=True))
     return tuple(groups)
 
 

@@ -42,10 +42,11 @@ def can_fold(prev: nn.Module, linears: list[nn.Linear]) -> bool:
     return isinstance(weight, torch.Tensor) and weight.dim() == 1 and weight.numel() == k
 
 
-def fold_scales(prev: nn.Module, linears: list[nn.Linear], s: torch.Tensor) -> None:
+def fold_scales(prev: nn.Module, linears: list[nn.Module], s: torch.Tensor) -> None:
     """prev's output channels / s, the linears' input columns * s (the float function is unchanged).
 
-    prev: nn.Linear (rows scaled) or a norm with a 1-D weight (and optional bias); s: [K].
+    prev: nn.Linear (rows scaled) or a norm with a 1-D weight (and optional bias); s: [K]. linears: modules
+    with a weight [N, K] (nn.Linear, or a MoE router applying its weight with F.linear).
     """
     s_prev = s.to(device=prev.weight.device, dtype=torch.float32)
     if isinstance(prev, nn.Linear):
@@ -98,8 +99,10 @@ class AWQProcessor:
             return torch.cat(outputs)
         if group.inspect is not None and not group.inspect_in_block:
             module = ctx.module(group.inspect)
-            out = module(x.to(linears[0].weight.dtype))
-            return (out[0] if isinstance(out, tuple) else out).float()
+            inp = x.to(linears[0].weight.dtype)
+            out = module(inp.unsqueeze(0) if group.separate else inp)  # a MoE block takes [B, T, H]
+            out = out[0] if isinstance(out, tuple) else out
+            return out.reshape(-1, out.shape[-1]).float()
         return torch.cat(
             [F.linear(x, lin.weight.float(), None if lin.bias is None else lin.bias.float()) for lin in linears], dim=-1
         )  # [M, sum N]
@@ -111,7 +114,8 @@ class AWQProcessor:
             return
         quantized = set(targets)
         scheme = self.scheme_for(linears[0].in_features)  # can_fold: the linears share one input width
-        x_mean, x = self._capture(ctx, group.linears[0], self.options.max_search_tokens, with_mean=True)
+        x_mean, x = self._capture(ctx, group.input_of or group.linears[0], self.options.max_search_tokens,
+                                  with_mean=True)
         reference = self._group_output(ctx, group, linears, x)
         originals = {n: ctx.module(n).weight.data for n in quantized}
 
@@ -130,7 +134,7 @@ class AWQProcessor:
         if self.options.duo_scaling:
             w_mean = weight_channel_mean([lin.weight for lin in linears], scheme.group_size)
         s, _ratio, _losses = search_scales(x_mean, loss, self.options.grid, w_mean)
-        fold_scales(prev, linears, s)
+        fold_scales(prev, linears + [ctx.module(n) for n in group.also_scale], s)
 
     # -- block ----------------------------------------------------------------------------------------
     def process_block(self, ctx: BlockContext) -> None:
