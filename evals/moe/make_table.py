@@ -1,13 +1,14 @@
 """Mixture-of-experts structure table: every built-in recipe on a small random model of each MoE family.
 
-    python evals/moe/make_table.py            # writes evals/moe/results.json and evals/moe/README.md's table
+    python evals/moe/make_table.py            # writes evals/moe/results.json; prints the tables
+    python evals/moe/make_table.py --all      # every built-in recipe (the default: five representative ones)
     python evals/moe/make_table.py --quick    # two recipes per family, for a check
 
 Models: random Qwen3-MoE, Qwen2-MoE (with its shared expert), Mixtral and OLMoE (hidden 256, 2 layers,
 8 experts, top-2, expert width 128; vocabulary 4096 with ref:tiny's tokenizer so text can be fed). They
 are untrained: the KL and top-1 columns show that the pipeline runs and how far each recipe moves a
 model's outputs, not quality (a trained model's numbers differ). Calibration: the reference models'
-training text ("ref"), 16 windows of 256 tokens, seed 0. Evaluation: the held-out text, 8 windows of
+training text ("ref"), 8 windows of 256 tokens, seed 0. Evaluation: the held-out text, 8 windows of
 256 tokens. Decode: `quantkit bench` TPOT at batch 1, context 64 (float32 model; the int4/int8 CPU
 kernels compute in bf16), float vs w4a16-rtn vs w8a16-rtn.
 """
@@ -67,6 +68,7 @@ def tpot_ms(source: Path, work: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--all", action="store_true")
     parser.add_argument("--no-bench", action="store_true")
     args = parser.parse_args()
 
@@ -82,7 +84,8 @@ def main() -> None:
     from quantkit.weight_census import weight_census
 
     torch.set_num_threads(2)
-    recipes = ["w4a16-rtn", "w4a16-gptq"] if args.quick else sorted(builtin_recipes())
+    recipes = ["w4a16-rtn", "w4a16-gptq"] if args.quick else sorted(builtin_recipes()) if args.all else [
+        "w4a16-rtn", "w8a16-rtn", "w4a16-gptq", "w4a16-awq", "w4a16-gptq-kv-fp8"]
     rows, decode = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -93,7 +96,7 @@ def main() -> None:
             float_bytes = folder_size_bytes(source)
             for name in recipes:
                 model = quantkit.load(source)
-                calib = CalibrationConfig(source="ref", num_samples=16, seq_len=256, seed=0)
+                calib = CalibrationConfig(source="ref", num_samples=8, seq_len=256, seed=0)
                 start = time.perf_counter()
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
