@@ -183,6 +183,8 @@ def save(
     mtype = model_type(model)
     state = {to_disk_name(k, mtype): v for k, v in state.items()}  # MoE blocks under their checkpoint names
     config = model.config.to_dict()
+    if not config.get("architectures"):  # a model built in memory: engines pick the model class by it
+        config["architectures"] = [type(model).__name__]
     config["quantization_config"] = build_quantization_config(model, kv_cache_scheme_of(model))
     loaded_from = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
     source = tokenizer_source or loaded_from
