@@ -15,7 +15,8 @@ Ops (``torch.ops.quantkit.*``, usable without the rest of quantkit, with fake im
 torch.compile): ``wna16_gemm`` (Triton), ``wna16_cpu_q8dot`` (C++, int8-rounded activations and integer
 dot products; built on first use: ``cpu_extension``), ``wna16_int4_cpu`` and ``wna16_int8_cpu`` (PyTorch's CPU
 weight-only kernels), ``decode_attention_fp8`` (FP8/bf16 KV-cache decode attention),
-``fp8_kv_cache_write`` (quantize-on-write into a static FP8 KV cache). Backends,
+``fp8_kv_cache_write`` (quantize-on-write into a static FP8 KV cache), ``wna16_moe_ref`` (the
+mixture-of-experts reference over stacked experts; the runtime MoE path is ``wna16_moe``). Backends,
 layouts and numerics: README.md here, ``wna16``, ``wna16_layout``, ``wna16_triton``.
 Set TRITON_INTERPRET=1 before importing this package to run the Triton kernels on CPU tensors.
 """
@@ -35,10 +36,15 @@ else:
     from .reference import dequantize_wna16, wna16_linear_reference
     from .wna16 import BACKENDS, planned_layout, prepare_wna16, prepared_layout, resolve_backend, wna16_linear
     from .wna16_heuristics import WNA16Config, choose_config
+    from .wna16_moe import MoEExpertWeights, PreparedProjection, wna16_moe
+    from .wna16_moe_reference import StackedWNA16, wna16_moe_reference
     from .wna16_triton import wna16_gemm_torch, wna16_gemm_triton
 
     __all__ = [
         "BACKENDS",
+        "MoEExpertWeights",
+        "PreparedProjection",
+        "StackedWNA16",
         "WNA16Config",
         "choose_config",
         "concat_wna16_weights",
@@ -58,4 +64,6 @@ else:
         "wna16_gemm_triton",
         "wna16_linear",
         "wna16_linear_reference",
+        "wna16_moe",
+        "wna16_moe_reference",
     ]

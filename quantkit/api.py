@@ -33,7 +33,9 @@ from .modules.quant_linear import QuantLinear
 from .recipe import Recipe, load_recipe
 from .scheme import QuantScheme
 from .summaries import refit_notes
+from .moe import routed_token_summary, experts_modules, from_disk_name, model_type, router_names, to_disk_name, unfuse_experts
 from .targets import select_linears, set_submodule
+from .weight_census import unquantizable_weights
 
 
 def _check_finite(model: nn.Module) -> None:
@@ -66,9 +68,29 @@ def _warn_refitted(schemes: dict[str, QuantScheme], model: nn.Module, recipe: Re
         warnings.warn("; ".join(notes), stacklevel=3)
 
 
+def _moe_aware_targets(model: nn.Module, recipe: Recipe, leave_float: bool) -> list[str]:
+    """The linears `recipe` quantizes, after splitting fused MoE experts into per-expert linears; routers
+    never. QuantizationError naming the large matrices no nn.Linear rule reaches (unless ignored or
+    `leave_float`)."""
+    unfuse_experts(model)
+    if not leave_float:
+        unreachable = unquantizable_weights(model, recipe.ignore)
+        if unreachable:
+            shown = ", ".join(unreachable[:4]) + (f" and {len(unreachable) - 4} more" if len(unreachable) > 4 else "")
+            raise QuantizationError(
+                f"{shown}: weight matrices that are not in an nn.Linear, so quantkit cannot quantize them and "
+                f"would leave them float; add their modules to the recipe's ignore list (or pass --leave-float / "
+                f"leave_float=True) to keep them float knowingly"
+            )
+    names, _ = select_linears(model, recipe.targets, recipe.ignore)
+    routers = set(router_names(model))
+    return [n for n in names if n not in routers]
+
+
 def quantize(
     model: nn.Module, recipe: "str | os.PathLike | Recipe | dict", calibration_data: Any = None, *,
     progress: bool = True, tokenizer: Any = None, device: "str | torch.device | None" = None,
+    leave_float: bool = False,
 ) -> nn.Module:
     """Quantize `model`'s targeted nn.Linear layers in place per `recipe`; returns the model.
 
@@ -79,19 +101,25 @@ def quantize(
     tokenizer: for text calibration sources (default: the model folder's tokenizer).
     device: where calibration computes, one decoder block at a time (default: cuda if available, else cpu).
       Models loaded with accelerate CPU/disk offloading are supported and come back as plain CPU models.
+    leave_float: leave weights quantkit cannot quantize (matrices that are no nn.Linear, e.g. fused 3-D
+      experts of an unknown layout) in full precision instead of refusing (QuantizationError naming them).
+    Mixture-of-experts models (Qwen2/3-MoE, Mixtral, OLMoE, ...): the fused experts are first split into
+    per-expert linears (quantkit.modules.QuantExperts), which the recipe's targets then reach; routers
+    stay float.
     """
     recipe = load_recipe(recipe)
     if device is not None:
         device = resolve_device(device)
     _check_finite(model)
     calibrated = recipe.needs_calibration
+    unfuse_experts(model)  # MoE: per-expert linears, as checkpoints store them (a KV-only recipe too)
     if recipe.weights is not None:
         if any(isinstance(m, QuantLinear) for m in model.modules()):
             raise QuantizationError(
                 "the model's weights are already quantized; quantize the float model (quantkit.load of a "
                 "float folder, or transformers' from_pretrained) instead"
             )
-        names, _ = select_linears(model, recipe.targets, recipe.ignore)
+        names = _moe_aware_targets(model, recipe, leave_float)
         schemes = _layer_schemes(model, names, recipe)
         _warn_refitted(schemes, model, recipe)
         if recipe.algorithm.needs_calibration:
@@ -118,7 +146,8 @@ def quantize(
     model.config.quantization_config = build_quantization_config(model, recipe.kv_cache)
     from .calibration.data import describe_calibration
 
-    provenance.record(model, recipe, describe_calibration(calibration_data, model) if calibrated else None)
+    provenance.record(model, recipe, describe_calibration(calibration_data, model) if calibrated else None,
+                      routed_token_summary(model))
     return model
 
 
@@ -155,7 +184,11 @@ def save(
     if is_fused(model):
         state = unfused_state_dict(model, state)
     state = _in_dtype(state, dtype)
+    mtype = model_type(model)
+    state = {to_disk_name(k, mtype): v for k, v in state.items()}  # MoE blocks under their checkpoint names
     config = model.config.to_dict()
+    if not config.get("architectures"):  # a model built in memory: engines pick the model class by it
+        config["architectures"] = [type(model).__name__]
     config["quantization_config"] = build_quantization_config(model, kv_cache_scheme_of(model))
     loaded_from = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
     source = tokenizer_source or loaded_from
@@ -237,7 +270,8 @@ def _load_quantized(folder: Path, *, backend: str, device, dtype, trust_remote_c
                     fuse: bool | None = None) -> nn.Module:
     model, qcfg, dtype = empty_quantized_model(folder, dtype=dtype, trust_remote_code=trust_remote_code)
     quantization_config = read_config_json(folder)["quantization_config"]
-    state = read_state_dict(folder)
+    mtype = model_type(model)
+    state = {from_disk_name(k, mtype): v for k, v in read_state_dict(folder).items()}
     found = nonfinite_tensors(state.items())
     if found:
         raise CheckpointError(
@@ -254,6 +288,8 @@ def _load_quantized(folder: Path, *, backend: str, device, dtype, trust_remote_c
         raise CheckpointError(f"{folder}: no weights for {leftover[:5]}; the checkpoint is incomplete")
     model.to(device)
     backends = {module.prepare(backend) for module in model.modules() if isinstance(module, QuantLinear)}
+    for _, experts in experts_modules(model):
+        experts.prepare()  # the grouped MoE op's per-expert layout, from the layers just prepared
     if fuse or (fuse is None and backends == {"torch"}):
         fuse_projections(model)
     if qcfg.kv_cache is not None:

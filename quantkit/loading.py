@@ -252,9 +252,13 @@ def empty_quantized_model(folder: Path, *, dtype: torch.dtype | None = None, tru
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
     except ValueError as e:
         raise CheckpointError(f"{folder}: unsupported architecture ({str(e).splitlines()[0]})") from None
+    from .moe import model_type, to_disk_name, unfuse_experts
+
+    unfuse_experts(model)  # MoE: per-expert linears, as the checkpoint stores them
+    mtype = model_type(model)
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.Linear):
-            scheme = qcfg.scheme_for(name, module)
+            scheme = qcfg.scheme_for(to_disk_name(name, mtype), module)
             if scheme is not None:
                 q = QuantLinear(module.in_features, module.out_features, scheme, bias=module.bias is not None,
                                 dtype=dtype, device="meta")

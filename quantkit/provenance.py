@@ -27,11 +27,25 @@ class Provenance:
 
     recipe: Recipe
     calibration: dict | None = None
+    moe_routing: dict | None = None
 
 
-def record(model: nn.Module, recipe: Recipe, calibration: dict | None) -> None:
-    """Remember on ``model`` how it was quantized (read back by ``of`` and written by save)."""
-    object.__setattr__(model, _ATTRIBUTE, Provenance(recipe, calibration))
+def record(model: nn.Module, recipe: Recipe, calibration: dict | None, moe_routing: dict | None = None) -> None:
+    """Remember on ``model`` how it was quantized (read back by ``of`` and written by save). moe_routing:
+    quantkit.moe.routed_token_summary of the calibration (MoE models calibrated with GPTQ/AWQ)."""
+    object.__setattr__(model, _ATTRIBUTE, Provenance(recipe, calibration, moe_routing))
+
+
+def describe_moe_routing(routing: dict | None) -> str | None:
+    """'tokens routed per expert: least 0, median 210, most 800 (64 experts); never routed: ...' or None."""
+    if not routing:
+        return None
+    never = routing["never_routed"]
+    text = (f"calibration tokens routed per expert: least {routing['least']}, median {routing['median']}, "
+            f"most {routing['most']} ({routing['experts']} experts)")
+    if never:
+        text += f"; never routed ({len(never)}): {', '.join(never[:8])}{' ...' if len(never) > 8 else ''}"
+    return text
 
 
 def of(model: nn.Module) -> Provenance | None:
@@ -83,6 +97,9 @@ def recipe_file_text(provenance: Provenance, source: str | None, checkpoint) -> 
         f"# calibration: {_one_line(describe_calibration(calibration))}",
         f"# reproduce  : {_one_line(shlex.join(command))}",
     ]
+    routing = describe_moe_routing(provenance.moe_routing)
+    if routing:
+        lines.append(f"# moe        : {routing}")
     if calibration is not None and calibration["source"] == "token ids":
         lines.append("#              (calibrated on token ids given in Python: pass the same ids to quantkit.quantize)")
     return "\n".join(lines) + "\n" + provenance.recipe.to_yaml()

@@ -10,6 +10,7 @@ from torch import nn
 
 from .modules.quant_linear import QuantLinear
 from .scheme import QuantScheme
+from .weight_census import weight_census
 
 
 def human_bytes(n: float | None) -> str:
@@ -110,6 +111,7 @@ def quantization_summary(model, recipe, source, out: Path, before: SizeOnDisk, a
         f"{', kv ' + recipe.kv_cache.describe() if recipe.kv_cache else ''})",
         f"  layers quantized : {quantized}",
         *(f"    {line}" for line in scheme_lines(model)),
+        *(f"  {'weights' if i == 0 else '':<17}: {line}" for i, line in enumerate(weight_census(model).lines())),
         f"  size             : {human_bytes(before.bytes)} source ({before.dtype}, {before.measured}) -> "
         f"{human_bytes(after.bytes)} checkpoint ({after.dtype}, {after.measured}){ratio}",
         f"  time             : {seconds:.1f} s",

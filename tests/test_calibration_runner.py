@@ -132,7 +132,7 @@ def test_unknown_family_is_a_clear_error():
     config = transformers.GPTNeoXConfig(hidden_size=128, intermediate_size=384, num_hidden_layers=1,
                                         num_attention_heads=4, vocab_size=320)
     model = transformers.GPTNeoXForCausalLM(config)
-    with pytest.raises(QuantizationError, match=r"model type 'gpt_neox'.*supported: llama, mistral, qwen2, qwen3"):
+    with pytest.raises(QuantizationError, match=r"model type 'gpt_neox'.*supported: llama, mistral, mixtral, olmoe, qwen2, qwen2_moe, qwen3, qwen3_moe"):
         quantkit.quantize(model, "w4a16-gptq", calibration_data=token_batches(320), progress=False)
 
 

@@ -60,6 +60,9 @@ class GPTQOptions:
       signed range ("half_range", int4: /7.5, the top value clipped to 7: llm-compressor's convention).
     observer: how a group's range is chosen: "minmax" (its min and max) or "mse" (shrunk by the factor
       1 - i/mse_grid, i <= mse_max_shrink * mse_grid, with the least diag(H)-weighted squared error).
+    moe_calibrate_all_experts: mixture-of-experts models: each expert's statistics come from every
+      calibration token (as llm-compressor's default); False: only from the tokens routed to it. The
+      block's output always follows the router's choice.
     """
 
     damp_percent: float = 0.01
@@ -69,6 +72,7 @@ class GPTQOptions:
     observer: str = "minmax"
     mse_grid: int = 100
     mse_max_shrink: float = 0.8
+    moe_calibrate_all_experts: bool = True
 
     def __post_init__(self) -> None:
         if not (0.0 < self.damp_percent <= 1.0):

@@ -11,11 +11,13 @@ Supporting a new family whose blocks follow a known layout is one `register_adap
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import nn
 
 from ..errors import QuantizationError
+from ..modules.quant_experts import QuantExperts
 
 
 @dataclass(frozen=True)
@@ -30,12 +32,21 @@ class LinearGroup:
     inspect_in_block: the inspect module takes more than the group's input (an attention takes the mask
       and the rotary embeddings): its output is read from forwards through the block up to it, instead of
       calling it on the group's input alone (an MLP).
+    separate: the linears do not share one input (MoE experts: each sees the tokens routed to it): their
+      statistics are collected per parent module (an expert's gate and up share theirs), in one forward.
+    input_of: the module whose input AWQ's scale search reads (None: the first linear's), e.g. the MoE
+      block, whose input every expert's rows come from.
+    also_scale: float modules that read the same input and stay unquantized (MoE routers): AWQ multiplies
+      their weight columns by s too when it folds 1/s into `prev`, so they compute what they did.
     """
 
     linears: tuple[str, ...]
     prev: str | None = None
     inspect: str | None = None
     inspect_in_block: bool = False
+    separate: bool = False
+    input_of: str | None = None
+    also_scale: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,11 @@ class FamilyAdapter:
     model_types: tuple[str, ...]
     blocks: str
     groups: tuple[LinearGroup, ...]
+    expand: Callable[[nn.Module], tuple[LinearGroup, ...]] | None = None
+
+    def groups_for(self, block: nn.Module) -> tuple[LinearGroup, ...]:
+        """The block's sub-layer steps: `groups`, then those `expand` derives from the block (MoE experts)."""
+        return self.groups + (self.expand(block) if self.expand is not None else ())
 
     def blocks_of(self, model: nn.Module) -> nn.ModuleList:
         try:
@@ -105,6 +121,42 @@ register_adapter(FamilyAdapter("qwen2", ("qwen2",), "model.layers", LLAMA_LIKE_G
 register_adapter(FamilyAdapter("qwen3", ("qwen3",), "model.layers", LLAMA_LIKE_GROUPS))
 
 
+ATTENTION_GROUPS = LLAMA_LIKE_GROUPS[:2]
+
+
+def moe_groups(block: nn.Module) -> tuple[LinearGroup, ...]:
+    """A MoE block's steps after attention: every routed expert's gate/up with the shared expert's
+    (Qwen2-MoE) if any, then the shared expert's down, then every routed expert's down (one forward per
+    step: experts are independent; each down's input comes after its gate/up are quantized). AWQ searches
+    one scale for the block's input (scored on the block's output with the real routing) and folds it into
+    post_attention_layernorm, scaling the routers' weight columns to match. Experts are those of the
+    block's quantkit.modules.QuantExperts."""
+    names = dict(block.named_modules())
+    shared = "mlp.shared_expert" in names
+    gate_up, down, routers = [], [], [n for n in ("mlp.gate", "mlp.shared_expert_gate") if n in names]
+    for name, module in names.items():
+        if isinstance(module, QuantExperts):
+            first = module.experts()[0].names
+            gate_up += [f"{name}.{e}.{p}" for e in range(module.num_experts) for p in first[:2]]
+            down += [f"{name}.{e}.{first[2]}" for e in range(module.num_experts)]
+    if shared:
+        gate_up += ["mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj"]
+    foldable = "post_attention_layernorm" in names and all(
+        getattr(names[r], "weight", None) is not None and names[r].weight.dim() == 2 for r in routers)
+    groups = [LinearGroup(tuple(gate_up), prev="post_attention_layernorm" if foldable else None, inspect="mlp",
+                          separate=True, input_of="mlp", also_scale=tuple(routers))]
+    if shared:
+        groups.append(LinearGroup(("mlp.shared_expert.down_proj",), prev="mlp.shared_expert.up_proj"))
+    groups.append(LinearGroup(tuple(down), separate=True))
+    return tuple(groups)
+
+
+# Mixture-of-experts decoders (transformers 5 fused experts, split by quantkit.moe.unfuse_experts before
+# calibration): Llama-layout attention, then the MoE block's experts (moe_groups); routers stay float.
+for _name in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe"):
+    register_adapter(FamilyAdapter(_name, (_name,), "model.layers", ATTENTION_GROUPS, expand=moe_groups))
+
+
 def supported_model_types() -> list[str]:
     return sorted(_ADAPTERS)
 
@@ -116,7 +168,8 @@ def adapter_for(model: nn.Module) -> FamilyAdapter:
     if model_type not in _ADAPTERS:
         raise QuantizationError(
             f"calibrated quantization does not support model type {model_type!r} ({type(model).__name__}) yet; "
-            f"supported: {', '.join(supported_model_types())}. Use an RTN recipe (no calibration, any model), or "
-            f"describe the family with quantkit.calibration.register_adapter(FamilyAdapter(...))"
+            f"supported: {', '.join(supported_model_types())}. Use an RTN recipe (no calibration; it quantizes the "
+            f"model's nn.Linear layers and the experts of transformers MoE blocks, and refuses other weights it "
+            f"cannot reach), or describe the family with quantkit.calibration.register_adapter(FamilyAdapter(...))"
         )
     return _ADAPTERS[model_type]

@@ -42,10 +42,11 @@ def can_fold(prev: nn.Module, linears: list[nn.Linear]) -> bool:
     return isinstance(weight, torch.Tensor) and weight.dim() == 1 and weight.numel() == k
 
 
-def fold_scales(prev: nn.Module, linears: list[nn.Linear], s: torch.Tensor) -> None:
+def fold_scales(prev: nn.Module, linears: list[nn.Module], s: torch.Tensor) -> None:
     """prev's output channels / s, the linears' input columns * s (the float function is unchanged).
 
-    prev: nn.Linear (rows scaled) or a norm with a 1-D weight (and optional bias); s: [K].
+    prev: nn.Linear (rows scaled) or a norm with a 1-D weight (and optional bias); s: [K]. linears: modules
+    with a weight [N, K] (nn.Linear, or a MoE router applying its weight with F.linear).
     """
     s_prev = s.to(device=prev.weight.device, dtype=torch.float32)
     if isinstance(prev, nn.Linear):
@@ -66,6 +67,7 @@ class AWQProcessor:
         """scheme_for: in_features -> the weight scheme of a linear that wide (Recipe.weights_for).
         scale_dtype: the dtype the checkpoint stores scales in (default: each weight's dtype)."""
         self.scheme_for, self.options, self.scale_dtype = scheme_for, options, scale_dtype
+        self.rtn_fallback: list[str] = []  # MoE expert linears no calibration token reached
 
     # -- capture -------------------------------------------------------------------------------------
     def _capture(self, ctx: BlockContext, name: str, max_tokens: int, with_mean: bool):
@@ -97,8 +99,10 @@ class AWQProcessor:
             return torch.cat(outputs)
         if group.inspect is not None and not group.inspect_in_block:
             module = ctx.module(group.inspect)
-            out = module(x.to(linears[0].weight.dtype))
-            return (out[0] if isinstance(out, tuple) else out).float()
+            inp = x.to(linears[0].weight.dtype)
+            out = module(inp.unsqueeze(0) if group.separate else inp)  # a MoE block takes [B, T, H]
+            out = out[0] if isinstance(out, tuple) else out
+            return out.reshape(-1, out.shape[-1]).float()
         return torch.cat(
             [F.linear(x, lin.weight.float(), None if lin.bias is None else lin.bias.float()) for lin in linears], dim=-1
         )  # [M, sum N]
@@ -110,7 +114,8 @@ class AWQProcessor:
             return
         quantized = set(targets)
         scheme = self.scheme_for(linears[0].in_features)  # can_fold: the linears share one input width
-        x_mean, x = self._capture(ctx, group.linears[0], self.options.max_search_tokens, with_mean=True)
+        x_mean, x = self._capture(ctx, group.input_of or group.linears[0], self.options.max_search_tokens,
+                                  with_mean=True)
         reference = self._group_output(ctx, group, linears, x)
         originals = {n: ctx.module(n).weight.data for n in quantized}
 
@@ -129,7 +134,7 @@ class AWQProcessor:
         if self.options.duo_scaling:
             w_mean = weight_channel_mean([lin.weight for lin in linears], scheme.group_size)
         s, _ratio, _losses = search_scales(x_mean, loss, self.options.grid, w_mean)
-        fold_scales(prev, linears, s)
+        fold_scales(prev, linears + [ctx.module(n) for n in group.also_scale], s)
 
     # -- block ----------------------------------------------------------------------------------------
     def process_block(self, ctx: BlockContext) -> None:
@@ -138,6 +143,9 @@ class AWQProcessor:
                 ctx.status(f"awq scales {'/'.join(n.rsplit('.', 1)[-1] for n in step.targets)}")
                 self._search_and_fold(ctx, step.group, step.targets)
         for step in ctx.steps:
+            if step.group.separate:
+                self._separate_step(ctx, step.targets)
+                continue
             ctx.status(f"awq clip {'/'.join(n.rsplit('.', 1)[-1] for n in step.targets)}")
             x = None
             if self.options.clip:
@@ -154,4 +162,40 @@ class AWQProcessor:
                         w, x, scheme, grid=self.options.clip_grid, max_shrink=self.options.max_shrink,
                         scale_dtype=self.scale_dtype or w.dtype,
                     )
+                ctx.set_quantized(name, awq_quantize(w, scheme, ratio, scale_dtype=self.scale_dtype or w.dtype))
+
+    def _separate_step(self, ctx: BlockContext, targets: tuple[str, ...]) -> None:
+        """MoE experts: no scales are folded (an expert's input is shared with the router and the other
+        experts); each expert's clipping search runs on its own input rows, captured in one forward. An
+        expert no calibration token reached is rounded unclipped (announced in `rtn_fallback`)."""
+        ctx.status(f"awq clip {len(targets)} expert linears")
+        by_parent: dict[str, list[str]] = {}
+        for name in targets:
+            by_parent.setdefault(name.rpartition(".")[0], []).append(name)
+        samples = {parent: TokenSubsample(ctx.num_tokens, self.options.clip_tokens) for parent in by_parent}
+
+        def make(parent: str):
+            def keep(module, x, output, _where=f"the input of {ctx.name}.{parent}"):
+                if x.numel():
+                    check_finite(x, _where)
+                    samples[parent].add(x)
+            return keep
+
+        if self.options.clip:
+            hooks = {names[0]: make(parent) for parent, names in by_parent.items()}
+            ctx.forward(hooks, stop_after=list(hooks))
+        for parent, names in by_parent.items():
+            sample = samples.pop(parent)
+            x = sample.rows if sample.parts else None
+            for name in names:
+                linear = ctx.module(name)
+                scheme = self.scheme_for(linear.in_features)
+                w = linear.weight.data
+                ratio = None
+                if x is None or not x.shape[0]:
+                    if self.options.clip:
+                        self.rtn_fallback.append(f"{ctx.name}.{name}")
+                else:
+                    ratio = search_clip(w, x, scheme, grid=self.options.clip_grid, max_shrink=self.options.max_shrink,
+                                        scale_dtype=self.scale_dtype or w.dtype)
                 ctx.set_quantized(name, awq_quantize(w, scheme, ratio, scale_dtype=self.scale_dtype or w.dtype))

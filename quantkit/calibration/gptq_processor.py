@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..algorithms.gptq import GPTQOptions, gptq_quantize, hessian_update
+from ..algorithms.rtn import rtn_quantize
 from ..scheme import QuantScheme
 from .runner import BlockContext, check_finite
 
@@ -20,9 +21,13 @@ class GPTQProcessor:
         """scheme_for: in_features -> the weight scheme of a linear that wide (Recipe.weights_for).
         scale_dtype: the dtype the checkpoint stores scales in (default: each weight's dtype)."""
         self.scheme_for, self.options, self.scale_dtype = scheme_for, options, scale_dtype
+        self.rtn_fallback: list[str] = []  # MoE expert linears no calibration token reached
 
     def process_block(self, ctx: BlockContext) -> None:
         for step in ctx.steps:
+            if step.group.separate:
+                self._separate_step(ctx, step.targets)
+                continue
             first = step.targets[0]
             ctx.status(f"gptq {'/'.join(n.rsplit('.', 1)[-1] for n in step.targets)}")
             acc = {"h": None, "count": 0}
@@ -38,4 +43,38 @@ class GPTQProcessor:
                     linear.weight, acc["h"], self.scheme_for(linear.in_features), self.options,
                     scale_dtype=self.scale_dtype or linear.weight.dtype, name=f"{ctx.name}.{name}",
                 )
+                ctx.set_quantized(name, qweight)
+
+    def _separate_step(self, ctx: BlockContext, targets: tuple[str, ...]) -> None:
+        """MoE experts: one Hessian per expert (its gate and up share it), all from one forward; an expert
+        no calibration token reached gets RTN scales from its weights (announced in `rtn_fallback`)."""
+        ctx.status(f"gptq {len(targets)} expert linears")
+        by_parent: dict[str, list[str]] = {}
+        for name in targets:
+            by_parent.setdefault(name.rpartition(".")[0], []).append(name)
+        acc = {parent: {"h": None, "count": 0} for parent in by_parent}
+
+        def make(parent: str):
+            def accumulate(module, x, output, _where=f"the input of {ctx.name}.{parent}"):
+                if x.numel():
+                    check_finite(x, _where)
+                    a = acc[parent]
+                    a["h"], a["count"] = hessian_update(a["h"], a["count"], x)
+            return accumulate
+
+        firsts = {names[0]: make(parent) for parent, names in by_parent.items()}
+        ctx.forward(firsts, stop_after=list(firsts))
+        for parent, names in by_parent.items():
+            a = acc.pop(parent)
+            for name in names:
+                linear = ctx.module(name)
+                scheme = self.scheme_for(linear.in_features)
+                if a["count"] == 0:
+                    self.rtn_fallback.append(f"{ctx.name}.{name}")
+                    qweight = rtn_quantize(linear.weight.detach().float(), scheme)
+                else:
+                    qweight = gptq_quantize(
+                        linear.weight, a["h"], scheme, self.options,
+                        scale_dtype=self.scale_dtype or linear.weight.dtype, name=f"{ctx.name}.{name}",
+                    )
                 ctx.set_quantized(name, qweight)

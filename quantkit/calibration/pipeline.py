@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,6 +13,7 @@ from torch import nn
 from ..algorithms.registry import ALGORITHMS
 from ..errors import QuantizationError
 from ..loading import source_dtype
+from ..modules.quant_experts import QuantExperts
 from ..recipe import Recipe
 from .adapters import adapter_for
 from .data import calibration_batches
@@ -45,7 +47,21 @@ def quantize_blockwise(
     adapter_for(model)
     batches = calibration_batches(calibration_data, model, tokenizer)
     processor = make_processor(recipe, source_dtype(model))
-    return run_blockwise(
-        model, batches, targets, [processor], device=device, progress=progress,
-        desc=f"{recipe.algorithm.name} {recipe.name}",
-    )
+    experts = [m for m in model.modules() if isinstance(m, QuantExperts)]
+    all_tokens = getattr(recipe.algorithm.options, "moe_calibrate_all_experts", True)
+    for m in experts:  # every expert is called (0 rows when no token is routed to it) and routing is counted
+        m.count_routing, m.calibrate_all_experts, m.routed_tokens = True, all_tokens, None
+    try:
+        outside = run_blockwise(
+            model, batches, targets, [processor], device=device, progress=progress,
+            desc=f"{recipe.algorithm.name} {recipe.name}",
+        )
+    finally:
+        for m in experts:
+            m.count_routing = m.calibrate_all_experts = False
+    fallback = getattr(processor, "rtn_fallback", [])
+    if fallback:
+        warnings.warn(f"{len(fallback)} expert linears got no calibration token (routed-only statistics) and were "
+                      f"quantized with RTN from their weights: {', '.join(fallback[:6])}"
+                      f"{' ...' if len(fallback) > 6 else ''}", stacklevel=3)
+    return outside

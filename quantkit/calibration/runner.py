@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 
 from ..errors import QuantizationError
 from ..finite import describe_nonfinite, nonfinite_tensors
+from ..modules.quant_experts import QuantExperts
 from ..modules.quant_linear import QuantLinear
 from ..quantized_weight import QuantizedWeight
 from .adapters import FamilyAdapter, LinearGroup, adapter_for
@@ -229,7 +230,7 @@ def _block_steps(adapter: FamilyAdapter, block: nn.Module, targets: list[str]) -
     """The adapter's sub-layer steps restricted to the targeted linears, plus one step per targeted linear
     the adapter does not know (quantized last, each on its own input)."""
     steps, covered = [], set()
-    for group in adapter.groups:
+    for group in adapter.groups_for(block):
         chosen = tuple(n for n in group.linears if n in targets)
         covered.update(group.linears)
         if chosen:
@@ -301,6 +302,9 @@ def run_blockwise(
             if missing:
                 raise RuntimeError(f"{name}: no processor quantized {missing}")
             ctx.status("outputs")
+            for module in block.modules():  # MoE: count the routing of this one pass (quantkit.moe)
+                if isinstance(module, QuantExperts) and module.count_routing:
+                    module.routed_tokens = None
             inputs = ctx.forward()
             for local, qweight in ctx.quantized.items():
                 linear = block.get_submodule(local)

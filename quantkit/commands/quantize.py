@@ -17,6 +17,9 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="output folder (must not exist unless --force)")
     p.add_argument("--force", action="store_true",
                    help="replace an existing output folder that quantkit wrote (never one holding other files)")
+    p.add_argument("--leave-float", action="store_true",
+                   help="leave weight matrices quantkit cannot quantize (not in an nn.Linear, e.g. fused experts of "
+                        "an unknown layout) in full precision instead of refusing")
     add_model_options(p, dtype_help="dtype to load the model in and to write the checkpoint's float tensors in "
                                     "(default: load in config.json's dtype, write in the dtype the source weights "
                                     "are stored in, e.g. bfloat16 stays bfloat16)")
@@ -82,11 +85,11 @@ def run(args: argparse.Namespace) -> int:
         size_before = SizeOnDisk(state_bytes(model), dtype_name(model.dtype), "as loaded")
     check_free_space(out, _least_checkpoint_bytes(model, recipe, dtype or source_dtype(model)))  # before the work
     if calibrated:
-        quantkit.quantize(model, recipe, calibration, device=args.calib_device)
+        quantkit.quantize(model, recipe, calibration, device=args.calib_device, leave_float=args.leave_float)
     else:
         if args.calib is not None:
             print(f"note: --calib is ignored: {recipe.name} uses {recipe.algorithm.name}, which needs no calibration")
-        quantkit.quantize(model, recipe)
+        quantkit.quantize(model, recipe, leave_float=args.leave_float)
     saved_dtype = dtype or source_dtype(model)  # the source's dtype unless --dtype asks for another
     path = quantkit.save(model, out, tokenizer_source=source, force=args.force, dtype=saved_dtype, expect=out_state)
     elapsed = time.perf_counter() - start
@@ -94,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
     print(quantization_summary(model, recipe, source, path, size_before, size_after, elapsed))
     made = provenance.of(model)
     print(f"  calibration      : {provenance.describe_calibration(made.calibration if made else None)}")
+    routing = provenance.describe_moe_routing(made.moe_routing if made else None)
+    if routing:
+        print(f"  experts          : {routing}")
     print(f"  recipe saved as  : {path / provenance.RECIPE_FILE} (repeat the run with --recipe on it)")
     return 0
 
@@ -101,8 +107,10 @@ def run(args: argparse.Namespace) -> int:
 def _least_checkpoint_bytes(model, recipe, dtype) -> int:
     """A lower bound of the checkpoint's size: the targeted linears' weights at the recipe's bits (scales
     left out), every other parameter (tied ones once) in `dtype`."""
+    from quantkit.moe import unfuse_experts
     from quantkit.targets import select_linears
 
+    unfuse_experts(model)  # fused MoE experts count as the per-expert linears quantize makes of them
     names = select_linears(model, recipe.targets, recipe.ignore)[0] if recipe.weights is not None else []
     packed = {f"{name}.weight" for name in names}
     return sum(p.numel() * recipe.weights.num_bits // 8 if name in packed else p.numel() * dtype.itemsize

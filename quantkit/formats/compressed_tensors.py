@@ -15,6 +15,7 @@ from torch import nn
 
 from ..errors import CheckpointError
 from ..modules.quant_linear import QuantLinear
+from ..moe import model_type, router_names, to_disk_name
 from ..scheme import QuantScheme
 from ..targets import check_patterns, matches
 
@@ -44,14 +45,19 @@ class QuantizationConfig:
 
 
 def build_quantization_config(model: nn.Module, kv_cache: QuantScheme | None = None) -> dict[str, Any]:
-    """The quantization_config dict for a model whose quantized linears are QuantLinear modules."""
+    """The quantization_config dict for a model whose quantized linears are QuantLinear modules (MoE
+    experts: the per-expert linears of quantkit.modules.QuantExperts); float linears and MoE routers
+    are listed under `ignore` by name."""
     by_scheme: dict[QuantScheme, list[str]] = {}
     unquantized: list[str] = []
+    mtype = model_type(model)
+    routers = set(router_names(model))
     for name, module in model.named_modules():
+        disk = to_disk_name(name, mtype)  # names as the checkpoint's tensors and engines' modules have them
         if isinstance(module, QuantLinear):
-            by_scheme.setdefault(module.scheme, []).append(name)
-        elif isinstance(module, nn.Linear):
-            unquantized.append(name)
+            by_scheme.setdefault(module.scheme, []).append(disk)
+        elif isinstance(module, nn.Linear) or name in routers:
+            unquantized.append(disk)
     groups = {}
     for i, (scheme, names) in enumerate(by_scheme.items()):
         targets = ["Linear"] if len(by_scheme) == 1 else names

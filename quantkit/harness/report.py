@@ -75,6 +75,8 @@ def summary_lines(bench: dict) -> list[str]:
                          f"(roofline {_fmt_x(s['decode_predicted'])})")
     if problem:
         lines.append(f"  no roofline: {problem}")
+    elif bench.get("model", {}).get("moe_note"):
+        lines.append(f"  roofline: {bench['model']['moe_note']}")
     return lines
 
 
@@ -162,9 +164,14 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
     md += _cpu_lines(bench)
     params = model["params"]
     params = f"{params / 1e9:.2f} B" if params >= 1e8 else f"{params / 1e6:.2f} M"
+    width = (f"{shape['experts']} experts of intermediate {shape['expert_intermediate']}, top-"
+             f"{shape['experts_per_token']}" + (f", shared expert {shape['shared_intermediate']}"
+                                               if shape.get("shared_intermediate") else "")
+             if shape.get("experts") else f"intermediate {shape['intermediate']}")
     md += [f"- Model: `{model['name']}` ({params} parameters; hidden "
-           f"{shape['hidden']}, intermediate {shape['intermediate']}, {shape['layers']} layers, {shape['heads']} heads, "
+           f"{shape['hidden']}, {width}, {shape['layers']} layers, {shape['heads']} heads, "
            f"{shape['kv_heads']} KV heads, vocab {shape['vocab']})",
+           *([f"- Roofline: {model['moe_note']}"] if model.get("moe_note") else []),
            f"- Dtypes: {_dtype_line(bench, why=True)}",
            f"- Device: {dev['name']} ({dev['type']}" + (f", {dev['threads']} threads" if "threads" in dev else "")
            + f"), torch {dev['torch']}",

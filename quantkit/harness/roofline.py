@@ -12,6 +12,9 @@ hundreds, so its time is flops / peak, which weight-only quantization does not c
 
 What is counted (a lower bound on traffic; norms, rotary and elementwise ops are left out):
 - weights: every targeted linear read once per forward, packed values + scales (+ zero points);
+  mixture-of-experts models: the dense linears, the float routers, and only the experts the forward's
+  tokens reach (k per layer for one token; E * (1 - (1 - k/E)^T) expected distinct experts for T
+  tokens under uniform routing, so a batch-32 decode of a 128-expert top-8 model reads ~112 of them);
 - lm_head: read once per forward (quantized only when ``quantize_lm_head``); logits for the last
   position only, as generation does;
 - embeddings: one row per token;
@@ -37,7 +40,11 @@ from .hardware import DeviceSpec
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The dimensions of a Llama-family decoder (GQA attention, SwiGLU MLP)."""
+    """The dimensions of a Llama-family decoder (GQA attention, SwiGLU MLP), or of a mixture-of-experts
+    one: `experts` > 0 SwiGLU experts of width `expert_intermediate` per layer, `experts_per_token` (k) of
+    them run per token, plus a shared expert of width `shared_intermediate` (0: none) and a router
+    (E x hidden, float); the dense MLP (`intermediate`) is then absent. Every layer is taken as a MoE
+    layer (Qwen3-MoE's mlp_only_layers / decoder_sparse_step are not modelled)."""
 
     hidden: int
     intermediate: int
@@ -48,6 +55,10 @@ class ModelShape:
     vocab: int
     tied_embeddings: bool = False
     max_context: int | None = None
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    shared_intermediate: int = 0
 
     def __post_init__(self):
         for name in ("hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "vocab"):
@@ -75,6 +86,12 @@ class ModelShape:
                 "(hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size)"
             )
         heads = int(d["num_attention_heads"])
+        experts = int(d.get("num_experts") or d.get("num_local_experts") or 0)
+        moe = {}
+        if experts:
+            moe = dict(experts=experts, experts_per_token=int(d.get("num_experts_per_tok") or 1),
+                       expert_intermediate=int(d.get("moe_intermediate_size") or d["intermediate_size"]),
+                       shared_intermediate=int(d.get("shared_expert_intermediate_size") or 0))
         return cls(
             hidden=int(d["hidden_size"]),
             intermediate=int(d["intermediate_size"]),
@@ -85,31 +102,64 @@ class ModelShape:
             vocab=int(d["vocab_size"]),
             tied_embeddings=bool(d.get("tie_word_embeddings", False)),
             max_context=d.get("max_position_embeddings"),
+            **moe,
         )
 
     def linears(self) -> list[tuple[str, int, int]]:
-        """(name, in_features, out_features) of the linears of one decoder layer."""
+        """(name, in_features, out_features) of the linears of one decoder layer every token runs
+        through (MoE: attention and the shared expert; the routed experts are `expert_linears`)."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return [
-            ("q_proj", self.hidden, q),
-            ("k_proj", self.hidden, kv),
-            ("v_proj", self.hidden, kv),
-            ("o_proj", q, self.hidden),
-            ("gate_proj", self.hidden, self.intermediate),
-            ("up_proj", self.hidden, self.intermediate),
-            ("down_proj", self.intermediate, self.hidden),
-        ]
+        attention = [("q_proj", self.hidden, q), ("k_proj", self.hidden, kv), ("v_proj", self.hidden, kv),
+                     ("o_proj", q, self.hidden)]
+        width = self.shared_intermediate if self.is_moe else self.intermediate
+        prefix = "shared_expert." if self.is_moe else ""
+        mlp = [(f"{prefix}gate_proj", self.hidden, width), (f"{prefix}up_proj", self.hidden, width),
+               (f"{prefix}down_proj", width, self.hidden)] if width else []
+        return attention + mlp
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    def expert_linears(self) -> list[tuple[str, int, int]]:
+        """(name, in, out) of one routed expert (empty for a dense model)."""
+        if not self.is_moe:
+            return []
+        i = self.expert_intermediate
+        return [("gate_proj", self.hidden, i), ("up_proj", self.hidden, i), ("down_proj", i, self.hidden)]
+
+    def experts_read(self, tokens: int) -> float:
+        """Expected distinct experts per layer that `tokens` tokens reach: k for one token, else
+        E * (1 - (1 - k/E)^tokens) (each token's k experts drawn uniformly; real routers are skewed, so
+        fewer); 0 for a dense model."""
+        if not self.is_moe:
+            return 0.0
+        if tokens <= 1:
+            return float(self.experts_per_token)
+        return self.experts * (1.0 - (1.0 - self.experts_per_token / self.experts) ** tokens)
+
+    @property
+    def expert_params(self) -> int:
+        """Weights of one routed expert."""
+        return sum(i * o for _, i, o in self.expert_linears())
 
     @property
     def linear_params(self) -> int:
-        """Weights in the decoder layers' linears (all layers)."""
-        return self.layers * sum(i * o for _, i, o in self.linears())
+        """Weights in the decoder layers' linears (all layers; MoE: every expert)."""
+        return self.layers * (sum(i * o for _, i, o in self.linears()) + self.experts * self.expert_params)
+
+    @property
+    def active_linear_params(self) -> int:
+        """Weights of the linears one token runs through (MoE: k routed experts per layer)."""
+        return self.layers * (sum(i * o for _, i, o in self.linears()) + self.experts_per_token * self.expert_params)
 
     @property
     def params(self) -> int:
-        """All parameters: linears, embeddings, lm_head (unless tied), RMSNorm weights."""
+        """All parameters: linears, embeddings, lm_head (unless tied), RMSNorm weights, routers."""
         emb = self.vocab * self.hidden
-        return self.linear_params + emb * (1 if self.tied_embeddings else 2) + (2 * self.layers + 1) * self.hidden
+        routers = self.layers * (self.experts + (1 if self.shared_intermediate else 0)) * self.hidden
+        return (self.linear_params + emb * (1 if self.tied_embeddings else 2) + (2 * self.layers + 1) * self.hidden
+                + routers)
 
     @property
     def kv_values_per_token(self) -> int:
@@ -244,9 +294,24 @@ def linear_weight_bytes(in_features: int, out_features: int, scheme: RooflineSch
     return values + scales + zeros
 
 
-def decoder_weight_bytes(shape: ModelShape, scheme: RooflineScheme) -> float:
-    """Bytes of all decoder-layer linears (what every forward streams)."""
-    return shape.layers * sum(linear_weight_bytes(i, o, scheme) for _, i, o in shape.linears())
+def moe_roofline_note(shape: ModelShape) -> str:
+    """One line saying which expert weights the roofline counts for a MoE model."""
+    per_batch = ", ".join(f"{b}: {shape.experts_read(b):.1f}" for b in (1, 4, 16, 64))
+    return (f"mixture of experts ({shape.experts} experts, top-{shape.experts_per_token}): the roofline counts the "
+            f"experts a step's tokens reach, not all of them: per layer, expected distinct experts at batch "
+            f"{per_batch} (uniform routing; prefill of P tokens: the same for B*P tokens)")
+
+
+def decoder_weight_bytes(shape: ModelShape, scheme: RooflineScheme, experts: float | None = None) -> float:
+    """Bytes of the decoder-layer linears a forward streams: all dense ones, plus `experts` routed experts
+    per layer (default: every expert; a decode step reads shape.experts_read(batch)) and the routers
+    (float, E x hidden per layer)."""
+    dense = sum(linear_weight_bytes(i, o, scheme) for _, i, o in shape.linears())
+    if shape.is_moe:
+        n = shape.experts if experts is None else experts
+        dense += n * sum(linear_weight_bytes(i, o, scheme) for _, i, o in shape.expert_linears())
+        dense += shape.experts * shape.hidden * scheme.dtype_bytes
+    return shape.layers * dense
 
 
 def lm_head_bytes(shape: ModelShape, scheme: RooflineScheme) -> float:
@@ -294,11 +359,12 @@ class Cost:
 
 
 def _linear_flops(shape: ModelShape, tokens: int) -> float:
-    return 2.0 * tokens * shape.linear_params
+    return 2.0 * tokens * shape.active_linear_params
 
 
 def _activation_bytes(shape: ModelShape, scheme: RooflineScheme, tokens: int) -> float:
     per_layer = sum(i + o for _, i, o in shape.linears())
+    per_layer += shape.experts_per_token * sum(i + o for _, i, o in shape.expert_linears())
     return tokens * shape.layers * per_layer * scheme.dtype_bytes
 
 
@@ -312,7 +378,7 @@ def prefill_cost(shape: ModelShape, scheme: RooflineScheme, prompt_len: int, bat
     causal_pairs = prompt_len * (prompt_len + 1) / 2  # query-key pairs under the causal mask
     return Cost(
         bytes={
-            "weights": decoder_weight_bytes(shape, scheme),
+            "weights": decoder_weight_bytes(shape, scheme, shape.experts_read(tokens) if shape.is_moe else None),
             "lm_head": lm_head_bytes(shape, scheme),
             "embeddings": tokens * shape.hidden * scheme.dtype_bytes,
             "activations": _activation_bytes(shape, scheme, tokens) + batch * shape.vocab * scheme.dtype_bytes,
@@ -329,13 +395,14 @@ def prefill_cost(shape: ModelShape, scheme: RooflineScheme, prompt_len: int, bat
 
 def decode_cost(shape: ModelShape, scheme: RooflineScheme, context_len: int, batch: int = 1) -> Cost:
     """One decode step: ``batch`` new tokens, each attending to ``context_len`` cached positions
-    plus itself."""
+    plus itself. MoE: the weights read are the dense linears plus the experts the batch's tokens reach
+    (k per layer for one token; shape.experts_read(batch) expected distinct ones for a batch)."""
     if context_len < 0 or batch < 1:
         raise ValueError(f"context_len must be >= 0 and batch >= 1; got {context_len}, {batch}")
     attended = context_len + 1
     return Cost(
         bytes={
-            "weights": decoder_weight_bytes(shape, scheme),
+            "weights": decoder_weight_bytes(shape, scheme, shape.experts_read(batch) if shape.is_moe else None),
             "lm_head": lm_head_bytes(shape, scheme),
             "embeddings": batch * shape.hidden * scheme.dtype_bytes,
             "activations": _activation_bytes(shape, scheme, batch) + batch * shape.vocab * scheme.dtype_bytes,

@@ -41,7 +41,7 @@ from torch import nn
 from ..errors import UsageError
 from ..modules.kv_scales import cache_keyword
 from .hardware import DeviceSpec, capture_cuda_graph, cpu_name, synchronize
-from .roofline import ModelShape, decode_cost, kv_cache_bytes, predict, prefill_cost
+from .roofline import ModelShape, decode_cost, kv_cache_bytes, moe_roofline_note, predict, prefill_cost
 from .variants import Variant, model_tensor_bytes
 
 SCHEMA = "quantkit.bench/1"
@@ -490,7 +490,8 @@ def run_bench(variants: Sequence[Variant], spec: DeviceSpec, settings: BenchSett
             decode.append(rec)
     return {
         "schema": SCHEMA,
-        "model": {"name": model_label, "shape": asdict(shape), "params": shape.params, "dtype": dtype},
+        "model": {"name": model_label, "shape": asdict(shape), "params": shape.params, "dtype": dtype,
+                  **({"moe_note": moe_roofline_note(shape)} if shape.is_moe else {})},
         "dtypes": {phase: dtype for phase in ("prefill", "decode") if phase in phases},
         "device": device_info(device, spec),
         "settings": {**asdict(settings), "timer": "cuda_events" if device.type == "cuda" else "perf_counter",

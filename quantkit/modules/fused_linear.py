@@ -112,7 +112,12 @@ def fuse_projections(model: nn.Module) -> int:
     """Fuse every q/k/v and gate/up group of QuantLinears in ``model`` (same scheme and input size),
     prepared for the backend the parts were prepared for; returns the number of groups fused."""
     count = 0
-    for parent in list(model.modules()):
+    # Modules that run their children's kernels themselves (QuantExperts: the grouped MoE op holds each
+    # expert's prepared tensors) declare fuse_children = False; nothing under them is fused.
+    held = [name + "." for name, m in model.named_modules() if getattr(m, "fuse_children", True) is False]
+    for name, parent in list(model.named_modules()):
+        if any((name + ".").startswith(prefix) for prefix in held):
+            continue
         for names, group_name in FUSIBLE:
             parts = [getattr(parent, n, None) for n in names]
             if not all(isinstance(p, QuantLinear) for p in parts):

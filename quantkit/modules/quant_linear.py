@@ -126,6 +126,14 @@ class QuantLinear(nn.Module):
         """The prepared layout forward runs: "cpu_q8", "cpu_int4", "cpu_int8", "triton" or "reference"."""
         return kernels.prepared_layout({key: None for key in self._kernel_keys})
 
+    def kernel_inputs(self) -> tuple[dict, int, int, int, str]:
+        """(prepared tensors, bits, in_features, out_features, backend): what wna16_linear reads (the
+        grouped MoE op holds these per expert; bias-free layers only)."""
+        if self.bias is not None:
+            raise ValueError("kernel_inputs: a layer with a bias is not an expert projection")
+        prepared = {key: getattr(self, attr) for key, attr in self._kernel_keys.items()}
+        return prepared, self.scheme.num_bits, self.in_features, self.out_features, self.backend
+
     def dequantized_weight(self) -> torch.Tensor:
         """fp32 [N, K] from the checkpoint tensors (the reference dequantization)."""
         if self.checkpoint_tensors_released:
