@@ -39,16 +39,24 @@ def quantizable(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear)
 
 
+def _holds_matrix(module: nn.Module) -> bool:
+    """Whether ``module`` itself holds a parameter of two or more dimensions (a weight matrix)."""
+    return any(p.dim() >= 2 for p in module.parameters(recurse=False))
+
+
 def check_every_pattern_matches(model: nn.Module, targets: Iterable[str], ignore: Iterable[str]) -> None:
     """QuantizationError naming the first target or ignore entry that matches no quantizable module of `model`:
     a typo (`lm_haed`) or a module quantkit cannot quantize (`model.embed_tokens`) would otherwise be dropped
-    without a word, and an ignore list that ignores nothing quantizes what it was meant to keep."""
+    without a word, and an ignore list that ignores nothing quantizes what it was meant to keep. An ignore
+    entry may also name a module holding a matrix outside nn.Linear: that keeps it float on purpose."""
     modules = list(model.named_modules())
     for key, patterns in (("targets", targets), ("ignore", ignore)):
         for pattern in patterns:
             hits = [(name, m) for name, m in modules if name and matches(name, m, pattern)]
             if any(quantizable(m) for _, m in hits):
                 continue
+            if key == "ignore" and any(_holds_matrix(m) for _, m in hits):
+                continue  # keeps float a matrix outside nn.Linear (fused experts, ...) that quantize would refuse
             if hits:
                 shown = ", ".join(f"{name} ({type(m).__name__})" for name, m in hits[:3])
                 more = f" and {len(hits) - 3} more" if len(hits) > 3 else ""

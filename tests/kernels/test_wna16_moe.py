@@ -10,6 +10,7 @@ import torch
 
 from quantkit import kernels
 from quantkit.algorithms import rtn_quantize
+from quantkit.kernels.cpu_extension import load_cpu_kernels
 from quantkit.kernels import MoEExpertWeights, StackedWNA16, wna16_moe, wna16_moe_reference
 from quantkit.modules.quant_linear import QuantLinear
 from quantkit.scheme import QuantScheme
@@ -81,12 +82,19 @@ def test_reference_matches_definition_and_op(num_experts, top_k, tokens, bits, s
 @pytest.mark.parametrize("num_experts,top_k,tokens", CASES)
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpu_kernels_match_reference(num_experts, top_k, tokens, bits, dtype):
+@pytest.mark.parametrize("path", ["q8dot", "aten"])
+def test_cpu_kernels_match_reference(num_experts, top_k, tokens, bits, dtype, path, request):
+    """Both CPU paths of the "torch" backend: quantkit's int8-activation kernel (where it builds) and
+    PyTorch's kernels (its fallback)."""
+    if path == "aten":
+        request.getfixturevalue("aten_cpu_path")
+    elif not load_cpu_kernels().available:
+        pytest.skip(load_cpu_kernels().reason)
     experts, _ = _experts(num_experts, bits, True, seed=7 + tokens)
     for ex in experts:
         for layer in ex:
             assert layer.prepare("torch") == "torch"
-            assert kernels.prepared_layout(layer.kernel_inputs()[0]) == "cpu_int4"
+            assert kernels.prepared_layout(layer.kernel_inputs()[0]) == ("cpu_q8" if path == "q8dot" else "cpu_int4")
     x = torch.randn(tokens, H, generator=torch.Generator().manual_seed(tokens + 3)).to(dtype)
     idx, w = _routing(tokens, num_experts, top_k, seed=tokens + 5, skip_last=False)
     gate, up, down = (_stacked(experts, j, bits, k, 32) for j, k in ((0, H), (1, H), (2, I)))
@@ -95,7 +103,7 @@ def test_cpu_kernels_match_reference(num_experts, top_k, tokens, bits, dtype):
     assert got.dtype == dtype and got.shape == x.shape
     if tokens:
         err = (got.float() - ref).abs().mean() / ref.abs().mean()
-        assert err < 2 ** -6, err  # bf16 compute (activations, scales, the product rounded to bf16)
+        assert err < 2 ** -6, err  # aten: bf16 compute; q8dot: activations rounded to int8 per block of 32
 
 
 def test_skips_out_of_range_experts():
