@@ -404,8 +404,9 @@ def test_any_output_name_is_written_where_it_says_or_refused_in_one_line(tmp_pat
     from quantkit.outputs import atomic_output_dir, check_output_file, write_output_file
 
     tmp = _fresh(tmp_path)
-    cwd = os.getcwd()
+    cwd, home = os.getcwd(), os.environ.get("HOME")
     os.chdir(tmp)
+    os.environ["HOME"] = str(tmp / "home")  # "~/..." names expand into the test's folder, never the user's home
     try:
         if folder:
             with atomic_output_dir(name) as staging:
@@ -421,7 +422,11 @@ def test_any_output_name_is_written_where_it_says_or_refused_in_one_line(tmp_pat
         return     # of quantkit's; the command line reports it in one line with exit status 1
     finally:
         os.chdir(cwd)
+        if home is None:
+            del os.environ["HOME"]
+        else:
+            os.environ["HOME"] = home
     if name in ("-", "/dev/stdout", "/dev/stderr"):
         return
-    target = tmp / name
+    target = tmp / (str(tmp / "home") + name[1:] if name == "~" or name.startswith("~/") else name)
     assert (target / "x.txt").read_text() == "x\n" if folder else target.read_text() == "{}\n"
