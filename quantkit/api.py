@@ -105,7 +105,9 @@ def quantize(
                 )
         for name in tqdm(names, desc=f"quantize {recipe.name}", unit="layer", disable=not progress or not names):
             linear = model.get_submodule(name)
-            qweight = rtn_quantize(linear.weight.detach(), schemes[name])
+            options = recipe.algorithm.options if recipe.algorithm.name == "rtn" and recipe.algorithm.options else None
+            qweight = rtn_quantize(linear.weight.detach(), schemes[name], *([options] if options else []),
+                                   scale_dtype=source_dtype(model))
             qweight.scale = _round_scale(qweight.scale, source_dtype(model))  # what the checkpoint will hold
             set_submodule(model, name, QuantLinear.from_quantized(qweight, linear.bias, dtype=linear.weight.dtype))
     if recipe.kv_cache is not None:
