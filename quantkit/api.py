@@ -22,7 +22,8 @@ from .formats.compressed_tensors import build_quantization_config, kv_cache_sche
 from .formats.shapes import check_checkpoint_tensors
 from .formats.safetensors_io import folder_tensors, read_state_dict, stored_float_dtype, write_state_dict
 from .loading import (
-    SOURCE_DTYPE_ATTRIBUTE, copy_tokenizer_files, empty_quantized_model, is_quantized_checkpoint, load_float_model,
+    SOURCE_DTYPE_ATTRIBUTE, copy_tokenizer_files, empty_quantized_model, is_gguf_file, is_quantized_checkpoint,
+    load_float_model, load_gguf_model,
     read_config_json, resolve_model_source, source_dtype, tokenizer_bytes,
 )
 from .outputs import OutputState, atomic_output_dir
@@ -219,6 +220,8 @@ def load(
     transformers would not load as stored (see loading.load_float_model); False loads it with a warning.
     """
     device = resolve_device(device)
+    if is_gguf_file(path):
+        return load_gguf_model(path, dtype=dtype, device=device)
     source = resolve_model_source(str(path))
     if not is_quantized_checkpoint(source):
         return load_float_model(source, dtype=dtype, device=device, trust_remote_code=trust_remote_code,

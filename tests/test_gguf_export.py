@@ -184,3 +184,37 @@ def test_int8_asymmetric_is_refused_with_the_recipe_to_use(tmp_path, capsys):
     assert main(["export", str(ckpt), "--format", "gguf", "--out", str(tmp_path / "x.gguf")]) == 2
     err = capsys.readouterr().err
     assert "has no GGUF block type" in err and "w8a16-rtn-g32" in err
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_transformers_reads_the_export_as_quantkit_runs_it(tmp_path, family):
+    """An independent reader (transformers' GGUF loader, which also undoes the q/k permutation) gives the
+    logits of quantkit's own load of the checkpoint, exactly (same dequantized weights, fp32)."""
+    ckpt = _checkpoint(tmp_path, family, "w4a16-rtn-g32")
+    out = tmp_path / "m.gguf"
+    assert main(["export", str(ckpt), "--format", "gguf", "--out", str(out), "--float-type", "f32"]) == 0
+    theirs = quantkit.load(out)
+    ours = quantkit.load(ckpt, backend="reference", dtype=torch.float32)
+    ids = torch.randint(3, 4096, (2, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(theirs(ids).logits, ours(ids).logits, rtol=0, atol=1e-5)
+
+
+def test_eval_scores_a_gguf_file(tmp_path, capsys):
+    import json
+
+    ckpt = tmp_path / "tiny-q4"
+    assert main(["quantize", "ref:tiny", "--recipe", "w4a16-rtn-g32", "--dtype", "bfloat16", "--out", str(ckpt)]) == 0
+    out = tmp_path / "tiny.gguf"
+    assert main(["export", str(ckpt), "--format", "gguf", "--out", str(out)]) == 0
+    capsys.readouterr()
+    results = []
+    for model in (out, ckpt):
+        path = tmp_path / f"{model.name}.json"
+        assert main(["eval", str(model), "--baseline", "ref:tiny", "--max-tokens", "1024", "--window", "256",
+                     "--dtype", "float32", "--json", str(path)]) == 0
+        results.append(json.loads(path.read_text()))
+    gguf_result, ckpt_result = results
+    assert 0 < gguf_result["kl_divergence"] < 0.05
+    assert gguf_result["kl_divergence"] == pytest.approx(ckpt_result["kl_divergence"], rel=1e-3)
+    assert gguf_result["top1_agreement"] == pytest.approx(ckpt_result["top1_agreement"], abs=2e-3)
