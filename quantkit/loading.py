@@ -211,7 +211,8 @@ def load_gguf_model(path: str | os.PathLike, *, dtype: torch.dtype | None = None
         raise CheckpointError(f"{path}: transformers could not load this GGUF file ({type(e).__name__}: "
                               f"{_one_line(e)})") from None
     setattr(model, GGUF_QUANTIZED_TABLES_ATTRIBUTE, frozenset(quantized))
-    setattr(model, SOURCE_DTYPE_ATTRIBUTE, dtype or torch.float32)
+    stored = {"F16": torch.float16, "BF16": torch.bfloat16}.get(types.get("token_embd.weight"), torch.float32)
+    setattr(model, SOURCE_DTYPE_ATTRIBUTE, stored)  # the dtype its float embedding was rounded to
     model.name_or_path = str(path)
     return model.to(resolve_device(device)).eval()
 
