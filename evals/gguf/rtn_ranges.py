@@ -101,7 +101,7 @@ def main() -> None:
              f"`evals/gguf/rtn_ranges.py`.", "",
              "| grid | variant | KL | top-1 | perplexity (float) |", "|---|---|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['grid']} | {r['variant']} | {r['kl']:.4f} | {r['top1']:.3f} | "
+        lines.append(f"| {r['grid']} | {r['variant']} | {r['kl']:.3g} | {r['top1']:.3f} | "
                      f"{r['perplexity']:.3f} ({r['baseline_perplexity']:.3f}) |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
