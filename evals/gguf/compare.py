@@ -223,7 +223,7 @@ def main() -> None:
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(rows, key=lambda r: (r["type"], r["kl"])):
         tps = f"{r['decode_tokens_per_s']:.1f}" if r["decode_tokens_per_s"] else "-"
-        lines.append(f"| {r['type']} | {r['variant']} | {r['mib']} | {r['bits_per_weight']} | {r['kl']:.4f} | "
+        lines.append(f"| {r['type']} | {r['variant']} | {r['mib']} | {r['bits_per_weight']} | {r['kl']:.3g} | "
                      f"{r['top1']:.3f} | {r['perplexity']:.2f} ({r['baseline_perplexity']:.2f}) | {tps} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
