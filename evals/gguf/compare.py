@@ -132,6 +132,8 @@ def quantkit_files(args, work: Path, folder: Path, calib_ids: torch.Tensor) -> d
     for (row, kind, recipe_name, overrides), float_type in [(v, t) for v in QUANTKIT for t in ("auto", "q8_0")]:
         if overrides and (float_type != "auto" or args.no_ablations):
             continue
+        if args.only_recipes and recipe_name not in args.only_recipes.split(","):
+            continue
         if float_type != "auto" and args.no_ablations and recipe_name not in ("w4a16-gptq-g32", "w8a16-rtn-g32"):
             continue  # the embedding as Q8_0 only for the rows the speed comparison reads
         slug = recipe_name + "".join(f"-{k}-{v}" for k, v in overrides.items())
@@ -179,6 +181,7 @@ def main() -> None:
     p.add_argument("--llama-src", default="/work/llama/src")
     p.add_argument("--out", required=True, help="writes OUT.json and OUT.md")
     p.add_argument("--no-bench", action="store_true")
+    p.add_argument("--only-recipes", default=None, help="comma-separated quantkit recipes to run (default: all)")
     p.add_argument("--no-ablations", action="store_true",
                    help="leave out the rows of the previous scale rule, and the Q8_0 embedding but for GPTQ Q4_0 / RTN Q8_0")
     args = p.parse_args()

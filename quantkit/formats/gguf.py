@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, UsageError
+from ..loading import source_dtype
 from ..kernels import gguf_blocks
 from ..kernels.packing import unpack_int32, unpack_zero_point
 from ..modules.quant_linear import QuantLinear
@@ -286,8 +287,7 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
     if float_type not in FLOAT_TYPES:
         raise UsageError(f"float type must be one of {', '.join(FLOAT_TYPES)}, got {float_type!r}")
     if float_type == "auto":
-        stored = next((p.dtype for n, p in model.named_parameters() if "embed" in n), torch.float32)
-        float_type = "bf16" if stored == torch.bfloat16 else "f16"
+        float_type = "bf16" if source_dtype(model) == torch.bfloat16 else "f16"  # as stored, not as loaded
     n_blocks = hparams["num_hidden_layers"]
     names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch), n_blocks)
     n_head, n_kv = hparams["num_attention_heads"], hparams.get("num_key_value_heads") or hparams["num_attention_heads"]
