@@ -25,7 +25,6 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -139,13 +138,6 @@ def gguf_weight(layer: QuantLinear, name: str, *, row_order: torch.Tensor | None
     shift = (m16.float() - m).abs() / d16.float()
     measures.update(min_shift=shift.max().item(), min_shift_sq=shift.pow(2).sum().item(), blocks=shift.numel())
     return kind, gguf_blocks.pack_q4_1((q.to(torch.int16) + 8), d16, m16), measures
-
-
-def dequantized_in_gguf_order(layer: QuantLinear, row_order: torch.Tensor | None = None) -> torch.Tensor:
-    """fp32 [N, K]: what the exported blocks hold (quantkit's own dequantization, rows in GGUF order; for
-    Q4_1 m in fp32, before its fp16 rounding)."""
-    w = layer.dequantized_weight()
-    return w[row_order] if row_order is not None else w
 
 
 # -- metadata and tokenizer -------------------------------------------------------------------------
