@@ -22,7 +22,8 @@ from .formats.compressed_tensors import build_quantization_config, kv_cache_sche
 from .formats.shapes import check_checkpoint_tensors
 from .formats.safetensors_io import folder_tensors, read_state_dict, stored_float_dtype, write_state_dict
 from .loading import (
-    SOURCE_DTYPE_ATTRIBUTE, copy_tokenizer_files, empty_quantized_model, is_quantized_checkpoint, load_float_model,
+    SOURCE_DTYPE_ATTRIBUTE, copy_tokenizer_files, empty_quantized_model, is_gguf_file, is_quantized_checkpoint,
+    load_float_model, load_gguf_model,
     read_config_json, resolve_model_source, source_dtype, tokenizer_bytes,
 )
 from .outputs import OutputState, atomic_output_dir
@@ -134,7 +135,9 @@ def quantize(
                 )
         for name in tqdm(names, desc=f"quantize {recipe.name}", unit="layer", disable=not progress or not names):
             linear = model.get_submodule(name)
-            qweight = rtn_quantize(linear.weight.detach(), schemes[name])
+            options = recipe.algorithm.options if recipe.algorithm.name == "rtn" and recipe.algorithm.options else None
+            qweight = rtn_quantize(linear.weight.detach(), schemes[name], *([options] if options else []),
+                                   scale_dtype=source_dtype(model))
             qweight.scale = _round_scale(qweight.scale, source_dtype(model))  # what the checkpoint will hold
             set_submodule(model, name, QuantLinear.from_quantized(qweight, linear.bias, dtype=linear.weight.dtype))
     if recipe.kv_cache is not None:
@@ -258,6 +261,8 @@ def load(
     backend). `save` writes a fused model's layers back as the checkpoint has them.
     """
     device = resolve_device(device)
+    if is_gguf_file(path):
+        return load_gguf_model(path, dtype=dtype, device=device)
     source = resolve_model_source(str(path))
     if not is_quantized_checkpoint(source):
         return load_float_model(source, dtype=dtype, device=device, trust_remote_code=trust_remote_code,

@@ -24,6 +24,8 @@ what quantkit itself wrote, only when asked, and never what the command reads.
   file it points to (the link stays); a link to nothing or to a folder, a block device and a socket are refused.
 - Output names with control characters (a newline, a tab, an escape) are refused: they break the lines
   quantkit writes them into (recipe.yaml's comments, the messages).
+- `atomic_output_file(path, force=...)`: the same for a file a library writes (a GGUF file); refused likewise
+  where `path` is not a regular file.
 - `publish_files(out, names, force=...)`: files built in a temporary folder, then moved into an existing
   folder one by one (a report written into a folder that also holds its inputs).
 - A full disk or quota (ENOSPC, EDQUOT) while writing, or too little free space for a size known up front:
@@ -646,6 +648,28 @@ def write_output_file(path: str | os.PathLike, text: str) -> None:
             f.write(text)
     else:
         atomic_write_text(target, text)
+
+
+@contextmanager
+def atomic_output_file(path: str | os.PathLike, *, force: bool = False,
+                       inputs: Iterable[str | os.PathLike | None] = ()) -> Iterator[Path]:
+    """Yield a temporary file path beside `path` for the caller to write; on success it is renamed to `path`
+    (with the umask's mode). An existing `path` is refused unless force (checked again at the rename); on
+    failure the temporary file is removed and `path` is untouched."""
+    out = check_writable(path, force=force, file=True, inputs=inputs)
+    _refuse_unreplaceable_file(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        with _no_space_named(out, out.parent, lambda: tmp.stat().st_size if tmp.exists() else 0, exact=False):
+            yield tmp
+        give_default_mode(tmp)
+        if force:
+            os.replace(tmp, out)
+        else:
+            rename_noreplace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 @contextmanager

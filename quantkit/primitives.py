@@ -38,9 +38,13 @@ def grouped_columns(x: torch.Tensor, group_size: int | None) -> torch.Tensor:
     return x.unflatten(-1, (g, size))
 
 
-#: How a symmetric scale divides the absolute maximum: by qmax (int4: 7, the default) or by half the
-#: signed range, (qmax - qmin) / 2 (int4: 7.5, the top value clipped to 7: llm-compressor's observer).
-SYMMETRIC_SCALE_RULES = ("qmax", "half_range")
+#: How a symmetric scale divides the absolute maximum: by qmax (int4: 7, the default), by half the
+#: signed range, (qmax - qmin) / 2 (int4: 7.5, the top value clipped to 7: llm-compressor's observer), or
+#: "signed": by the end level on the extreme's side, -qmin (int4: 8) when the largest-magnitude value is
+#: negative, qmax (7) when it is positive, so that the extreme lands exactly on a level and a negative one
+#: uses the level -8 that absmax / 7 leaves empty (llama.cpp's Q4_0 rule, d = extreme / -8, within
+#: positive scales: llama.cpp also puts a positive extreme on -8 with a negative d).
+SYMMETRIC_SCALE_RULES = ("qmax", "half_range", "signed")
 
 
 def compute_qparams(
@@ -72,7 +76,10 @@ def _range_qparams(wmin: torch.Tensor, wmax: torch.Tensor, scheme: QuantScheme, 
         amax = torch.maximum(-wmin, wmax)
         if symmetric_scale not in SYMMETRIC_SCALE_RULES:
             raise ValueError(f"symmetric_scale must be one of {SYMMETRIC_SCALE_RULES}, got {symmetric_scale!r}")
-        divisor = scheme.qmax if symmetric_scale == "qmax" else (scheme.qmax - scheme.qmin) / 2
+        if symmetric_scale == "signed":
+            divisor = torch.where(-wmin >= wmax, float(-scheme.qmin), float(scheme.qmax))
+        else:
+            divisor = scheme.qmax if symmetric_scale == "qmax" else (scheme.qmax - scheme.qmin) / 2
         scale = (amax / divisor).clamp(min=_EPS)
         return _stored(scale, scale_dtype), None
     scale = ((wmax - wmin) / (scheme.qmax - scheme.qmin)).clamp(min=_EPS)

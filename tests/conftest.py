@@ -18,6 +18,7 @@ def make_random_model(family: str = "llama", *, seed: int = 0, vocab: int = 512,
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
     }[family]
     torch.manual_seed(seed)
     return model_cls(config_cls(**common)).eval()

@@ -1,4 +1,10 @@
-"""Round-to-nearest: min-max scales, no calibration. The baseline every report shows."""
+"""Round-to-nearest: no calibration. The baseline every report shows.
+
+Each group's range is its min and max (observer "minmax"), or, with observer "mse", that range shrunk by
+the factor with the least squared rounding error (primitives.mse_clip_ratio, unweighted: RTN sees no
+activations). symmetric_scale picks how a symmetric range becomes a scale (primitives.SYMMETRIC_SCALE_RULES;
+"signed" is llama.cpp's Q4_0 rule within positive scales: a negative extreme on -8).
+"""
 
 from __future__ import annotations
 
@@ -6,17 +12,46 @@ from dataclasses import dataclass
 
 import torch
 
-from ..primitives import compute_qparams, quantize
+from ..primitives import SYMMETRIC_SCALE_RULES, compute_qparams, mse_clip_ratio, quantize
 from ..quantized_weight import QuantizedWeight
 from ..scheme import QuantScheme
+
+OBSERVERS = ("minmax", "mse")
 
 
 @dataclass(frozen=True)
 class RTNOptions:
-    """RTN has no options."""
+    """Options of the `rtn` algorithm (recipe: ``algorithm: {name: rtn, ...}``); the defaults are plain
+    min-max round-to-nearest.
+
+    symmetric_scale: one of primitives.SYMMETRIC_SCALE_RULES (symmetric schemes only).
+    observer: "minmax" or "mse" (each group's range shrunk by 1 - i/mse_grid, i <= mse_max_shrink * mse_grid,
+      with the least squared error of the rounded weights).
+    """
+
+    symmetric_scale: str = "qmax"
+    observer: str = "minmax"
+    mse_grid: int = 100
+    mse_max_shrink: float = 0.8
+
+    def __post_init__(self) -> None:
+        if self.symmetric_scale not in SYMMETRIC_SCALE_RULES:
+            raise ValueError(f"symmetric_scale must be one of {SYMMETRIC_SCALE_RULES}, got {self.symmetric_scale!r}")
+        if self.observer not in OBSERVERS:
+            raise ValueError(f"observer must be one of {OBSERVERS}, got {self.observer!r}")
+        if self.mse_grid < 1:
+            raise ValueError(f"mse_grid must be a positive number of steps, got {self.mse_grid}")
+        if not (0.0 <= self.mse_max_shrink < 1.0):
+            raise ValueError(f"mse_max_shrink must be in [0, 1), got {self.mse_max_shrink}")
 
 
-def rtn_quantize(weight: torch.Tensor, scheme: QuantScheme) -> QuantizedWeight:
-    """weight: float [N, K] -> QuantizedWeight with min-max scales (fp32 math)."""
-    scale, zero_point = compute_qparams(weight, scheme)
+def rtn_quantize(weight: torch.Tensor, scheme: QuantScheme, options: RTNOptions = RTNOptions(), *,
+                 scale_dtype: torch.dtype | None = None) -> QuantizedWeight:
+    """weight: float [N, K] -> QuantizedWeight (fp32 math). scale_dtype: the dtype the checkpoint stores
+    scales in; they are rounded to it before the weights are (so the mse observer scores the stored scales)."""
+    rule = dict(symmetric_scale=options.symmetric_scale, scale_dtype=scale_dtype)
+    clip = None
+    if options.observer == "mse" and scheme.strategy != "tensor":
+        clip = mse_clip_ratio(weight, scheme, grid=options.mse_grid, max_shrink=options.mse_max_shrink, **rule)
+    scale, zero_point = compute_qparams(weight, scheme, clip_ratio=clip, **rule)
     return QuantizedWeight(quantize(weight, scale, zero_point, scheme), scale, zero_point, scheme)

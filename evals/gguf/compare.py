@@ -1,0 +1,236 @@
+"""quantkit's calibrated weights exported to GGUF beside llama.cpp's own quantizer, at the same block types.
+
+For one float model (SmolLM2-135M-Instruct as evals/quality/smollm2.py makes it, or ref:small):
+- llama.cpp: the float model as GGUF (llama.cpp's convert_hf_to_gguf.py; for ref:small, whose tokenizer
+  llama.cpp's converter does not know, quantkit's export of the float model), `llama-imatrix` on the
+  calibration tokens, `llama-quantize` to Q4_0, Q4_1, Q8_0, with and without the importance matrix;
+- quantkit: RTN / GPTQ on the GGUF grids (the *-g32 recipes) from the same calibration tokens (the first
+  4096 tokens of the calibration text: 16 windows of 256 for quantkit, the same text as 8 chunks of 512
+  for llama-imatrix), `quantkit export --format gguf`;
+- every file scored by one harness: quantkit's eval (transformers + gguf dequantize the file) against
+  the float model on the evaluation text (8 windows of 512 tokens): KL, top-1, perplexity; file sizes,
+  bits per weight (file bits / parameters); `llama-bench -p 0 -n 32 -t 2` decode speed.
+
+    python evals/gguf/compare.py --model smollm2 --work /work/gguf-work --llama-bin /work/llama/build/bin \
+        --llama-src /work/llama/src --out evals/gguf/smollm2-135m
+    python evals/gguf/compare.py --model ref:small --work /work/gguf-work/small ... --out evals/gguf/ref-small
+
+Steps are cached under --work (a file that exists is not made again). Run it on a machine with little
+else running: the timings are upper bounds on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+QUANTKIT_CLI = str(Path(sys.executable).parent / "quantkit")  # the command line of this environment
+CALIB_TOKENS = 4096
+# (row, GGUF type, recipe); each exported with the embedding as stored (auto) and as Q8_0
+QUANTKIT = (
+    ("quantkit RTN", "Q4_0", "w4a16-rtn-g32", {}),
+    ("quantkit RTN absmax/7 (the rule before signed)", "Q4_0", "w4a16-rtn-g32", {"symmetric_scale": "qmax"}),
+    ("quantkit GPTQ", "Q4_0", "w4a16-gptq-g32", {}),
+    ("quantkit GPTQ absmax/7 start (the rule before signed)", "Q4_0", "w4a16-gptq-g32", {"symmetric_scale": "qmax"}),
+    ("quantkit RTN", "Q4_1", "w4a16-rtn-asym-g32", {}),
+    ("quantkit GPTQ", "Q4_1", "w4a16-gptq-asym-g32", {}),
+    ("quantkit RTN", "Q8_0", "w8a16-rtn-g32", {}),
+)
+LLAMA_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+IMATRIX_TYPES = ("Q4_0", "Q4_1")  # llama.cpp's Q8_0 ignores an importance matrix
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def sh(cmd: list[str], logfile: Path) -> None:
+    log(" ".join(cmd))
+    with open(logfile, "w") as f:
+        run = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    if run.returncode:
+        raise SystemExit(f"failed ({run.returncode}): {' '.join(cmd)}; see {logfile}")
+
+
+def float_model(args, work: Path) -> tuple[Path, Path, Path]:
+    """(float model folder, calibration text, evaluation text)."""
+    if args.model == "smollm2":
+        sys.path.insert(0, str(REPO / "evals" / "quality"))
+        import smollm2
+
+        folder = work / "smollm2-float"
+        if not (folder / "config.json").is_file():
+            smollm2.convert_gguf(folder)
+        calib, evaluation = work / "calibration.txt", work / "evaluation.txt"
+        if not evaluation.is_file():
+            smollm2.write_texts(work)
+        return folder, calib, evaluation
+    from quantkit.refmodels import corpus, resolve_model_name
+
+    folder = Path(resolve_model_name(args.model))
+    calib, evaluation = work / "calibration.txt", work / "evaluation.txt"
+    if not evaluation.is_file():  # the reference models' training text and their held-out text
+        calib.write_text(corpus.train_text(2_000_000))
+        evaluation.write_text(corpus.heldout_text(2_000_000))
+    return folder, calib, evaluation
+
+
+def calibration_ids(folder: Path, calib: Path, work: Path) -> tuple[torch.Tensor, Path]:
+    """The first 4096 tokens of the calibration text ([16, 256]) and the text they decode to (llama-imatrix's)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    ids = tok(calib.read_text(), add_special_tokens=False)["input_ids"][:CALIB_TOKENS]
+    text = work / "calibration-4096.txt"
+    if not text.is_file():
+        text.write_text(tok.decode(ids))
+    return torch.tensor(ids).reshape(16, 256), text
+
+
+def llama_cpp_files(args, work: Path, folder: Path, calib_text: Path) -> dict[str, Path]:
+    bins = Path(args.llama_bin)
+    files = {}
+    src_gguf = work / "float.gguf"
+    if not src_gguf.is_file():
+        if args.model == "smollm2":
+            sh([sys.executable, str(Path(args.llama_src) / "convert_hf_to_gguf.py"), str(folder), "--outfile",
+                str(src_gguf), "--outtype", "bf16"], work / "convert.log")
+        else:
+            sh([QUANTKIT_CLI, "export", str(folder), "--format", "gguf", "--out", str(src_gguf),
+                "--float-type", "f32"], work / "convert.log")
+    imatrix = work / "imatrix.gguf"
+    if not imatrix.is_file():
+        sh([str(bins / "llama-imatrix"), "-m", str(src_gguf), "-f", str(calib_text), "-o", str(imatrix), "-c", "512",
+            "--chunks", "8", "-t", "2"], work / "imatrix.log")
+    for kind in LLAMA_TYPES:
+        for with_imatrix in (False, True):
+            if with_imatrix and kind not in IMATRIX_TYPES:
+                continue
+            name = f"llama.cpp {kind}" + (", importance matrix" if with_imatrix else "")
+            out = work / f"llama-{kind}{'-imatrix' if with_imatrix else ''}.gguf"
+            if not out.is_file():
+                sh([str(bins / "llama-quantize")] + (["--imatrix", str(imatrix)] if with_imatrix else []) +
+                   [str(src_gguf), str(out), kind, "2"], work / f"{out.stem}.log")
+            files[name] = (kind, out)
+    return files
+
+
+def quantkit_files(args, work: Path, folder: Path, calib_ids: torch.Tensor) -> dict[str, tuple[str, Path, float]]:
+    import quantkit
+    from quantkit.loading import load_float_model
+
+    files = {}
+    for (row, kind, recipe_name, overrides), float_type in [(v, t) for v in QUANTKIT for t in ("auto", "q8_0")]:
+        if overrides and (float_type != "auto" or args.no_ablations):
+            continue
+        if args.only_recipes and recipe_name not in args.only_recipes.split(","):
+            continue
+        if float_type != "auto" and args.no_ablations and recipe_name not in ("w4a16-gptq-g32", "w8a16-rtn-g32"):
+            continue  # the embedding as Q8_0 only for the rows the speed comparison reads
+        slug = recipe_name + "".join(f"-{k}-{v}" for k, v in overrides.items())
+        ckpt = work / "checkpoints" / slug
+        out = work / f"quantkit-{slug}{'' if float_type == 'auto' else '-emb-' + float_type}.gguf"
+        info = work / f"quantkit-{slug}.json"
+        if not out.is_file():
+            if not (ckpt / "config.json").is_file():
+                log(f"quantize {slug}")
+                model = load_float_model(str(folder), dtype=torch.float32)
+                start = time.perf_counter()
+                r = quantkit.load_recipe(recipe_name)
+                if overrides:
+                    r = dataclasses.replace(r, algorithm=dataclasses.replace(
+                        r.algorithm, options=dataclasses.replace(r.algorithm.options, **overrides)))
+                quantkit.quantize(model, r, calib_ids if r.needs_calibration else None, progress=False)
+                seconds = time.perf_counter() - start
+                quantkit.save(model, ckpt, force=True, dtype=torch.bfloat16 if args.model == "smollm2" else torch.float16)
+                info.write_text(json.dumps({"quantize_seconds": round(seconds, 1)}))
+            sh([QUANTKIT_CLI, "export", str(ckpt), "--format", "gguf", "--out", str(out), "--force", "--float-type",
+                float_type], work / f"export-{out.stem}.log")
+        embedding = "" if float_type == "auto" else f", embedding {float_type}"
+        files[f"{row} {kind} ({recipe_name}{embedding})"] = (kind, out, json.loads(info.read_text())["quantize_seconds"])
+    return files
+
+
+def bench(bins: Path, path: Path, work: Path) -> float | None:
+    out = work / f"bench-{path.stem}.json"
+    if not out.is_file():
+        run = subprocess.run([str(bins / "llama-bench"), "-m", str(path), "-p", "0", "-n", "32", "-t", "2", "-r", "3",
+                              "-o", "json"], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if run.returncode:
+            log(f"llama-bench failed on {path}: {run.stderr[-500:]}")
+            return None
+        out.write_text(run.stdout)
+    data = json.loads(out.read_text())
+    return float(data[0]["avg_ts"]) if data else None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="smollm2", help="smollm2 or ref:small")
+    p.add_argument("--work", required=True)
+    p.add_argument("--llama-bin", required=True)
+    p.add_argument("--llama-src", default="/work/llama/src")
+    p.add_argument("--out", required=True, help="writes OUT.json and OUT.md")
+    p.add_argument("--no-bench", action="store_true")
+    p.add_argument("--only-recipes", default=None, help="comma-separated quantkit recipes to run (default: all)")
+    p.add_argument("--no-ablations", action="store_true",
+                   help="leave out the rows of the previous scale rule, and the Q8_0 embedding but for GPTQ Q4_0 / RTN Q8_0")
+    args = p.parse_args()
+    torch.set_num_threads(2)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    folder, calib, evaluation = float_model(args, work)
+    calib_ids, calib_text = calibration_ids(folder, calib, work)
+    variants = {name: (kind, path, None) for name, (kind, path) in llama_cpp_files(args, work, folder, calib_text).items()}
+    variants.update(quantkit_files(args, work, folder, calib_ids))
+
+    import quantkit
+    from quantkit.harness.eval_text import load_tokenizer, read_eval_tokens
+    from quantkit.harness.quality import evaluate_quality, token_windows
+
+    baseline = quantkit.load(str(folder), dtype=torch.float32)
+    n_params = sum(t.numel() for t in baseline.state_dict().values() if t.is_floating_point())
+    n_params -= baseline.lm_head.weight.numel() if baseline.config.tie_word_embeddings else 0
+    ids = read_eval_tokens(load_tokenizer(str(folder)), str(evaluation), 8 * 512).ids
+    windows = token_windows(ids, 512, 8 * 512)
+    rows = []
+    for name, (kind, path, seconds) in variants.items():
+        cache = work / f"eval-{path.stem}.json"
+        if not cache.is_file():
+            log(f"eval {name}")
+            model = quantkit.load(path)
+            r = evaluate_quality(model, baseline, windows, progress=False)
+            cache.write_text(json.dumps(r.to_dict()))
+            del model
+        r = json.loads(cache.read_text())
+        size = path.stat().st_size
+        rows.append(dict(variant=name, type=kind, mib=round(size / 2**20, 1), bits_per_weight=round(8 * size / n_params, 2),
+                         kl=r["kl_divergence"], top1=r["top1_agreement"], perplexity=r["perplexity"],
+                         baseline_perplexity=r["baseline_perplexity"], quantize_seconds=seconds,
+                         decode_tokens_per_s=None if args.no_bench else bench(Path(args.llama_bin), path, work)))
+        log(json.dumps(rows[-1]))
+    meta = dict(model=args.model, float_folder=str(folder), eval_windows=int(windows.shape[0]), window=512,
+                calibration_tokens=CALIB_TOKENS, cpu=platform.processor() or platform.machine(), torch=torch.__version__)
+    out = Path(args.out)
+    out.with_suffix(".json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
+    lines = ["| type | variant | MiB | bits/weight | KL | top-1 | perplexity (float) | decode t/s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (r["type"], r["kl"])):
+        tps = f"{r['decode_tokens_per_s']:.1f}" if r["decode_tokens_per_s"] else "-"
+        lines.append(f"| {r['type']} | {r['variant']} | {r['mib']} | {r['bits_per_weight']} | {r['kl']:.3g} | "
+                     f"{r['top1']:.3f} | {r['perplexity']:.2f} ({r['baseline_perplexity']:.2f}) | {tps} |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

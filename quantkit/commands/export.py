@@ -1,0 +1,59 @@
+"""`quantkit export CKPT --format gguf --out FILE.gguf`: a checkpoint as a GGUF file llama.cpp runs."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import input_paths
+
+FORMATS = ("gguf",)
+
+
+def register(sub) -> None:
+    from quantkit.formats.gguf_choices import FLOAT_TYPES
+
+    p = sub.add_parser(
+        "export", help="write a checkpoint in another format (GGUF, for llama.cpp)",
+        description="Write CKPT (a quantkit checkpoint, or a float model folder / ref:NAME) as a GGUF file. "
+                    "Symmetric int4 / int8 weights in groups of 32, 64, 128 or per channel become Q4_0 / Q8_0 "
+                    "blocks bit for bit, asymmetric int4 becomes Q4_1 (its minimum rounded to fp16, printed); "
+                    "anything else is refused, naming the recipe to quantize with.")
+    p.add_argument("checkpoint", help="quantized checkpoint folder (or a float model folder, ref:tiny, ref:small)")
+    p.add_argument("--format", required=True, choices=FORMATS, help="output format")
+    p.add_argument("--out", required=True, help="output file (must not exist unless --force)")
+    p.add_argument("--force", action="store_true", help="replace an existing output file")
+    p.add_argument("--float-type", choices=FLOAT_TYPES, default="auto",
+                   help="type of the token embedding, the output head and any linear the recipe left in float "
+                        "(default auto: bf16 for a bf16 checkpoint, else f16, as llama.cpp's converter; q8_0 is "
+                        "llama.cpp's own rounding); norms and biases are always f32")
+    p.add_argument("--round-scales", action="store_true",
+                   help="round scales that are not fp16 values (an fp32 checkpoint's) to GGUF's fp16 block scale "
+                        "and print the largest change (default: refuse, the export would not be exact)")
+    p.add_argument("--name", default=None, help="general.name in the file (default: the checkpoint folder's name)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow model code from the model folder (only for sources you trust)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import quantkit
+    from quantkit.errors import UsageError
+    from quantkit.loading import resolve_model_source
+    from quantkit.outputs import atomic_output_file, check_writable
+
+    inputs = input_paths(args.checkpoint)
+    check_writable(args.out, force=args.force, file=True, inputs=inputs)  # before any work
+    source = Path(resolve_model_source(args.checkpoint))
+    if not source.is_dir():
+        raise UsageError(f"{args.checkpoint}: export reads a local checkpoint folder (with its tokenizer)")
+    from quantkit.formats.gguf import export_gguf
+
+    model = quantkit.load(source, backend="reference", trust_remote_code=args.trust_remote_code)
+    with atomic_output_file(args.out, force=args.force, inputs=inputs) as tmp:
+        result = export_gguf(model, source, tmp, float_type=args.float_type, round_scales=args.round_scales,
+                             name=args.name)
+    result.path = Path(args.out).expanduser().resolve()
+    print(result.describe())
+    return 0

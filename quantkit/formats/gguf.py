@@ -1,0 +1,354 @@
+"""A quantkit checkpoint as a GGUF file llama.cpp runs: metadata, tokenizer and tensors as llama.cpp's own
+converter (convert_hf_to_gguf.py) writes them for Llama, Mistral, Qwen2 and Qwen3, with the quantized
+linears written as ggml blocks (kernels/gguf_blocks.py) without a second rounding.
+
+What is exact (a weight of quantkit's [N, K] int q, fp32 scale [N, G], int zero point [N, G] -> blocks of 32):
+
+- symmetric int4, groups of 32, 64, 128 or per channel (K a multiple of 32) -> Q4_0: each block's d is
+  its group's scale, q unchanged (ggml's y = d * (nibble - 8) = s * q);
+- symmetric int8, same groups -> Q8_0 (y = d * q);
+- asymmetric int4 -> Q4_1 with d = s and m = -s * (zp + 8) (quantkit's q + 8 is the nibble): exact up to
+  the fp16 rounding of m, which `GGUFExport.q4_1_min_shift` reports (in units of the block's step d);
+- the scale must be an fp16 value (a bf16 or fp16 checkpoint's scales are, in fp16's normal range); an
+  fp32 checkpoint's are refused unless round_scales, which rounds d to fp16 and reports the change.
+
+Everything else (asymmetric int8, K not a multiple of 32, ragged groups) is refused with the recipe to use.
+Norms and biases are F32 (as llama.cpp's converter writes every 1-D tensor); the embedding, the output
+head and any linear the recipe left in float get `float_type`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError, UsageError
+from ..loading import source_dtype
+from ..kernels import gguf_blocks
+from ..kernels.packing import unpack_int32, unpack_zero_point
+from ..modules.quant_linear import QuantLinear
+from .gguf_choices import FLOAT_TYPES, RECIPES_FOR
+from .gguf_pretokenizers import CHECK_TEXT, PRE_TOKENIZERS
+
+#: config.json model_type -> (gguf architecture name, whether q/k rows are permuted for llama.cpp's rotary)
+ARCHITECTURES = {"llama": ("LLAMA", True), "mistral": ("LLAMA", True), "qwen2": ("QWEN2", False),
+                 "qwen3": ("QWEN3", False)}
+
+
+
+@dataclass
+class GGUFExport:
+    """What an export wrote. tensors: GGUF name -> ggml type name; scale_rounding: largest relative change
+    of a scale rounded to fp16 (0 when every scale was an fp16 value; only with round_scales);
+    q4_1_min_shift: largest |fp16(m) - m| / d over Q4_1 blocks (None without Q4_1)."""
+
+    path: Path
+    architecture: str
+    file_type: str
+    tensors: dict[str, str] = field(default_factory=dict)
+    scale_rounding: float = 0.0
+    q4_1_min_shift: float | None = None
+    q4_1_min_shift_rms: float | None = None
+    bytes: int = 0
+
+    def describe(self) -> str:
+        counts: dict[str, int] = {}
+        for t in self.tensors.values():
+            counts[t] = counts.get(t, 0) + 1
+        lines = [f"wrote {self.path} ({self.bytes / 2**20:.1f} MiB): architecture {self.architecture}, "
+                 f"file type {self.file_type}, tensors " + ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))]
+        if self.scale_rounding:
+            lines.append(f"  scales rounded to fp16: largest relative change {self.scale_rounding:.3g}")
+        if self.q4_1_min_shift is not None:
+            lines.append(f"  Q4_1 minimum m = -s*(zp+8) rounded to fp16: moves by at most {self.q4_1_min_shift:.3g} "
+                         f"of a step d (rms {self.q4_1_min_shift_rms:.3g})")
+        return "\n".join(lines)
+
+
+# -- weights ----------------------------------------------------------------------------------------
+
+
+def rope_permutation(rows: int, n_head: int) -> torch.Tensor:
+    """int64 [rows]: the row order llama.cpp's converter gives a q (n_head = heads) or k (n_head = kv heads)
+    projection of a Llama-style model (LlamaModel.permute): out[i] = w[perm[i]]."""
+    idx = torch.arange(rows)
+    return idx.reshape(n_head, 2, rows // n_head // 2).swapaxes(1, 2).reshape(rows)
+
+
+def _block_scales(scale: torch.Tensor, k: int, group_size: int | None) -> torch.Tensor:
+    """[N, G] group scales -> [N, K/32], one per block of 32 (a group of 64 or 128 spans 2 or 4 blocks)."""
+    per = (group_size or k) // gguf_blocks.BLOCK
+    return scale.repeat_interleave(per, dim=1) if scale.shape[1] * per == k // gguf_blocks.BLOCK else None
+
+
+def _fp16_scales(scale: torch.Tensor, name: str, round_scales: bool) -> tuple[torch.Tensor, float]:
+    """fp32 [N, G] -> (fp16 [N, G], largest relative change); UsageError unless exact or round_scales."""
+    s16 = scale.to(torch.float16)
+    change = ((s16.float() - scale).abs() / scale.abs().clamp(min=1e-30)).max().item() if scale.numel() else 0.0
+    if change and not round_scales:
+        raise UsageError(
+            f"{name}: its scales are not fp16 values (the checkpoint stores them in {scale.dtype}, largest relative "
+            f"change to fp16 {change:.3g}), so GGUF's fp16 block scale d would round them again: re-quantize with "
+            f"--dtype bfloat16 or --dtype float16, or pass --round-scales to round them (the change is printed)")
+    if not torch.isfinite(s16).all():
+        raise UsageError(f"{name}: a scale does not fit in fp16 (largest {scale.abs().max().item():.3g})")
+    return s16, change
+
+
+def gguf_weight(layer: QuantLinear, name: str, *, row_order: torch.Tensor | None = None,
+                round_scales: bool = False) -> tuple[str, torch.Tensor, dict]:
+    """A QuantLinear's weight as ggml blocks, without re-quantizing.
+
+    returns (ggml type name, uint8 [N, K/32 * block bytes], measures: 'scale_rounding', and for Q4_1
+    'min_shift' / 'min_shift_sq' / 'blocks' (|fp16(m) - m| / d: largest and sum of squares)).
+    row_order: int64 [N] rows in GGUF's order (llama.cpp's rotary permutation of q/k; rows and their
+    scales and zero points move together, which is exact).
+    """
+    scheme, k, n = layer.scheme, layer.in_features, layer.out_features
+    bits = scheme.num_bits
+    if scheme.type != "int" or (bits == 8 and not scheme.symmetric):
+        raise UsageError(f"{name}: {scheme.describe()} has no GGUF block type; quantize with a symmetric int8 "
+                         f"recipe ({RECIPES_FOR['Q8_0']}: Q8_0) or an int4 one ({RECIPES_FOR['Q4_0']}: Q4_0)")
+    kind = "Q8_0" if bits == 8 else "Q4_0" if scheme.symmetric else "Q4_1"
+    scale = layer.weight_scale.float()
+    d = None if k % gguf_blocks.BLOCK else _block_scales(scale, k, layer.group_size)
+    if d is None:
+        raise UsageError(f"{name}: {scheme.describe()} with {k} inputs does not split into GGUF blocks of 32 "
+                         f"(K must be a multiple of 32 and each group whole); quantize with {RECIPES_FOR[kind]}")
+    q = unpack_int32(layer.weight_packed, bits, k)  # int8 [N, K]
+    zp = unpack_zero_point(layer.weight_zero_point, bits, n) if not scheme.symmetric else None  # int32 [N, G]
+    if row_order is not None:
+        q, d = q[row_order], d[row_order]
+        zp = zp[row_order] if zp is not None else None
+    d16, change = _fp16_scales(d, name, round_scales)
+    measures = {"scale_rounding": change}
+    if kind == "Q8_0":
+        return kind, gguf_blocks.pack_q8_0(q, d16), measures
+    if kind == "Q4_0":
+        return kind, gguf_blocks.pack_q4_0(q, d16), measures
+    zb = _block_scales(zp.float(), k, layer.group_size)  # [N, K/32]
+    m = -d16.float() * (zb + 8)  # y = s*(q - zp) = d*(q + 8) - s*(zp + 8)
+    m16 = m.to(torch.float16)
+    shift = (m16.float() - m).abs() / d16.float()
+    measures.update(min_shift=shift.max().item(), min_shift_sq=shift.pow(2).sum().item(), blocks=shift.numel())
+    return kind, gguf_blocks.pack_q4_1((q.to(torch.int16) + 8), d16, m16), measures
+
+
+# -- metadata and tokenizer -------------------------------------------------------------------------
+
+
+def _hparams(folder: Path) -> dict:
+    with open(folder / "config.json", encoding="utf-8") as f:
+        config = json.load(f)
+    if "text_config" in config:
+        config = {**config, **config["text_config"]}
+    return config
+
+
+def architecture_of(hparams: dict) -> tuple[str, bool]:
+    model_type = hparams.get("model_type")
+    if model_type not in ARCHITECTURES:
+        raise UsageError(f"GGUF export supports model types {', '.join(ARCHITECTURES)}; this checkpoint is "
+                         f"{model_type!r}")
+    return ARCHITECTURES[model_type]
+
+
+def _set_parameters(writer, hparams: dict, arch: str, file_type) -> None:
+    """The hyperparameters convert_hf_to_gguf (TextModel and LlamaModel.set_gguf_parameters) writes."""
+    import gguf
+
+    writer.add_block_count(hparams["num_hidden_layers"])
+    if hparams.get("max_position_embeddings") is not None:
+        writer.add_context_length(hparams["max_position_embeddings"])
+    writer.add_embedding_length(hparams["hidden_size"])
+    writer.add_feed_forward_length(hparams["intermediate_size"])
+    writer.add_head_count(hparams["num_attention_heads"])
+    if hparams.get("num_key_value_heads") is not None:
+        writer.add_head_count_kv(hparams["num_key_value_heads"])
+    rope = dict(hparams.get("rope_parameters") or hparams.get("rope_scaling") or {})
+    if "rope_theta" not in rope and hparams.get("rope_theta") is not None:
+        rope["rope_theta"] = hparams["rope_theta"]
+    rope_type = rope.get("rope_type", rope.get("type"))
+    if rope_type == "linear" and rope.get("factor") is not None:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(rope["factor"])
+    elif rope_type not in (None, "default"):
+        raise UsageError(f"rope type {rope_type!r} is not written to GGUF yet (default and linear are)")
+    if rope.get("rope_theta") is not None:
+        writer.add_rope_freq_base(rope["rope_theta"])
+    writer.add_layer_norm_rms_eps(hparams["rms_norm_eps"])
+    if hparams.get("head_dim") is not None:
+        writer.add_key_length(hparams["head_dim"])
+        writer.add_value_length(hparams["head_dim"])
+    writer.add_file_type(file_type)
+    if arch == "LLAMA":
+        writer.add_vocab_size(hparams["vocab_size"])
+        writer.add_rope_dimension_count(hparams.get("head_dim") or hparams["hidden_size"] // hparams["num_attention_heads"])
+
+
+def pre_tokenizer_name(tokenizer, tokenizer_json: dict) -> str:
+    """llama.cpp's `tokenizer.ggml.pre` for a BPE tokenizer: by the hash llama.cpp's converter computes,
+    else "gpt-2" for a plain byte-level pre-tokenizer with GPT-2's regex (what such a tokenizer applies)."""
+    from hashlib import sha256
+
+    digest = sha256(str(tokenizer.encode(CHECK_TEXT)).encode()).hexdigest()
+    if digest in PRE_TOKENIZERS:
+        return PRE_TOKENIZERS[digest]
+    pre = tokenizer_json.get("pre_tokenizer") or {}
+    if pre.get("type") == "ByteLevel" and pre.get("use_regex", True) and not tokenizer_json.get("normalizer"):
+        return "gpt-2"
+    raise UsageError(f"the tokenizer's pre-tokenizer is not one llama.cpp knows (hash {digest[:16]}..., "
+                     f"pre_tokenizer {json.dumps(pre)[:120]}); llama.cpp could not tokenize text as this model does")
+
+
+def _set_vocab(writer, folder: Path, vocab_size: int) -> None:
+    """Tokens, types, merges, special ids and chat template as convert_hf_to_gguf's _set_vocab_gpt2 writes them."""
+    import gguf
+    from transformers import AutoTokenizer
+
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise UsageError(f"{folder} has no tokenizer.json: GGUF export writes BPE tokenizers (tokenizer.json) only")
+    tokenizer_json = json.loads(path.read_text(encoding="utf-8"))
+    if (tokenizer_json.get("model") or {}).get("type") != "BPE":
+        raise UsageError(f"{path}: a {(tokenizer_json.get('model') or {}).get('type')} tokenizer; GGUF export "
+                         f"writes BPE tokenizers only (SentencePiece vocabularies are not written yet)")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    reverse = {i: t for t, i in tokenizer.vocab.items()}
+    if max(reverse) >= vocab_size:
+        raise CheckpointError(f"{folder}: the tokenizer has token id {max(reverse)} >= vocab_size {vocab_size}")
+    added = tokenizer.get_added_vocab()
+    decoder = tokenizer.added_tokens_decoder
+    tokens, types = [], []
+    for i in range(vocab_size):
+        if i not in reverse:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+            continue
+        token = reverse[i]
+        if token in added:
+            if not decoder[i].normalized:
+                token = tokenizer.decode(tokenizer.encode(token, add_special_tokens=False))
+            if decoder[i].special or (token.startswith("<|") and token.endswith("|>")):
+                types.append(gguf.TokenType.CONTROL)
+            else:
+                token = token.replace("\u2581", " ")
+                types.append(gguf.TokenType.USER_DEFINED)
+        else:
+            types.append(gguf.TokenType.NORMAL)
+        tokens.append(token)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre_tokenizer_name(tokenizer, tokenizer_json))
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    gguf.SpecialVocab(folder, load_merges=True).add_to_gguf(writer, quiet=True)
+
+
+# -- the file ---------------------------------------------------------------------------------------
+
+
+def _float_tensor(t: torch.Tensor, float_type: str):
+    """(numpy data, ggml type) for a float tensor written in float_type (f32 / f16 / bf16 / q8_0)."""
+    import gguf
+
+    qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
+             "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[float_type]
+    data = t.detach().float().cpu().numpy()
+    if float_type == "f32":
+        return data, qtype
+    if float_type == "q8_0" and data.shape[-1] % gguf_blocks.BLOCK:
+        qtype = gguf.GGMLQuantizationType.F16  # what llama.cpp's converter falls back to
+    return gguf.quants.quantize(data, qtype), qtype
+
+
+def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float_type: str = "auto",
+                round_scales: bool = False, name: str | None = None) -> GGUFExport:
+    """Write `model` (a quantkit checkpoint loaded from `folder`, whose tokenizer and config.json are read)
+    to the file `out` (overwritten: the caller writes to a temporary path). returns what was written."""
+    import gguf
+
+    folder = Path(folder)
+    hparams = _hparams(folder)
+    arch, permute = architecture_of(hparams)
+    if float_type not in FLOAT_TYPES:
+        raise UsageError(f"float type must be one of {', '.join(FLOAT_TYPES)}, got {float_type!r}")
+    if float_type == "auto":
+        float_type = "bf16" if source_dtype(model) == torch.bfloat16 else "f16"  # as stored, not as loaded
+    n_blocks = hparams["num_hidden_layers"]
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch), n_blocks)
+    n_head, n_kv = hparams["num_attention_heads"], hparams.get("num_key_value_heads") or hparams["num_attention_heads"]
+    tied = bool(hparams.get("tie_word_embeddings", False))
+
+    def order(hf_name: str, rows: int) -> torch.Tensor | None:
+        if not permute:
+            return None
+        if ".q_proj." in hf_name + ".":
+            return rope_permutation(rows, n_head)
+        if ".k_proj." in hf_name + ".":
+            return rope_permutation(rows, n_kv)
+        return None
+
+    pending: list[tuple[str, object, object]] = []  # (gguf name, data, ggml type)
+    result = GGUFExport(path=out, architecture=gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch)], file_type="")
+    kinds: dict[str, int] = {}
+    shift_max, shift_sq, shift_n = None, 0.0, 0
+    quantized = {n for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+    for module_name, module in model.named_modules():
+        if module_name not in quantized:
+            continue
+        gname = names.get_name(module_name + ".weight", try_suffixes=(".weight",))
+        if gname is None:
+            raise UsageError(f"{module_name}: no GGUF tensor name for it in llama.cpp's {arch} layout")
+        kind, data, measures = gguf_weight(module, module_name, row_order=order(module_name, module.out_features),
+                                           round_scales=round_scales)
+        kinds[kind] = kinds.get(kind, 0) + module.in_features * module.out_features
+        result.scale_rounding = max(result.scale_rounding, measures["scale_rounding"])
+        if "min_shift" in measures:
+            shift_max = max(shift_max or 0.0, measures["min_shift"])
+            shift_sq, shift_n = shift_sq + measures["min_shift_sq"], shift_n + measures["blocks"]
+        pending.append((gname, data.numpy(), getattr(gguf.GGMLQuantizationType, kind)))
+    for pname, tensor in model.state_dict().items():
+        module_name, _, leaf = pname.rpartition(".")
+        if module_name in quantized and leaf != "bias":
+            continue  # the packed weight, its scales and shape: written above
+        if leaf not in ("weight", "bias") or pname.endswith("rotary_emb.inv_freq"):
+            continue
+        if tied and pname == "lm_head.weight":
+            continue  # llama.cpp reads the output head from token_embd when output.weight is absent
+        gname = names.get_name(pname, try_suffixes=(".weight", ".bias"))
+        if gname is None:
+            raise UsageError(f"{pname}: no GGUF tensor name for it in llama.cpp's {arch} layout")
+        rows = order(module_name, tensor.shape[0])
+        t = tensor[rows] if rows is not None else tensor
+        if t.dim() <= 1 or gname.endswith("_norm.weight"):
+            data, qtype = t.detach().float().cpu().numpy(), gguf.GGMLQuantizationType.F32
+        else:
+            data, qtype = _float_tensor(t, float_type)
+        pending.append((gname, data, qtype))
+    if shift_max is not None:
+        result.q4_1_min_shift, result.q4_1_min_shift_rms = shift_max, math.sqrt(shift_sq / max(shift_n, 1))
+    main = max(kinds, key=kinds.get) if kinds else float_type.upper()  # the type most weights have
+    result.file_type = main
+    file_type = gguf.LlamaFileType.ALL_F32 if main == "F32" else getattr(gguf.LlamaFileType, "MOSTLY_" + main)
+
+    writer = gguf.GGUFWriter(str(out), result.architecture)
+    writer.add_type(gguf.GGUFType.MODEL)
+    writer.add_name(name or folder.name)
+    _set_parameters(writer, hparams, arch, file_type)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    _set_vocab(writer, folder, hparams["vocab_size"])
+    for gname, data, qtype in pending:
+        writer.add_tensor(gname, data, raw_dtype=qtype)
+        result.tensors[gname] = qtype.name
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    result.bytes = out.stat().st_size
+    return result

@@ -1,0 +1,150 @@
+"""Real llama.cpp runs quantkit's GGUF export: its logits on fixed tokens against quantkit's own `load` of
+the same checkpoint (llama-perplexity --kl-divergence-base writes llama.cpp's log-probs on a fixed text, read back here), and a greedy continuation (llama-completion / llama-cli) against quantkit's generate().
+
+Needs llama.cpp's binaries: the folder in QUANTKIT_LLAMA_CPP_BIN (CI builds them from the llama.cpp tree
+in the llama-cpp-python sdist: .ci/llama_cpp_build); skipped without it, or set
+QUANTKIT_TEST_LLAMA_CPP=required to fail instead.
+
+Tolerance: llama.cpp rounds the activations of every Q4_0 / Q8_0 matmul to Q8 blocks (8 bits, one
+scale per 32) and keeps K/V in f16, so its logits differ from quantkit's fp32 reference of the very same
+weights; the test bounds that difference by a small absolute KL and by a fraction of the KL between
+llama.cpp's run and the float model (which holds the weights' own quantization error).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+
+import quantkit  # noqa: E402
+from quantkit.cli import main  # noqa: E402
+from quantkit.harness.eval_text import load_tokenizer, read_eval_tokens  # noqa: E402
+
+N_CTX, N_CHUNKS = 128, 4
+
+
+def _bin_dir() -> Path | None:
+    folder = os.environ.get("QUANTKIT_LLAMA_CPP_BIN")
+    if folder and (Path(folder) / "llama-perplexity").is_file():
+        return Path(folder)
+    if os.environ.get("QUANTKIT_TEST_LLAMA_CPP") == "required":
+        pytest.fail(f"QUANTKIT_TEST_LLAMA_CPP=required but no llama-perplexity in QUANTKIT_LLAMA_CPP_BIN={folder!r}")
+    pytest.skip("no llama.cpp binaries: set QUANTKIT_LLAMA_CPP_BIN to a folder with llama-perplexity "
+                "(CI builds them: .ci/llama_cpp_build)")
+
+
+def read_llama_cpp_logits(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """A llama-perplexity --kl-divergence-base file (tools/perplexity/perplexity.cpp): "_logits_", uint32
+    n_ctx, int32 n_vocab, int32 n_chunk, int32 tokens [n_chunk, n_ctx], then per chunk the positions
+    n_ctx/2 .. n_ctx-2 as log-softmax in 16 bits (float scale, float min, uint16 per token, padded to even;
+    0 stands for "at most min", which is 16 nats below the top).
+    returns (tokens int64 [n_chunk, n_ctx], log-probs fp32 [n_chunk, n_ctx - 1 - n_ctx/2, n_vocab])."""
+    data = path.read_bytes()
+    assert data[:8] == b"_logits_", path
+    n_ctx = int(np.frombuffer(data, np.uint32, 1, 8)[0])
+    n_vocab, n_chunk = (int(v) for v in np.frombuffer(data, np.int32, 2, 12))
+    tokens = np.frombuffer(data, np.int32, n_ctx * n_chunk, 20).reshape(n_chunk, n_ctx)
+    nv = 2 * ((n_vocab + 1) // 2) + 4
+    positions = n_ctx - 1 - n_ctx // 2
+    rows = np.frombuffer(data, np.uint16, n_chunk * positions * nv, 20 + 4 * n_ctx * n_chunk)
+    rows = rows.reshape(n_chunk, positions, nv)
+    head = rows[..., :4].copy().view(np.float32)  # [C, P, 2]: scale, min
+    logp = rows[..., 4:4 + n_vocab].astype(np.float32) * head[..., :1] + head[..., 1:]
+    return torch.from_numpy(tokens.astype(np.int64)), torch.from_numpy(logp)
+
+
+def _llama_cpp_logits(bins: Path, model_file: Path, text: Path, out: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    run = subprocess.run(
+        [str(bins / "llama-perplexity"), "-m", str(model_file), "-f", str(text), "--kl-divergence-base", str(out),
+         "-c", str(N_CTX), "-b", str(N_CTX), "--chunks", str(N_CHUNKS), "-t", "2"],
+        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert run.returncode == 0 and out.is_file(), (run.stdout + run.stderr)[-3000:]
+    return read_llama_cpp_logits(out)
+
+
+def _compare(ours_logits: torch.Tensor, theirs_logp: torch.Tensor) -> tuple[float, float]:
+    """(mean KL(ours || theirs), top-1 agreement) over the scored positions; ours: [C, P, V] logits."""
+    ours = torch.log_softmax(ours_logits.double(), dim=-1)
+    theirs = theirs_logp.double()
+    kl = (ours.exp() * (ours - theirs)).sum(-1)
+    return kl.mean().item(), (ours.argmax(-1) == theirs.argmax(-1)).double().mean().item()
+
+
+def _logits(model, tokens: torch.Tensor) -> torch.Tensor:
+    """fp32 [C, P, V]: the logits at the positions llama-perplexity scores (BOS first in each chunk)."""
+    with torch.no_grad():
+        return model(tokens).logits.float()[:, N_CTX // 2:N_CTX - 1]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("llama-cpp")
+    tokenizer = load_tokenizer("ref:tiny")
+    ids = read_eval_tokens(tokenizer, None, N_CTX * N_CHUNKS * 2).ids
+    text = tmp / "eval.txt"
+    text.write_text(tokenizer.decode(ids))
+    files = {}
+    for recipe in ("w4a16-rtn-g32", "w8a16-rtn-g32"):
+        ckpt = tmp / recipe
+        assert main(["quantize", "ref:tiny", "--recipe", recipe, "--dtype", "bfloat16", "--out", str(ckpt)]) == 0
+        assert main(["export", str(ckpt), "--format", "gguf", "--out", str(tmp / f"{recipe}.gguf"),
+                     "--float-type", "f32"]) == 0
+        files[recipe] = (ckpt, tmp / f"{recipe}.gguf")
+    return tmp, text, files
+
+
+# (recipe, KL bound, bound as a share of the KL against the float model: Q8_0's own rounding is below
+# llama.cpp's activation rounding, so only Q4_0 gets the second bound)
+@pytest.mark.parametrize("recipe,max_kl,max_share", [("w4a16-rtn-g32", 2e-3, 0.25), ("w8a16-rtn-g32", 2e-4, None)])
+def test_llama_cpp_logits_match_quantkits(exported, recipe, max_kl, max_share):
+    bins = _bin_dir()
+    tmp, text, files = exported
+    ckpt, model_file = files[recipe]
+    tokens, theirs = _llama_cpp_logits(bins, model_file, text, tmp / f"{recipe}.kld")
+    tokenizer = load_tokenizer(str(ckpt))
+    hf = tokenizer(text.read_text(), add_special_tokens=False)["input_ids"]
+    flat = tokens.flatten().tolist()
+    assert hf[:len(flat) - 1] == flat[1:] or hf[:len(flat)] == flat, "llama.cpp tokenizes the text as transformers does"
+    tokens[:, 0] = tokenizer.bos_token_id  # llama-perplexity runs each chunk with BOS first
+    ours = quantkit.load(ckpt, backend="reference", dtype=torch.float32)
+    kl, top1 = _compare(_logits(ours, tokens), theirs)
+    kl_float, _ = _compare(_logits(quantkit.load("ref:tiny", dtype=torch.float32), tokens), theirs)
+    print(f"{recipe}: llama.cpp vs quantkit's load of the checkpoint: KL {kl:.2e}, top-1 {top1:.3f}; "
+          f"vs the float model: KL {kl_float:.2e}")
+    assert kl < max_kl and top1 > 0.95
+    if max_share is not None:
+        assert kl < max_share * kl_float  # the weights' rounding is in both runs; only llama.cpp's activation rounding is not
+
+
+def test_llama_cpp_greedy_continuation_matches(exported):
+    """16 greedy tokens after a prompt from the evaluation text: llama.cpp's text equals quantkit's."""
+    bins = _bin_dir()
+    tmp, text, files = exported
+    ckpt, model_file = files["w8a16-rtn-g32"]
+    model = quantkit.load(ckpt, backend="reference", dtype=torch.float32)
+    tokenizer = load_tokenizer(str(ckpt))
+    prompt = tokenizer.decode(tokenizer(text.read_text(), add_special_tokens=False)["input_ids"][:24]).strip()
+    prompt_ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=16,
+                             do_sample=False)
+    ours = tokenizer.decode(out[0, prompt_ids.shape[1]:], skip_special_tokens=True)
+    tool = next((bins / n for n in ("llama-completion", "llama-cli") if (bins / n).is_file()), None)
+    if tool is None:
+        pytest.skip(f"no llama-completion or llama-cli in {bins}")
+    run = subprocess.run([str(tool), "-m", str(model_file), "-p", prompt, "-n", "16", "--temp", "0", "-t", "2",
+                          "-no-cnv", "--no-warmup", "--seed", "0", "--no-display-prompt", "-c", "128"],
+                         capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    theirs = run.stdout
+    print(f"prompt: {prompt!r}\nquantkit: {ours!r}\nllama.cpp: {theirs!r}")
+    assert len(ours.strip()) > 8 and theirs.strip() == ours.strip()
