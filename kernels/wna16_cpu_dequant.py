@@ -53,12 +53,20 @@ _BLOCK_N_CANDIDATES = (64, 32, 16)
 _SCRATCH: dict[tuple[str, torch.dtype], torch.Tensor] = {}
 
 
-@functools.cache
-def native_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (x86 avx512_bf16 or AMX tiles), per torch's own probe."""
+def _probe_native_bf16() -> bool:
     cpu = getattr(torch, "cpu", None)
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(bool(getattr(cpu, name, lambda: False)()) for name in probes)
+
+
+# Probed once at import: torch.compile cannot trace torch.cpu's probes (dynamo skips them), and a
+# compiled forward (vLLM's, fullgraph) reaches compute_dtype.
+_NATIVE_BF16 = _probe_native_bf16()
+
+
+def native_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (x86 avx512_bf16 or AMX tiles), per torch's own probe."""
+    return _NATIVE_BF16
 
 
 def compute_dtype(x_dtype: torch.dtype) -> torch.dtype:

@@ -45,6 +45,19 @@ def grouped_columns(x: torch.Tensor, group_size: int | None) -> torch.Tensor:
 #: uses the level -8 that absmax / 7 leaves empty (llama.cpp's Q4_0 rule, d = extreme / -8, within
 #: positive scales: llama.cpp also puts a positive extreme on -8 with a negative d).
 SYMMETRIC_SCALE_RULES = ("qmax", "half_range", "signed")
+OBSERVERS = ("minmax", "mse")  # how a group's range is chosen: its min and max, or the MSE-searched shrink of them
+
+
+def check_range_options(symmetric_scale: str, observer: str, mse_grid: int, mse_max_shrink: float) -> None:
+    """ValueError naming the first invalid range option of an algorithm (RTN's, GPTQ's)."""
+    if symmetric_scale not in SYMMETRIC_SCALE_RULES:
+        raise ValueError(f"symmetric_scale must be one of {SYMMETRIC_SCALE_RULES}, got {symmetric_scale!r}")
+    if observer not in OBSERVERS:
+        raise ValueError(f"observer must be one of {OBSERVERS}, got {observer!r}")
+    if mse_grid < 1:
+        raise ValueError(f"mse_grid must be a positive number of steps, got {mse_grid}")
+    if not (0.0 <= mse_max_shrink < 1.0):
+        raise ValueError(f"mse_max_shrink must be in [0, 1), got {mse_max_shrink}")
 
 
 def compute_qparams(

@@ -14,8 +14,6 @@ llama.cpp's run and the float model (which holds the weights' own quantization e
 from __future__ import annotations
 
 import os
-import re
-import shutil
 import subprocess
 from pathlib import Path
 

@@ -13,7 +13,6 @@ import quantkit
 from quantkit import provenance
 from quantkit.calibration import gptq_processor
 from quantkit.modules.quant_experts import QuantExperts
-from quantkit.modules.quant_linear import QuantLinear
 from tests.moe_fixtures import MOE_FAMILIES, make_moe_model
 
 CALIB = torch.randint(3, 512, (8, 64), generator=torch.Generator().manual_seed(0))

@@ -36,12 +36,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..primitives import SYMMETRIC_SCALE_RULES, compute_qparams, mse_clip_ratio
+from ..primitives import check_range_options, compute_qparams, mse_clip_ratio
 from ..quantized_weight import QuantizedWeight
 from ..scheme import QuantScheme
 
 MAX_DAMP_RETRIES = 6  # 0.01 -> 1e4 in x10 steps
-OBSERVERS = ("minmax", "mse")
 
 
 class CholeskyWarning(UserWarning):
@@ -79,14 +78,7 @@ class GPTQOptions:
             raise ValueError(f"damp_percent must be in (0, 1], got {self.damp_percent}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be a positive number of columns, got {self.block_size}")
-        if self.symmetric_scale not in SYMMETRIC_SCALE_RULES:
-            raise ValueError(f"symmetric_scale must be one of {SYMMETRIC_SCALE_RULES}, got {self.symmetric_scale!r}")
-        if self.observer not in OBSERVERS:
-            raise ValueError(f"observer must be one of {OBSERVERS}, got {self.observer!r}")
-        if self.mse_grid < 1:
-            raise ValueError(f"mse_grid must be a positive number of steps, got {self.mse_grid}")
-        if not (0.0 <= self.mse_max_shrink < 1.0):
-            raise ValueError(f"mse_max_shrink must be in [0, 1), got {self.mse_max_shrink}")
+        check_range_options(self.symmetric_scale, self.observer, self.mse_grid, self.mse_max_shrink)
 
 
 # -- verb 1: statistics -------------------------------------------------------------------------

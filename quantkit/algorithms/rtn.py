@@ -12,11 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..primitives import SYMMETRIC_SCALE_RULES, compute_qparams, mse_clip_ratio, quantize
+from ..primitives import check_range_options, compute_qparams, mse_clip_ratio, quantize
 from ..quantized_weight import QuantizedWeight
 from ..scheme import QuantScheme
-
-OBSERVERS = ("minmax", "mse")
 
 
 @dataclass(frozen=True)
@@ -35,14 +33,7 @@ class RTNOptions:
     mse_max_shrink: float = 0.8
 
     def __post_init__(self) -> None:
-        if self.symmetric_scale not in SYMMETRIC_SCALE_RULES:
-            raise ValueError(f"symmetric_scale must be one of {SYMMETRIC_SCALE_RULES}, got {self.symmetric_scale!r}")
-        if self.observer not in OBSERVERS:
-            raise ValueError(f"observer must be one of {OBSERVERS}, got {self.observer!r}")
-        if self.mse_grid < 1:
-            raise ValueError(f"mse_grid must be a positive number of steps, got {self.mse_grid}")
-        if not (0.0 <= self.mse_max_shrink < 1.0):
-            raise ValueError(f"mse_max_shrink must be in [0, 1), got {self.mse_max_shrink}")
+        check_range_options(self.symmetric_scale, self.observer, self.mse_grid, self.mse_max_shrink)
 
 
 def rtn_quantize(weight: torch.Tensor, scheme: QuantScheme, options: RTNOptions = RTNOptions(), *,

@@ -80,9 +80,13 @@ def check_same_source(model: nn.Module, baseline: nn.Module, which: str) -> None
 
 
 def _quantized_linears(model: nn.Module) -> int:
+    """The number of quantized linears as the checkpoint has them (each part of a fused group counted)."""
+    from ..modules.fused_linear import FusedLinearGroup, FusedPart
     from ..modules.quant_linear import QuantLinear
 
-    return sum(isinstance(m, QuantLinear) for m in model.modules())
+    fused = {id(m.fused) for m in model.modules() if isinstance(m, FusedLinearGroup)}
+    return sum(isinstance(m, FusedPart) or (isinstance(m, QuantLinear) and id(m) not in fused)
+               for m in model.modules())
 
 
 def _text_config(model: nn.Module):

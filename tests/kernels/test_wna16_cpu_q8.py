@@ -189,6 +189,11 @@ def test_opcheck_and_compile(q8_kernels, gen):
 
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(x), f(x))
+    # prompts of Q8DOT_MAX_ROWS rows or more take the dequantize-once path, in bf16 or fp32 by the CPU's
+    # features: that choice must trace too (vLLM compiles its forward with fullgraph)
+    x_long = torch.randn(40, 128, generator=gen, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled(x_long), f(x_long), rtol=0, atol=0)
 
 
 def test_the_isa_variable_forces_a_lower_path(q8_kernels, monkeypatch):
