@@ -20,6 +20,7 @@
 //   AVX-512 VNNI (_mm512_dpbusd_epi32, 64 values per instruction), AVX2 (_mm256_maddubs_epi16 +
 //   _mm256_madd_epi16, as llama.cpp; int8 through the sign trick) and portable scalar code.
 // They compute the same integer block sums; only the order of the fp32 additions differs.
+#include <cstring>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -531,6 +532,42 @@ at::Tensor wna16_cpu_q8dot(const at::Tensor& x, const at::Tensor& weight, const 
   return out;
 }
 
+// One weight row of the q8dot layout dequantized into fp32 (dst: K values, padded to a superblock).
+// Compiled for AVX-512, AVX2 and baseline x86-64 (chosen by the loader from the CPU), so the loops
+// vectorize on the CPU that runs them.
+#define QK_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+QK_CLONES void unpack_row(const uint8_t* w, const float* s, const float* zrow, bool int4, int64_t k, int64_t gs,
+                          float* dst_row) {
+  const int64_t nsb = (k + SUPER - 1) / SUPER;
+  for (int64_t t = 0; t < nsb; ++t) {  // per superblock: two blocks of 32, each in one group
+    for (int h = 0; h < 2; ++h) {
+      const int64_t k0 = t * SUPER + h * BLOCK;
+      if (k0 >= k) break;
+      const int64_t g = k0 / gs;
+      const float z = zrow ? zrow[g] : (int4 ? 8.f : 0.f), sc = s[g];
+      float* dst = dst_row + k0;
+      if (int4) {
+        const uint8_t* src = w + t * 32;
+        if (h == 0) for (int j = 0; j < BLOCK; ++j) dst[j] = (static_cast<float>(src[j] & 0x0F) - z) * sc;
+        else for (int j = 0; j < BLOCK; ++j) dst[j] = (static_cast<float>(src[j] >> 4) - z) * sc;
+      } else {
+        const int8_t* src = reinterpret_cast<const int8_t*>(w) + k0;
+        for (int j = 0; j < BLOCK; ++j) dst[j] = (static_cast<float>(src[j]) - z) * sc;
+      }
+    }
+  }
+}
+
+// fp32 -> bf16 bits, round to nearest even (c10::BFloat16's rounding; the weights are finite).
+QK_CLONES void store_bf16(const float* y, int64_t count, uint16_t* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t u;
+    std::memcpy(&u, y + i, sizeof(u));
+    out[i] = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  }
+}
+#undef QK_CLONES
+
 // The weight of the q8dot layout dequantized: [N, K] fp32 (or bf16 when bf16 is true), w = (u - z) * s.
 // The large-M (prefill) path multiplies x by it with the dense matmul.
 at::Tensor wna16_cpu_q8dot_unpack(const at::Tensor& weight, const at::Tensor& scale,
@@ -544,30 +581,11 @@ at::Tensor wna16_cpu_q8dot_unpack(const at::Tensor& weight, const at::Tensor& sc
   const float* sp = scale.data_ptr<float>();
   const float* zp = zero.has_value() ? zero->data_ptr<float>() : nullptr;
   void* op_ = out.data_ptr();
-  const int64_t nsb = (k + SUPER - 1) / SUPER;
   at::parallel_for(0, n, 16, [&](int64_t n0, int64_t n1) {
-    std::vector<float> row(nsb * SUPER);
+    std::vector<float> row(((k + SUPER - 1) / SUPER) * SUPER);
     for (int64_t r = n0; r < n1; ++r) {
-      const uint8_t* w = wp + r * row_bytes;
-      const float* s = sp + r * groups;
-      for (int64_t t = 0; t < nsb; ++t) {  // per superblock: two blocks of 32, each in one group
-        for (int h = 0; h < 2; ++h) {
-          const int64_t k0 = t * SUPER + h * BLOCK;
-          if (k0 >= k) break;
-          const int64_t g = k0 / gs;
-          const float z = zp ? zp[r * groups + g] : (int4 ? 8.f : 0.f), sc = s[g];
-          float* dst = row.data() + k0;
-          if (int4) {
-            const uint8_t* src = w + t * 32;
-            if (h == 0) for (int j = 0; j < BLOCK; ++j) dst[j] = (static_cast<float>(src[j] & 0x0F) - z) * sc;
-            else for (int j = 0; j < BLOCK; ++j) dst[j] = (static_cast<float>(src[j] >> 4) - z) * sc;
-          } else {
-            const int8_t* src = reinterpret_cast<const int8_t*>(w) + k0;
-            for (int j = 0; j < BLOCK; ++j) dst[j] = (static_cast<float>(src[j]) - z) * sc;
-          }
-        }
-      }
-      if (bf16) store(row.data(), k, static_cast<c10::BFloat16*>(op_) + r * k);
+      unpack_row(wp + r * row_bytes, sp + r * groups, zp ? zp + r * groups : nullptr, int4, k, gs, row.data());
+      if (bf16) store_bf16(row.data(), k, reinterpret_cast<uint16_t*>(static_cast<c10::BFloat16*>(op_) + r * k));
       else std::copy(row.data(), row.data() + k, static_cast<float*>(op_) + r * k);
     }
   });

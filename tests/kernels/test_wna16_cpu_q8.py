@@ -128,6 +128,9 @@ def test_many_rows_dequantize_once_and_match_the_float_product(q8_kernels, gen):
         unpacked = torch.ops.quantkit.wna16_cpu_q8dot_unpack(
             prep["cpu_q8_weight"], prep["cpu_q8_scale"], prep.get("cpu_q8_zero"), k, False)
         assert torch.equal(unpacked, weight.dequantized)  # exact
+        unpacked_bf16 = torch.ops.quantkit.wna16_cpu_q8dot_unpack(
+            prep["cpu_q8_weight"], prep["cpu_q8_scale"], prep.get("cpu_q8_zero"), k, True)
+        assert torch.equal(unpacked_bf16, weight.dequantized.to(torch.bfloat16))  # torch's round to nearest even
         for dtype in (torch.float32, torch.bfloat16):
             x = torch.randn(wna16_cpu_q8.Q8DOT_MAX_ROWS + 3, k, generator=gen).to(dtype)
             y = qk.wna16_linear(x, prep, bits=scheme.bits, in_features=k, out_features=n, backend="torch")
