@@ -173,7 +173,9 @@ def _check(layer, scheme, x, expected):
     y = scheme.apply_weights(layer, x, None)
     assert y.dtype == torch.bfloat16 and y.shape == expected.shape
     error = (y.float() - expected).abs().mean() / expected.abs().mean()
-    assert error <= torch.finfo(torch.bfloat16).eps, f"relative mean error {error:.2e}"
+    # quantkit's CPU kernel rounds the activations to int8 per block of 32 (2e-3..8e-3 relative mean error
+    # on random activations: docs/cpu-kernels.md); its own tests bound that rounding by 2^-6
+    assert error <= 2 ** -6, f"relative mean error {error:.2e}"
 
 
 @pytest.mark.parametrize("bits, symmetric, group_size", SCHEMES)
