@@ -152,6 +152,9 @@ def _check_bench(data: dict, path: Path) -> None:
                     raise _bad(path, f"{where}.times_s", times, "a non-empty list of seconds")
                 for j, t in enumerate(times):
                     _number(path, f"{where}.times_s[{j}]", t, low_s, high_s, "seconds")
+                if not min(times) <= r["median_s"] <= max(times):
+                    raise _bad(path, f"{where}.median_s", r["median_s"],
+                               f"the median of its own repeats times_s, between {min(times):g} and {max(times):g}")
             roof = r.get("roofline")
             if not isinstance(roof, dict):
                 raise _bad(path, f"{where}.roofline", roof, "an object (the roofline prediction)")
