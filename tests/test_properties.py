@@ -23,11 +23,15 @@ from quantkit.errors import ConfigError, QuantkitError
 from quantkit.recipe import AlgorithmConfig, Recipe, load_recipe
 from quantkit.scheme import QuantScheme
 
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+#: in CI (CI set) the examples are derandomized: the same examples every run, so a run cannot fail by the
+#: draw; elsewhere every run draws new ones (and hypothesis keeps the failures it finds to replay them)
+DERANDOMIZE = bool(os.environ.get("CI"))
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
+                    derandomize=DERANDOMIZE)
 #: examples that run a command each (a report renders plots): fewer, and a failure is shown as found (shrinking
 #: one takes minutes)
 FEW = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
-               phases=[Phase.explicit, Phase.reuse, Phase.generate])
+               phases=[Phase.explicit, Phase.reuse, Phase.generate], derandomize=DERANDOMIZE)
 REAL_BENCH = Path(__file__).resolve().parent.parent / "evals" / "reports" / "cpu" / "bench.json"
 
 # -- values a careless file or script gives -----------------------------------------------------------------
