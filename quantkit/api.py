@@ -16,7 +16,7 @@ from . import provenance
 from .algorithms import rtn_quantize
 from .device import resolve_device
 from .dtypes import checkpoint_dtype
-from .errors import CheckpointError, QuantizationError
+from .errors import CheckpointError, QuantizationError, first_names
 from .finite import describe_nonfinite, nonfinite_tensors
 from .formats.compressed_tensors import build_quantization_config, kv_cache_scheme_of
 from .formats.shapes import check_checkpoint_tensors
@@ -77,7 +77,7 @@ def _moe_aware_targets(model: nn.Module, recipe: Recipe, leave_float: bool) -> l
     if not leave_float:
         unreachable = unquantizable_weights(model, recipe.ignore)
         if unreachable:
-            shown = ", ".join(unreachable[:4]) + (f" and {len(unreachable) - 4} more" if len(unreachable) > 4 else "")
+            shown = first_names(unreachable, 4)
             raise QuantizationError(
                 f"{shown}: weight matrices that are not in an nn.Linear, so quantkit cannot quantize them and "
                 f"would leave them float; add their modules to the recipe's ignore list (or pass --leave-float / "

@@ -18,6 +18,13 @@ from pathlib import Path
 MAX_MESSAGE_CHARS = 2000
 
 
+def first_names(items, shown: int) -> str:
+    """The first `shown` of `items` joined with ", ", and "and N more" for the rest: what a message lists."""
+    items = list(items)
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return ", ".join(str(i) for i in items[:shown]) + more
+
+
 def shorten(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     """`message` cut to at most `limit` characters: its start and its end (which says what to do) are kept,
     the middle is replaced by the number of characters left out."""

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .errors import CheckpointError
+from .errors import CheckpointError, first_names
 from .formats.safetensors_io import folder_tensors, stored_float_dtype
 
 TOKENIZER_FILES = (
@@ -99,7 +99,7 @@ def refuse_quantized_tensors(folder: Path, tensor_names: Iterable[str]) -> None:
     quantized = sorted((name for name in tensor_names if name.rpartition(".")[2] in CHECKPOINT_TENSORS),
                        key=lambda name: (not name.endswith(".weight_packed"), name))
     if quantized:
-        shown = ", ".join(quantized[:3]) + (f" and {len(quantized) - 3} more" if len(quantized) > 3 else "")
+        shown = first_names(quantized, 3)
         raise CheckpointError(
             f"{folder} holds quantized tensors ({shown}) but its config.json has no quantization_config: the "
             f"config was replaced or edited, and without it every quantized linear would load as random weights; "

@@ -52,7 +52,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import NoSpaceError, OutputExistsError, OutputRefusedError, UsageError
+from .errors import NoSpaceError, OutputExistsError, OutputRefusedError, UsageError, first_names
 
 try:
     import fcntl
@@ -97,7 +97,7 @@ def check_printable_name(text: str | bytes, what: str) -> None:
 
 
 def _listed(paths: list[str]) -> str:
-    return ", ".join(paths[:_SHOWN]) + (f" and {len(paths) - _SHOWN} more" if len(paths) > _SHOWN else "")
+    return first_names(paths, _SHOWN)
 
 
 def check_writable(path: str | os.PathLike, *, force: bool = False, file: bool = False,

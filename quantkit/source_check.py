@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from .errors import CheckpointError
+from .errors import CheckpointError, first_names
 
 #: safetensors dtype names a float parameter may be stored in.
 FLOAT_STORAGE = ("F64", "F32", "F16", "BF16")
@@ -63,9 +63,7 @@ class SourceMismatch:
 
 
 def _names(items) -> str:
-    items = sorted(items)
-    more = f" and {len(items) - NAMES_SHOWN} more" if len(items) > NAMES_SHOWN else ""
-    return ", ".join(items[:NAMES_SHOWN]) + more
+    return first_names(sorted(items), NAMES_SHOWN)
 
 
 def _dims(shape) -> str:

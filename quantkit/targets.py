@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from torch import nn
 
-from .errors import ConfigError, QuantizationError
+from .errors import ConfigError, QuantizationError, first_names
 
 
 def check_patterns(patterns: Iterable[str], where: str, error: type[Exception] = ConfigError) -> None:
@@ -58,9 +58,8 @@ def check_every_pattern_matches(model: nn.Module, targets: Iterable[str], ignore
             if key == "ignore" and any(_holds_matrix(m) for _, m in hits):
                 continue  # keeps float a matrix outside nn.Linear (fused experts, ...) that quantize would refuse
             if hits:
-                shown = ", ".join(f"{name} ({type(m).__name__})" for name, m in hits[:3])
-                more = f" and {len(hits) - 3} more" if len(hits) > 3 else ""
-                what = f"matches only modules quantkit cannot quantize: {shown}{more}; quantkit quantizes nn.Linear"
+                shown = first_names((f"{name} ({type(m).__name__})" for name, m in hits), 3)
+                what = f"matches only modules quantkit cannot quantize: {shown}; quantkit quantizes nn.Linear"
             else:
                 linears = [name for name, m in modules if quantizable(m)]
                 close = difflib.get_close_matches(pattern, linears + [n.rsplit(".", 1)[-1] for n in linears], n=1)
