@@ -1,0 +1,256 @@
+"""quantkit/gguf_reference_quants.py against llama.cpp's own Q4_K / Q5_K / Q6_K quantizers, byte for byte.
+
+Three references, with and without an importance (imatrix) vector:
+- always: a line-by-line Python transcription of the C (tests/kquants_transcription.py) on fresh random
+  tensors of several kinds (Gaussian, heavy-tailed, mixed sub-block scales with constant / one-signed /
+  zero sub-blocks, tiny values whose fp16 scales underflow);
+- always: bytes that ggml itself wrote (tests/data/gguf_kquants_ggml.npz, made by this file's
+  write_fixture from libggml-base.so's ggml_quantize_chunk);
+- where a shared llama.cpp build is at hand (QUANTKIT_LLAMA_CPP_BIN holding libggml-base.so, e.g. a
+  BUILD_SHARED_LIBS=ON build): ggml_quantize_chunk called through ctypes on larger random tensors. CI's
+  .ci/llama_cpp_build builds static binaries only, so there this test skips and says so.
+
+Regenerate the fixture: QUANTKIT_LLAMA_CPP_BIN=/path/to/bin python tests/test_gguf_reference_quants.py
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quantkit import gguf_reference_quants as R
+from quantkit.kernels import gguf_blocks
+
+if __package__:
+    from . import kquants_transcription as KT
+else:  # run as a script to write the fixture
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import kquants_transcription as KT
+
+KINDS = ("Q4_K", "Q5_K", "Q6_K")
+QUANTIZE = {"Q4_K": R.quantize_q4_k, "Q5_K": R.quantize_q5_k, "Q6_K": R.quantize_q6_k}
+FIELDS = {"Q4_K": R.q4_k_fields, "Q5_K": R.q5_k_fields, "Q6_K": R.q6_k_fields}
+PACK = {"Q4_K": gguf_blocks.pack_q4_k, "Q5_K": gguf_blocks.pack_q5_k, "Q6_K": gguf_blocks.pack_q6_k}
+GGML_TYPE = {"Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # enum ggml_type (ggml.h)
+FIXTURE = Path(__file__).parent / "data" / "gguf_kquants_ggml.npz"
+DISTRIBUTIONS = ("gauss", "heavy", "mixed", "tiny")
+
+
+def sample(dist: str, n: int, k: int, g: torch.Generator) -> torch.Tensor:
+    """A float32 [N, K] weight of one of DISTRIBUTIONS."""
+    x = torch.randn(n, k, generator=g)
+    if dist == "gauss":
+        return x * 0.05
+    if dist == "heavy":  # a scale mixture: occasional outliers 10-100x the bulk
+        return x * 0.02 * torch.exp(1.2 * torch.randn(n, k, generator=g))
+    if dist == "tiny":  # the super-block scales underflow fp16 (to subnormals and to 0)
+        return x * 1e-6 * torch.exp2(torch.randint(-12, 0, (n, k // 32), generator=g).float()).repeat_interleave(32, 1)
+    # mixed: a scale per sub-block of 16 from 2^-10 to 2^3, and special sub-blocks of 32
+    x = x.reshape(n, k // 16, 16) * torch.exp2(torch.randint(-10, 4, (n, k // 16, 1), generator=g).float())
+    x = x.reshape(n, k // 32, 32)
+    kind = torch.randint(0, 8, (n, k // 32), generator=g)
+    x[kind == 0] = 0.0
+    x[kind == 1] = x[kind == 1].abs()  # one-signed: the min clamps to 0
+    x[kind == 2] = -x[kind == 2].abs()
+    x[kind == 3] = -0.25  # constant
+    return x.reshape(n, k)
+
+
+def sample_importance(k: int, g: torch.Generator) -> torch.Tensor:
+    """A [K] imatrix-like vector: mean squares of activations, log-normal, with zero stretches."""
+    imp = torch.exp(2.0 * torch.randn(k, generator=g))
+    start = int(torch.randint(0, k - 48, (1,), generator=g))
+    imp[start:start + 40] = 0.0
+    return imp
+
+
+def blocks_equal(kind: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """bool [blocks]: which blocks of two [N, G*bytes] arrays are identical."""
+    size = gguf_blocks.BLOCK_BYTES[kind]
+    return (a.reshape(-1, size) == b.reshape(-1, size)).all(axis=1)
+
+
+def assert_same_blocks(kind: str, ours: np.ndarray, theirs: np.ndarray, what: str) -> None:
+    assert ours.shape == theirs.shape, (what, ours.shape, theirs.shape)
+    same = blocks_equal(kind, ours, theirs)
+    assert same.all(), f"{kind} {what}: {int((~same).sum())} of {same.size} blocks differ (first {np.where(~same)[0][:5]})"
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), dist=st.sampled_from(DISTRIBUTIONS), imatrix=st.booleans())
+def test_port_matches_the_c_transcription(seed, dist, imatrix):
+    g = torch.Generator().manual_seed(seed)
+    w = sample(dist, 2, 512, g)
+    imp = sample_importance(512, g) if imatrix else None
+    for kind in KINDS:
+        ours = QUANTIZE[kind](w, imp).numpy()
+        theirs = KT.quantize(kind, w.numpy(), None if imp is None else imp.numpy())
+        assert_same_blocks(kind, ours, theirs, f"{dist} seed {seed} imatrix {imatrix}")
+
+
+def _fixture() -> dict:
+    if not FIXTURE.is_file():
+        pytest.fail(f"missing {FIXTURE}: regenerate it with `python {Path(__file__).name}` (see the docstring)")
+    with np.load(FIXTURE) as z:
+        return dict(z)
+
+
+@pytest.mark.parametrize("imatrix", [False, True], ids=["ref", "imatrix"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_port_matches_bytes_ggml_wrote(kind, imatrix):
+    fx = _fixture()
+    w, imp = torch.from_numpy(fx["w"]), torch.from_numpy(fx["importance"]) if imatrix else None
+    key = kind + ("_imatrix" if imatrix else "")
+    assert_same_blocks(kind, QUANTIZE[kind](w, imp).numpy(), fx[key], f"fixture {key}")
+
+
+def test_the_transcription_matches_bytes_ggml_wrote():
+    """The slow reference is itself llama.cpp's (so the random-input test above tests against the C)."""
+    fx = _fixture()
+    for kind in KINDS:
+        assert_same_blocks(kind, KT.quantize(kind, fx["w"]), fx[kind], "transcription")
+        assert_same_blocks(kind, KT.quantize(kind, fx["w"], fx["importance"]), fx[kind + "_imatrix"],
+                           "transcription imatrix")
+
+
+@pytest.mark.parametrize("shape", [(1, 256), (3, 768), (2, 1024)])
+@pytest.mark.parametrize("kind", KINDS)
+def test_fields_are_the_packs_arguments(kind, shape):
+    g = torch.Generator().manual_seed(shape[0] * 1000 + shape[1])
+    n, k = shape
+    w = sample("mixed", n, k, g)
+    for imp in (None, sample_importance(k, g)):
+        fields = FIELDS[kind](w, imp)
+        if kind == "Q6_K":
+            q, d, sc = fields
+            assert q.dtype == torch.int8 and q.shape == (n, k) and int(q.min()) >= -32 and int(q.max()) <= 31
+            assert d.dtype == torch.float16 and d.shape == (n, k // 256)
+            assert sc.dtype == torch.int8 and sc.shape == (n, k // 16)
+        else:
+            u, d, dmin, sc, mn = fields
+            assert u.dtype == torch.uint8 and u.shape == (n, k) and int(u.max()) <= (15 if kind == "Q4_K" else 31)
+            assert d.dtype == dmin.dtype == torch.float16 and d.shape == dmin.shape == (n, k // 256)
+            for t in (sc, mn):
+                assert t.dtype == torch.uint8 and t.shape == (n, k // 32) and int(t.max()) <= 63
+        assert torch.equal(PACK[kind](*fields), QUANTIZE[kind](w, imp))
+
+
+@pytest.mark.parametrize("kind, bound", [("Q4_K", 0.12), ("Q5_K", 0.06), ("Q6_K", 0.03)])
+def test_dequantized_weights_are_close(kind, bound):
+    """A sanity bound on what the quantizers are for: relative RMS error of a Gaussian weight (Q4_K ~0.09,
+    Q5_K ~0.045, Q6_K ~0.02 measured), with and without importance; and the importance lowers the
+    importance-weighted error."""
+    g = torch.Generator().manual_seed(11)
+    w = sample("gauss", 16, 1024, g)
+    imp = torch.exp(2.0 * torch.randn(1024, generator=g))
+    errs = {}
+    for name, im in (("ref", None), ("imatrix", imp)):
+        y = gguf_blocks.dequantize_blocks(QUANTIZE[kind](w, im), kind)
+        assert float((y - w).pow(2).mean().sqrt() / w.pow(2).mean().sqrt()) < bound, name
+        errs[name] = float(((y - w).pow(2) * imp).sum())
+    assert errs["imatrix"] < errs["ref"]
+
+
+def test_refusals():
+    w = torch.randn(2, 512)
+    with pytest.raises(ValueError, match="super-block size 256"):
+        R.quantize_q4_k(torch.randn(2, 320))
+    with pytest.raises(ValueError, match=r"float tensor \[N, K\]"):
+        R.quantize_q6_k(torch.randn(512))
+    with pytest.raises(ValueError, match=r"float tensor \[N, K\]"):
+        R.q5_k_fields(torch.zeros(2, 512, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"importance must be a tensor \[K\]"):
+        R.quantize_q4_k(w, torch.ones(256))
+    with pytest.raises(ValueError, match="non-negative"):
+        R.quantize_q5_k(w, -torch.ones(512))
+    with pytest.raises(ValueError, match="finite"):
+        R.quantize_q6_k(w, torch.full((512,), float("nan")))
+
+
+# ---------------------------------------------------------------------------------- real ggml (ctypes)
+
+def load_ggml(required_env: bool = True):
+    """ctypes handle on libggml-base.so from QUANTKIT_LLAMA_CPP_BIN, or skip (fail when
+    QUANTKIT_TEST_LLAMA_CPP=required)."""
+    folder = os.environ.get("QUANTKIT_LLAMA_CPP_BIN")
+    lib_path = next((Path(folder) / name for name in ("libggml-base.so", "libggml-base.dylib")
+                     if folder and (Path(folder) / name).is_file()), None)
+    if lib_path is None:
+        why = (f"no libggml-base.so in QUANTKIT_LLAMA_CPP_BIN={folder!r}: needs a shared llama.cpp build "
+               "(BUILD_SHARED_LIBS=ON; CI's .ci/llama_cpp_build builds static binaries only)")
+        if required_env and os.environ.get("QUANTKIT_TEST_LLAMA_CPP") == "required":
+            pytest.fail(why)
+        pytest.skip(why)
+    lib = ctypes.CDLL(str(lib_path))
+    lib.ggml_quantize_chunk.restype = ctypes.c_size_t
+    lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    return lib
+
+
+def ggml_quantize(lib, kind: str, w: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
+    """ggml_quantize_chunk(type, w [N, K], start 0, N rows, K per row, importance) -> uint8 [N, K/256*bytes]."""
+    w = np.ascontiguousarray(w, np.float32)
+    n, k = w.shape
+    out = np.zeros((n, k // 256 * gguf_blocks.BLOCK_BYTES[kind]), np.uint8)
+    imp = None if importance is None else np.ascontiguousarray(importance, np.float32)
+    written = lib.ggml_quantize_chunk(GGML_TYPE[kind], w.ctypes.data, out.ctypes.data, 0, n, k,
+                                      None if imp is None else imp.ctypes.data)
+    assert written == out.size
+    return out
+
+
+@pytest.mark.parametrize("dist", DISTRIBUTIONS)
+def test_port_matches_llama_cpps_ggml(dist):
+    lib = load_ggml()
+    g = torch.Generator().manual_seed(DISTRIBUTIONS.index(dist) + 100)
+    for n, k in ((16, 1024), (5, 2560)):
+        w = sample(dist, n, k, g)
+        imp = sample_importance(k, g)
+        for kind in KINDS:
+            for im in (None, imp):
+                theirs = ggml_quantize(lib, kind, w.numpy(), None if im is None else im.numpy())
+                assert_same_blocks(kind, QUANTIZE[kind](w, im).numpy(), theirs, f"{dist} {n}x{k} imatrix "
+                                   f"{im is not None}")
+                # and the layouts' dequantizer reads ggml's bytes as the gguf package does
+                gguf = pytest.importorskip("gguf")
+                ref = gguf.quants.dequantize(theirs, getattr(gguf.GGMLQuantizationType, kind))
+                assert np.array_equal(ref, gguf_blocks.dequantize_blocks(torch.from_numpy(theirs), kind).numpy())
+
+
+def fixture_inputs() -> tuple[np.ndarray, np.ndarray]:
+    """The fixture's w float32 [8, 512] (two rows of each distribution, the first row zero in part) and
+    importance [512]."""
+    g = torch.Generator().manual_seed(2026)
+    w = torch.cat([sample(dist, 2, 512, g) for dist in DISTRIBUTIONS])
+    w[0, :256] = 0.0  # an all-zero super-block
+    return w.numpy(), sample_importance(512, g).numpy()
+
+
+def write_fixture(path: Path = FIXTURE) -> None:
+    lib = load_ggml(required_env=False)
+    w, imp = fixture_inputs()
+    arrays = {"w": w, "importance": imp}
+    for kind in KINDS:
+        arrays[kind] = ggml_quantize(lib, kind, w)
+        arrays[kind + "_imatrix"] = ggml_quantize(lib, kind, w, imp)
+    src = Path(os.environ.get("QUANTKIT_LLAMA_CPP_SRC", "/work/llama/src")) / "ggml" / "src" / "ggml-quants.c"
+    digest = hashlib.sha256(src.read_bytes()).hexdigest() if src.is_file() else "unknown"
+    lib_file = (Path(os.environ["QUANTKIT_LLAMA_CPP_BIN"]) / "libggml-base.so").resolve().name
+    arrays["source"] = np.array(f"ggml_quantize_chunk of {lib_file} (x86-64); ggml-quants.c sha256 {digest}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, **arrays)
+    print(f"wrote {path} ({path.stat().st_size} bytes)")
+
+
+if __name__ == "__main__":
+    write_fixture()
