@@ -25,7 +25,8 @@ rare blocks. The test tests/test_gguf_reference_quants.py compares against ggml'
 
 Shapes: w float [N, K], K % 256 == 0; the *_fields functions return the fields in the shapes that
 kernels/gguf_blocks.py's pack_q4_k / pack_q5_k / pack_q6_k take, and quantize_* are those packs of them.
-Inputs are assumed finite (as llama-quantize checks its inputs); NaN / inf follow no documented rule.
+Non-finite weights are refused (ValueError), as are K % 256 != 0 and an importance that is not a finite,
+non-negative [K].
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ from quantkit.kernels import gguf_blocks
 
 QK_K = gguf_blocks.SUPER_BLOCK
 GROUP_MAX_EPS = np.float32(1e-15)
-#: super-blocks quantized per step (bounds the working memory: ~40 fp32 temporaries of this many x 256)
-CHUNK_BLOCKS = 1 << 14
+#: super-blocks quantized per step (bounds the working memory: some 40 fp32 temporaries of this many x 256,
+#: ~160 MB at 4096)
+CHUNK_BLOCKS = 1 << 12
 
 F32 = torch.float32
 
@@ -87,12 +89,15 @@ def _where(c: torch.Tensor, a, b):
     return torch.where(c, a, b)
 
 
-def _running_sum(terms) -> torch.Tensor:
-    """C's `float s = 0; for (...) s += term;`: fp32, in order."""
-    acc = None
-    for term in terms:
-        acc = torch.zeros_like(term) + term if acc is None else acc + term
-    return acc
+def _seq_sum(*terms: torch.Tensor) -> tuple[torch.Tensor, ...] | torch.Tensor:
+    """C's `float s = 0; for (i = 0; i < n; ++i) s += t[i];` over the last dimension, fp32, in order (torch's
+    sum reduces pairwise: other roundings). terms: fp32 [..., n] of one shape, summed in one loop; returns
+    [...] each (one tensor for one term)."""
+    t = torch.stack(terms).movedim(-1, 0).contiguous()  # [n, len(terms), ...]
+    acc = torch.zeros_like(t[0])
+    for i in range(t.shape[0]):
+        acc = acc + t[i]
+    return acc[0] if len(terms) == 1 else tuple(acc)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -120,7 +125,7 @@ def _make_qkx_quants(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, r
     scale = _div(_f(1), iscale)
     L = _nearest_int(iscale.unsqueeze(-1) * (x - mn.unsqueeze(-1))).clamp(0, nmax)
     Lf = L.float()
-    best = _running_sum(w[..., i] * _sq(scale * Lf[..., i] + mn - x[..., i]) for i in range(n))
+    best = _seq_sum(w * _sq(scale.unsqueeze(-1) * Lf + mn.unsqueeze(-1) - x))
     flat_min = mn
     for step in range(nstep + 1):
         num = _f(_f(rmin) + _f(rdelta) * _f(step)) + _f(nmax)
@@ -132,16 +137,15 @@ def _make_qkx_quants(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, r
         else:
             Laux = _nearest_int(v).clamp(0, nmax)
         la = Laux.float()
-        sum_l = _running_sum(w[..., i] * la[..., i] for i in range(n))
-        sum_l2 = _running_sum(w[..., i] * la[..., i] * la[..., i] for i in range(n))
-        sum_xl = _running_sum(w[..., i] * la[..., i] * x[..., i] for i in range(n))
+        wl = w * la
+        sum_l, sum_l2, sum_xl = _seq_sum(wl, wl * la, wl * x)  # w*l, w*l*l, w*l*x as the C groups them
         D = sum_w * sum_l2 - sum_l * sum_l
         this_scale = torch.div(sum_w * sum_xl - sum_x * sum_l, D)
         this_min = torch.div(sum_l2 * sum_x - sum_l * sum_xl, D)
         pos = this_min > 0
         this_min = _where(pos, zero, this_min)
         this_scale = _where(pos, torch.div(sum_xl, sum_l2), this_scale)
-        cur = _running_sum(w[..., i] * _sq(this_scale * la[..., i] + this_min - x[..., i]) for i in range(n))
+        cur = _seq_sum(w * _sq(this_scale.unsqueeze(-1) * la + this_min.unsqueeze(-1) - x))
         better = (D > 0) & (cur < best)
         L = _where(better.unsqueeze(-1), Laux, L)
         best = _where(better, cur, best)
@@ -168,22 +172,21 @@ def _make_qp_quants(x: torch.Tensor, qw: torch.Tensor, nmax: int) -> tuple[torch
     L = _u8(_nearest_int(iscale.unsqueeze(-1) * x))
     scale = _div(_f(1), iscale)
     Lf = L.float()
-    best = _running_sum(qw[..., i] * (x[..., i] - scale * Lf[..., i]) * (x[..., i] - scale * Lf[..., i])
-                        for i in range(n))
+    diff = x - scale.unsqueeze(-1) * Lf
+    best = _seq_sum(qw * diff * diff)
     for step in (-4, -3, -2, -1, 1, 2, 3, 4):
         iscale_is = _div(_f(_f(0.1) * _f(step)) + _f(nmax), mx)
         scale_is = _div(_f(1), iscale_is)
         lf = _nearest_int(iscale_is.unsqueeze(-1) * x).clamp(max=nmax).float()
-        mse = _running_sum(qw[..., i] * (x[..., i] - scale_is * lf[..., i]) * (x[..., i] - scale_is * lf[..., i])
-                           for i in range(n))
+        diff = x - scale_is.unsqueeze(-1) * lf
+        mse = _seq_sum(qw * diff * diff)
         better = mse < best
         best = _where(better, mse, best)
         iscale = _where(better, iscale_is, iscale)
     l = _nearest_int(iscale.unsqueeze(-1) * x).clamp(max=nmax)
     L = _u8(l)
     lf = l.float()
-    sumlx = _running_sum(qw[..., i] * x[..., i] * lf[..., i] for i in range(n))
-    suml2 = _running_sum(qw[..., i] * lf[..., i] * lf[..., i] for i in range(n))
+    sumlx, suml2 = _seq_sum(qw * x * lf, qw * lf * lf)
     # five passes; a pass that changes nothing leaves the state as it was, so the C's early exit changes nothing
     for _ in range(5):
         for i in range(n):
@@ -223,8 +226,7 @@ def _make_qx_quants(x: torch.Tensor, nmax: int, qw: torch.Tensor | None) -> tupl
     def fit(iscale):
         l = _nearest_int(iscale.unsqueeze(-1) * x).clamp(-nmax, nmax - 1)
         lf = l.float()
-        sumlx = _running_sum(w[..., i] * x[..., i] * lf[..., i] for i in range(n))
-        suml2 = _running_sum(w[..., i] * lf[..., i] * lf[..., i] for i in range(n))
+        sumlx, suml2 = _seq_sum(w * x * lf, w * lf * lf)
         return l + nmax, sumlx, suml2
 
     zero = torch.zeros_like(amax)
@@ -250,6 +252,8 @@ def _check(w: torch.Tensor, importance: torch.Tensor | None, name: str) -> tuple
                          f"{getattr(w, 'dtype', type(w).__name__)} {tuple(getattr(w, 'shape', ()))}")
     if w.shape[1] % QK_K:
         raise ValueError(f"{name}: K = {w.shape[1]} is not a multiple of the super-block size {QK_K}")
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError(f"{name}: the weight holds NaN or inf")
     if importance is not None:
         if not isinstance(importance, torch.Tensor) or tuple(importance.shape) != (w.shape[1],):
             raise ValueError(f"{name}: importance must be a tensor [K] = [{w.shape[1]}], got "
@@ -271,7 +275,7 @@ def _q45_fields(x: torch.Tensor, qw: torch.Tensor | None, nmax: int, ref: tuple[
     """quantize_row_q{4,5}_K_ref (qw None) or _impl. x: fp32 [N, G, 8, 32]; qw: fp32 [G, 8, 32] or None.
     returns (L [N, G, 8, 32], d fp16 [N, G], dmin fp16 [N, G], sc [N, G, 8], mn [N, G, 8]) as int32 / fp16."""
     if qw is None:
-        sum_x2 = _running_sum(x[..., l] * x[..., l] for l in range(32))
+        sum_x2 = _seq_sum(x * x)
         av_x = _sqrtf(torch.div(sum_x2, _t(32, sum_x2)))
         weights = av_x.unsqueeze(-1) + x.abs()
         L, scales, mins = _make_qkx_quants(x, weights, nmax, *ref, qkx3=False)
@@ -289,10 +293,10 @@ def _q45_fields(x: torch.Tensor, qw: torch.Tensor | None, nmax: int, ref: tuple[
         dmin = _to_fp16(torch.div(max_min, _t(63, max_min)))
     else:
         flat = x.flatten(-2)
-        sum_x2 = _running_sum(flat[..., l] * flat[..., l] for l in range(QK_K))
+        sum_x2 = _seq_sum(flat * flat)
         sigma2 = torch.div(2 * sum_x2, _t(QK_K, sum_x2))
         weights = qw * _sqrtf(sigma2[..., None, None] + x * x)
-        sw = _running_sum(weights[..., l] for l in range(32))
+        sw = _seq_sum(weights)
         L, scales, mins = _make_qkx_quants(x, weights, nmax, -0.9, 0.05, 36, qkx3=True)
         ls, d_block = _make_qp_quants(scales, sw, 63)
         lm, m_block = _make_qp_quants(mins, sw, 63)

@@ -82,7 +82,8 @@ def blocks_equal(kind: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def assert_same_blocks(kind: str, ours: np.ndarray, theirs: np.ndarray, what: str) -> None:
     assert ours.shape == theirs.shape, (what, ours.shape, theirs.shape)
     same = blocks_equal(kind, ours, theirs)
-    assert same.all(), f"{kind} {what}: {int((~same).sum())} of {same.size} blocks differ (first {np.where(~same)[0][:5]})"
+    bad = np.where(~same)[0]
+    assert same.all(), f"{kind} {what}: {bad.size} of {same.size} blocks differ (first {bad[:5]})"
 
 
 @settings(max_examples=6, deadline=None)
@@ -168,6 +169,8 @@ def test_refusals():
         R.quantize_q6_k(torch.randn(512))
     with pytest.raises(ValueError, match=r"float tensor \[N, K\]"):
         R.q5_k_fields(torch.zeros(2, 512, dtype=torch.int32))
+    with pytest.raises(ValueError, match="NaN or inf"):
+        R.quantize_q4_k(torch.full((1, 256), float("inf")))
     with pytest.raises(ValueError, match=r"importance must be a tensor \[K\]"):
         R.quantize_q4_k(w, torch.ones(256))
     with pytest.raises(ValueError, match="non-negative"):
