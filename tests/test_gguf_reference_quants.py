@@ -6,9 +6,10 @@ Three references, with and without an importance (imatrix) vector:
   zero sub-blocks, tiny values whose fp16 scales underflow);
 - always: bytes that ggml itself wrote (tests/data/gguf_kquants_ggml.npz, made by this file's
   write_fixture from libggml-base.so's ggml_quantize_chunk);
-- where a shared llama.cpp build is at hand (QUANTKIT_LLAMA_CPP_BIN holding libggml-base.so, e.g. a
-  BUILD_SHARED_LIBS=ON build): ggml_quantize_chunk called through ctypes on larger random tensors. CI's
-  .ci/llama_cpp_build builds static binaries only, so there this test skips and says so.
+- where a llama.cpp build is at hand (QUANTKIT_LLAMA_CPP_BIN holding libggml-base.so, called through
+  ctypes, or a static build's libggml-base.a, linked into a small driver with the C compiler):
+  ggml_quantize_chunk on larger random tensors. Skipped, saying why, without one (failed when
+  QUANTKIT_TEST_LLAMA_CPP=required).
 
 Regenerate the fixture: QUANTKIT_LLAMA_CPP_BIN=/path/to/bin python tests/test_gguf_reference_quants.py
 """
@@ -18,7 +19,11 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -179,53 +184,117 @@ def test_refusals():
         R.quantize_q6_k(w, torch.full((512,), float("nan")))
 
 
-# ---------------------------------------------------------------------------------- real ggml (ctypes)
+# ------------------------------------------------------------------------------------------ real ggml
 
-def load_ggml(required_env: bool = True):
-    """ctypes handle on libggml-base.so from QUANTKIT_LLAMA_CPP_BIN, or skip (fail when
-    QUANTKIT_TEST_LLAMA_CPP=required)."""
+#: a driver for a static libggml-base.a (no headers needed: the two prototypes of ggml.h it calls)
+DRIVER_C = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+size_t ggml_row_size(int type, int64_t ne);
+size_t ggml_quantize_chunk(int type, const float * src, void * dst, int64_t start, int64_t nrows,
+                           int64_t n_per_row, const float * imatrix);
+/* usage: TYPE N K W.f32 IMATRIX.f32|- OUT: writes ggml_quantize_chunk's bytes */
+int main(int argc, char ** argv) {
+    if (argc != 7) return 2;
+    int type = atoi(argv[1]);
+    int64_t n = atoll(argv[2]), k = atoll(argv[3]);
+    float * w = malloc(sizeof(float) * n * k), * imp = NULL;
+    FILE * f = fopen(argv[4], "rb");
+    if (!f || fread(w, sizeof(float), n * k, f) != (size_t) (n * k)) return 3;
+    fclose(f);
+    if (argv[5][0] != '-') {
+        imp = malloc(sizeof(float) * k);
+        f = fopen(argv[5], "rb");
+        if (!f || fread(imp, sizeof(float), k, f) != (size_t) k) return 4;
+        fclose(f);
+    }
+    size_t size = ggml_row_size(type, k) * n;
+    void * out = malloc(size);
+    size_t got = ggml_quantize_chunk(type, w, out, 0, n, k, imp);
+    f = fopen(argv[6], "wb");
+    if (!f || got != size || fwrite(out, 1, size, f) != size) return 5;
+    fclose(f);
+    return 0;
+}
+"""
+
+
+def ggml_quantizer(workdir: Path):
+    """ggml_quantize_chunk as a function (kind, w float32 [N, K], importance [K] | None) -> uint8 [N, K/256*bytes],
+    from the llama.cpp build in QUANTKIT_LLAMA_CPP_BIN: its libggml-base.so through ctypes, or its static
+    libggml-base.a linked into a small driver with the C compiler. returns a str (why not) when neither."""
     folder = os.environ.get("QUANTKIT_LLAMA_CPP_BIN")
-    lib_path = next((Path(folder) / name for name in ("libggml-base.so", "libggml-base.dylib")
-                     if folder and (Path(folder) / name).is_file()), None)
-    if lib_path is None:
-        why = (f"no libggml-base.so in QUANTKIT_LLAMA_CPP_BIN={folder!r}: needs a shared llama.cpp build "
-               "(BUILD_SHARED_LIBS=ON; CI's .ci/llama_cpp_build builds static binaries only)")
-        if required_env and os.environ.get("QUANTKIT_TEST_LLAMA_CPP") == "required":
-            pytest.fail(why)
-        pytest.skip(why)
-    lib = ctypes.CDLL(str(lib_path))
-    lib.ggml_quantize_chunk.restype = ctypes.c_size_t
-    lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-    return lib
+    if not folder:
+        return "QUANTKIT_LLAMA_CPP_BIN is not set (a llama.cpp build folder with libggml-base.so or libggml-base.a)"
+    shared = next((Path(folder) / n for n in ("libggml-base.so", "libggml-base.dylib") if (Path(folder) / n).is_file()),
+                  None)
+    if shared is not None:
+        lib = ctypes.CDLL(str(shared))
+        lib.ggml_quantize_chunk.restype = ctypes.c_size_t
+        lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                            ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+
+        def run(kind, w, importance=None):
+            w = np.ascontiguousarray(w, np.float32)
+            out = np.zeros((w.shape[0], w.shape[1] // 256 * gguf_blocks.BLOCK_BYTES[kind]), np.uint8)
+            imp = None if importance is None else np.ascontiguousarray(importance, np.float32)
+            written = lib.ggml_quantize_chunk(GGML_TYPE[kind], w.ctypes.data, out.ctypes.data, 0, w.shape[0],
+                                              w.shape[1], None if imp is None else imp.ctypes.data)
+            assert written == out.size
+            return out
+        return run
+    static = Path(folder) / "libggml-base.a"
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if not static.is_file() or cc is None:
+        return (f"no libggml-base.so nor libggml-base.a (with a C compiler) in QUANTKIT_LLAMA_CPP_BIN={folder!r}; "
+                "CI's .ci/llama_cpp_build copies neither")
+    (workdir / "driver.c").write_text(DRIVER_C)
+    driver = workdir / "ggml_quantize"
+    # -no-pie: a static llama.cpp build's objects are not position independent
+    cmd = [cc, "-O2", "-no-pie", str(workdir / "driver.c"), str(static), "-o", str(driver), "-lstdc++", "-lm",
+           "-fopenmp", "-lpthread"]
+    built = subprocess.run(cmd, capture_output=True, text=True)
+    if built.returncode:
+        return f"linking a driver against {static} failed: {built.stderr[-400:]}"
+
+    def run(kind, w, importance=None):
+        w = np.ascontiguousarray(w, np.float32)
+        (workdir / "w.f32").write_bytes(w.tobytes())
+        imp = "-"
+        if importance is not None:
+            (workdir / "imp.f32").write_bytes(np.ascontiguousarray(importance, np.float32).tobytes())
+            imp = str(workdir / "imp.f32")
+        subprocess.run([str(driver), str(GGML_TYPE[kind]), str(w.shape[0]), str(w.shape[1]), str(workdir / "w.f32"),
+                        imp, str(workdir / "out.bin")], check=True)
+        out = np.frombuffer((workdir / "out.bin").read_bytes(), np.uint8).copy()
+        return out.reshape(w.shape[0], -1)
+    return run
 
 
-def ggml_quantize(lib, kind: str, w: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
-    """ggml_quantize_chunk(type, w [N, K], start 0, N rows, K per row, importance) -> uint8 [N, K/256*bytes]."""
-    w = np.ascontiguousarray(w, np.float32)
-    n, k = w.shape
-    out = np.zeros((n, k // 256 * gguf_blocks.BLOCK_BYTES[kind]), np.uint8)
-    imp = None if importance is None else np.ascontiguousarray(importance, np.float32)
-    written = lib.ggml_quantize_chunk(GGML_TYPE[kind], w.ctypes.data, out.ctypes.data, 0, n, k,
-                                      None if imp is None else imp.ctypes.data)
-    assert written == out.size
-    return out
+@pytest.fixture(scope="module")
+def ggml(tmp_path_factory):
+    quantize = ggml_quantizer(tmp_path_factory.mktemp("ggml"))
+    if isinstance(quantize, str):
+        if os.environ.get("QUANTKIT_TEST_LLAMA_CPP") == "required":
+            pytest.fail(f"QUANTKIT_TEST_LLAMA_CPP=required but {quantize}")
+        pytest.skip(quantize)
+    return quantize
 
 
 @pytest.mark.parametrize("dist", DISTRIBUTIONS)
-def test_port_matches_llama_cpps_ggml(dist):
-    lib = load_ggml()
+def test_port_matches_llama_cpps_ggml(ggml, dist):
+    gguf = pytest.importorskip("gguf")
     g = torch.Generator().manual_seed(DISTRIBUTIONS.index(dist) + 100)
     for n, k in ((16, 1024), (5, 2560)):
         w = sample(dist, n, k, g)
         imp = sample_importance(k, g)
         for kind in KINDS:
             for im in (None, imp):
-                theirs = ggml_quantize(lib, kind, w.numpy(), None if im is None else im.numpy())
-                assert_same_blocks(kind, QUANTIZE[kind](w, im).numpy(), theirs, f"{dist} {n}x{k} imatrix "
-                                   f"{im is not None}")
+                theirs = ggml(kind, w.numpy(), None if im is None else im.numpy())
+                assert_same_blocks(kind, QUANTIZE[kind](w, im).numpy(), theirs,
+                                   f"{dist} {n}x{k} imatrix {im is not None}")
                 # and the layouts' dequantizer reads ggml's bytes as the gguf package does
-                gguf = pytest.importorskip("gguf")
                 ref = gguf.quants.dequantize(theirs, getattr(gguf.GGMLQuantizationType, kind))
                 assert np.array_equal(ref, gguf_blocks.dequantize_blocks(torch.from_numpy(theirs), kind).numpy())
 
@@ -240,16 +309,21 @@ def fixture_inputs() -> tuple[np.ndarray, np.ndarray]:
 
 
 def write_fixture(path: Path = FIXTURE) -> None:
-    lib = load_ggml(required_env=False)
-    w, imp = fixture_inputs()
-    arrays = {"w": w, "importance": imp}
-    for kind in KINDS:
-        arrays[kind] = ggml_quantize(lib, kind, w)
-        arrays[kind + "_imatrix"] = ggml_quantize(lib, kind, w, imp)
+    with tempfile.TemporaryDirectory() as tmp:
+        quantize = ggml_quantizer(Path(tmp))
+        if isinstance(quantize, str):
+            raise SystemExit(quantize)
+        w, imp = fixture_inputs()
+        arrays = {"w": w, "importance": imp}
+        for kind in KINDS:
+            arrays[kind] = quantize(kind, w)
+            arrays[kind + "_imatrix"] = quantize(kind, w, imp)
     src = Path(os.environ.get("QUANTKIT_LLAMA_CPP_SRC", "/work/llama/src")) / "ggml" / "src" / "ggml-quants.c"
     digest = hashlib.sha256(src.read_bytes()).hexdigest() if src.is_file() else "unknown"
-    lib_file = (Path(os.environ["QUANTKIT_LLAMA_CPP_BIN"]) / "libggml-base.so").resolve().name
-    arrays["source"] = np.array(f"ggml_quantize_chunk of {lib_file} (x86-64); ggml-quants.c sha256 {digest}")
+    folder = Path(os.environ["QUANTKIT_LLAMA_CPP_BIN"])
+    lib = next(p for p in (folder / "libggml-base.so", folder / "libggml-base.a") if p.exists())
+    arrays["source"] = np.array(f"ggml_quantize_chunk of {lib.resolve().name} ({platform.machine()}); "
+                                f"ggml-quants.c sha256 {digest}")
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(path, **arrays)
     print(f"wrote {path} ({path.stat().st_size} bytes)")
