@@ -149,7 +149,7 @@ def pack_q4_k(u: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: torch.Te
     returns uint8 [N, K/256*144] Q4_K blocks: weight i of sub-block j is (d*sc_j)*u_i - (dmin*mn_j)."""
     n, g = _check(u, "Q4_K", 0, 15, SUPER_BLOCK)
     u = u.to(torch.int16).reshape(n, g, SUPER_BLOCK)
-    return torch.cat([_k_header(d, dmin, sc, mn, n, g, "Q4_K"), _k_nibbles(u)], dim=-1).reshape(n, -1)
+    return torch.cat([_k_header(d, dmin, sc, mn, n, g, "Q4_K"), _k_nibbles(u)], dim=-1).reshape(n, g * 144)
 
 
 def pack_q5_k(u: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: torch.Tensor,
@@ -160,7 +160,7 @@ def pack_q5_k(u: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: torch.Te
     u = u.to(torch.int16).reshape(n, g, SUPER_BLOCK)
     high = (u >> 4).reshape(n, g, 8, 32) << torch.arange(8, dtype=torch.int16, device=u.device).view(8, 1)
     qh = high.sum(dim=2).to(torch.uint8)  # bit j of qh[l]: bit 4 of weight 32*j + l
-    return torch.cat([_k_header(d, dmin, sc, mn, n, g, "Q5_K"), qh, _k_nibbles(u)], dim=-1).reshape(n, -1)
+    return torch.cat([_k_header(d, dmin, sc, mn, n, g, "Q5_K"), qh, _k_nibbles(u)], dim=-1).reshape(n, g * 176)
 
 
 def pack_q6_k(q: torch.Tensor, d: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
@@ -174,14 +174,14 @@ def pack_q6_k(q: torch.Tensor, d: torch.Tensor, sc: torch.Tensor) -> torch.Tenso
     shifts = torch.arange(0, 8, 2, dtype=torch.int16, device=q.device).view(4, 1)
     qh = ((L >> 4) << shifts).sum(dim=3)  # [N, G, 2, 32]
     return torch.cat([ql.to(torch.uint8).reshape(n, g, 128), qh.to(torch.uint8).reshape(n, g, 64),
-                      sc.contiguous().view(torch.uint8), _half_bytes(d, n, g, "Q6_K d")], dim=-1).reshape(n, -1)
+                      sc.contiguous().view(torch.uint8), _half_bytes(d, n, g, "Q6_K d")], dim=-1).reshape(n, g * 210)
 
 
 def _blocks(data: torch.Tensor, kind: str) -> torch.Tensor:
     size = BLOCK_BYTES[kind]
     if data.dtype != torch.uint8 or data.dim() != 2 or data.shape[1] % size:
         raise ValueError(f"{kind}: expected uint8 [N, G*{size}], got {data.dtype} {tuple(data.shape)}")
-    return data.reshape(data.shape[0], -1, size)
+    return data.reshape(data.shape[0], data.shape[1] // size, size)
 
 
 def _half(b: torch.Tensor) -> torch.Tensor:
@@ -210,14 +210,15 @@ def unpack_q8_0(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _unpack_k_header(b: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """uint8 [N, G, bytes] Q4_K / Q5_K blocks -> (d, dmin fp16 [N, G], sc, mn uint8 [N, G*8])."""
     sc, mn = k4_scales_from_bytes(b[..., 4:4 + K_SCALE_BYTES])
-    return _half(b[..., 0:2]), _half(b[..., 2:4]), sc.reshape(b.shape[0], -1), mn.reshape(b.shape[0], -1)
+    n, g = b.shape[:2]
+    return _half(b[..., 0:2]), _half(b[..., 2:4]), sc.reshape(n, g * 8), mn.reshape(n, g * 8)
 
 
 def unpack_q4_k(data: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Inverse of pack_q4_k: uint8 [N, G*144] -> (u uint8 [N, G*256] in [0, 15], d fp16 [N, G],
     dmin fp16 [N, G], sc uint8 [N, G*8] in [0, 63], mn uint8 [N, G*8] in [0, 63])."""
     b = _blocks(data, "Q4_K")
-    u = _k_unnibbles(b[..., 16:]).to(torch.uint8).reshape(b.shape[0], -1)
+    u = _k_unnibbles(b[..., 16:]).to(torch.uint8).reshape(b.shape[0], b.shape[1] * SUPER_BLOCK)
     return (u, *_unpack_k_header(b))
 
 
@@ -229,7 +230,7 @@ def unpack_q5_k(data: torch.Tensor) -> tuple[torch.Tensor, ...]:
     qh = b[..., 16:48].to(torch.int16).reshape(n, g, 1, 32)
     high = (qh >> torch.arange(8, dtype=torch.int16, device=b.device).view(8, 1)) & 1  # [N, G, 8, 32]
     u = _k_unnibbles(b[..., 48:]) | (high.reshape(n, g, SUPER_BLOCK) << 4)
-    return (u.to(torch.uint8).reshape(n, -1), *_unpack_k_header(b))
+    return (u.to(torch.uint8).reshape(n, g * SUPER_BLOCK), *_unpack_k_header(b))
 
 
 def unpack_q6_k(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -241,8 +242,8 @@ def unpack_q6_k(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     lo = torch.cat([ql & 0xF, ql >> 4], dim=3).reshape(n, g, 2, 4, 32)  # quarters 0, 1 low; 2, 3 high
     qh = b[..., 128:192].to(torch.int16).reshape(n, g, 2, 1, 32)
     hi = (qh >> torch.arange(0, 8, 2, dtype=torch.int16, device=b.device).view(4, 1)) & 3  # [N, G, 2, 4, 32]
-    q = ((lo | (hi << 4)) - 32).to(torch.int8).reshape(n, -1)
-    sc = b[..., 192:208].contiguous().view(torch.int8).reshape(n, -1)
+    q = ((lo | (hi << 4)) - 32).to(torch.int8).reshape(n, g * SUPER_BLOCK)
+    sc = b[..., 192:208].contiguous().view(torch.int8).reshape(n, g * 16)
     return q, _half(b[..., 208:210]), sc
 
 
@@ -254,12 +255,12 @@ def dequantize_blocks(data: torch.Tensor, kind: str) -> torch.Tensor:
         n, g = d.shape
         scale = (d.float().unsqueeze(-1) * sc.float().reshape(n, g, 8)).unsqueeze(-1)
         shift = (dmin.float().unsqueeze(-1) * mn.float().reshape(n, g, 8)).unsqueeze(-1)
-        return (scale * u.float().reshape(n, g, 8, 32) - shift).reshape(n, -1)
+        return (scale * u.float().reshape(n, g, 8, 32) - shift).reshape(n, g * SUPER_BLOCK)
     if kind == "Q6_K":
         q, d, sc = unpack_q6_k(data)
         n, g = d.shape
         scale = (d.float().unsqueeze(-1) * sc.float().reshape(n, g, 16)).unsqueeze(-1)
-        return (scale * q.float().reshape(n, g, 16, 16)).reshape(n, -1)
+        return (scale * q.float().reshape(n, g, 16, 16)).reshape(n, g * SUPER_BLOCK)
     if kind == "Q4_1":
         u, d, m = unpack_q4_1(data)
         n = u.shape[0]

@@ -13,7 +13,7 @@ gguf = pytest.importorskip("gguf")
 from quantkit.kernels import gguf_blocks  # noqa: E402
 
 T = gguf.GGMLQuantizationType
-SHAPES = [(1, 256), (3, 512), (5, 1024), (2, 2560)]
+SHAPES = [(1, 256), (3, 512), (5, 1024), (2, 2560), (0, 512)]
 
 
 def random_fields(kind: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, ...]:
@@ -21,7 +21,7 @@ def random_fields(kind: str, n: int, k: int, seed: int) -> tuple[torch.Tensor, .
     g = torch.Generator().manual_seed(seed)
     gs = k // 256
     d = (torch.randn(n, gs, generator=g) * 0.02).half()
-    d[0, 0] = 0.0
+    d[:1, :1] = 0.0
     if kind == "Q6_K":
         return (torch.randint(-32, 32, (n, k), generator=g), d, torch.randint(-128, 128, (n, k // 16), generator=g))
     top = 16 if kind == "Q4_K" else 32
@@ -46,10 +46,11 @@ def test_k_blocks_match_the_gguf_package(kind, shape):
         (torch.uint8, torch.float16, torch.float16, torch.uint8, torch.uint8)
     for mine, theirs, dtype in zip(back, fields, dtypes):
         assert mine.dtype == dtype and torch.equal(mine, theirs.to(dtype))
-    theirs = gguf.quants.dequantize(data.numpy(), getattr(T, kind))
     ours = gguf_blocks.dequantize_blocks(data, kind)
     assert ours.dtype == torch.float32 and ours.shape == (n, k)
-    assert np.array_equal(theirs.view(np.uint32), ours.numpy().view(np.uint32))
+    if n:  # (the gguf package cannot reshape zero rows)
+        theirs = gguf.quants.dequantize(data.numpy(), getattr(T, kind))
+        assert np.array_equal(theirs.view(np.uint32), ours.numpy().view(np.uint32))
     # and the formula the docstring states, in fp32 with d*sc and dmin*m rounded first
     if kind == "Q6_K":
         q, d, sc = (t.float() for t in fields)
