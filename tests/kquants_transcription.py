@@ -334,7 +334,13 @@ def quantize_block_q6_k(x, qw=None) -> bytes:
 
 
 def quantize(kind: str, w: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
-    """ggml_quantize_chunk of w float32 [N, K] -> uint8 [N, K/256*bytes], block by block."""
+    """ggml_quantize_chunk of w float32 [N, K] -> uint8 [N, K/256*bytes], block by block (fp32 overflow to
+    inf and the NaN that follows are the C's too: numpy's warnings about them are silenced)."""
+    with np.errstate(all="ignore"):
+        return _quantize(kind, w, importance)
+
+
+def _quantize(kind: str, w: np.ndarray, importance: np.ndarray | None) -> np.ndarray:
     rows = []
     for row in np.asarray(w, np.float32):
         out = b""

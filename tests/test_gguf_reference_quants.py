@@ -3,7 +3,8 @@
 Three references, with and without an importance (imatrix) vector:
 - always: a line-by-line Python transcription of the C (tests/kquants_transcription.py) on fresh random
   tensors of several kinds (Gaussian, heavy-tailed, mixed sub-block scales with constant / one-signed /
-  zero sub-blocks, tiny values whose fp16 scales underflow);
+  zero sub-blocks, tiny values whose fp16 scales underflow, and the EDGE_CASES: rounding ties, sparse,
+  outliers, 1e4 and 1e-40 magnitudes, an integer grid);
 - always: bytes that ggml itself wrote (tests/data/gguf_kquants_ggml.npz, made by this file's
   write_fixture from libggml-base.so's ggml_quantize_chunk);
 - where a llama.cpp build is at hand (QUANTKIT_LLAMA_CPP_BIN holding libggml-base.so, called through
@@ -48,11 +49,21 @@ PACK = {"Q4_K": gguf_blocks.pack_q4_k, "Q5_K": gguf_blocks.pack_q5_k, "Q6_K": gg
 GGML_TYPE = {"Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # enum ggml_type (ggml.h)
 FIXTURE = Path(__file__).parent / "data" / "gguf_kquants_ggml.npz"
 DISTRIBUTIONS = ("gauss", "heavy", "mixed", "tiny")
+#: corner cases: rounding ties, mostly zeros, rare outliers, far from 1 in both directions, an integer grid
+EDGE_CASES = ("ties", "sparse", "outlier", "large", "subnormal", "int_grid")
 
 
 def sample(dist: str, n: int, k: int, g: torch.Generator) -> torch.Tensor:
-    """A float32 [N, K] weight of one of DISTRIBUTIONS."""
+    """A float32 [N, K] weight of one of DISTRIBUTIONS or EDGE_CASES."""
     x = torch.randn(n, k, generator=g)
+    edge = {"ties": lambda: torch.round(x * 8) / 8 * 0.01,
+            "sparse": lambda: x * (torch.rand(n, k, generator=g) < 0.05) * 0.05,
+            "outlier": lambda: x * 0.01 + (torch.rand(n, k, generator=g) < 1 / 256) * 10.0,
+            "large": lambda: x * 1e4,
+            "subnormal": lambda: x * 1e-40,
+            "int_grid": lambda: torch.round(x * 4).clamp(-8, 7)}
+    if dist in edge:
+        return edge[dist]()
     if dist == "gauss":
         return x * 0.05
     if dist == "heavy":  # a scale mixture: occasional outliers 10-100x the bulk
@@ -92,7 +103,7 @@ def assert_same_blocks(kind: str, ours: np.ndarray, theirs: np.ndarray, what: st
 
 
 @settings(max_examples=6, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), dist=st.sampled_from(DISTRIBUTIONS), imatrix=st.booleans())
+@given(seed=st.integers(0, 2**31 - 1), dist=st.sampled_from(DISTRIBUTIONS + EDGE_CASES), imatrix=st.booleans())
 def test_port_matches_the_c_transcription(seed, dist, imatrix):
     g = torch.Generator().manual_seed(seed)
     w = sample(dist, 2, 512, g)
@@ -298,6 +309,20 @@ def test_port_matches_llama_cpps_ggml(ggml, dist):
                 # and the layouts' dequantizer reads ggml's bytes as the gguf package does
                 ref = gguf.quants.dequantize(theirs, getattr(gguf.GGMLQuantizationType, kind))
                 assert np.array_equal(ref, gguf_blocks.dequantize_blocks(torch.from_numpy(theirs), kind).numpy())
+
+
+@pytest.mark.parametrize("dist", EDGE_CASES)
+def test_port_matches_llama_cpps_ggml_on_corner_cases(ggml, dist):
+    """Corner-case weights, with no importance, an imatrix-like one, a peaked one and an all-zero one."""
+    g = torch.Generator().manual_seed(EDGE_CASES.index(dist) + 200)
+    n, k = 8, 1024
+    w = sample(dist, n, k, g)
+    peaked = torch.where(torch.arange(k) % 97 == 0, 1e6, 1e-6)
+    for name, imp in (("none", None), ("imatrix", sample_importance(k, g)), ("peaked", peaked),
+                      ("zero", torch.zeros(k))):
+        for kind in KINDS:
+            theirs = ggml(kind, w.numpy(), None if imp is None else imp.numpy())
+            assert_same_blocks(kind, QUANTIZE[kind](w, imp).numpy(), theirs, f"{dist} importance {name}")
 
 
 def fixture_inputs() -> tuple[np.ndarray, np.ndarray]:
