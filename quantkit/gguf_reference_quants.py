@@ -21,7 +21,9 @@ true fp32 division (never a reciprocal times, which is what torch's `scalar / te
 taken in float64 and rounded (torch's fp32 CPU sqrt is not correctly rounded). This matches ggml as built
 for x86-64 without -ffast-math and without FMA contraction (llama.cpp's ggml-base is compiled without
 -march, so no FMA); a ggml built where the compiler contracts a*b+c into FMA (e.g. aarch64) can differ in
-rare blocks. The test tests/test_gguf_reference_quants.py compares against ggml's own bytes.
+rare blocks. tests/test_gguf_reference_quants.py compares against ggml's own bytes: 100% identical blocks
+measured against ggml 0.26.0 and 0.25.3 (docs/gguf-k-quants.md). Checked with CPU torch only: on a GPU
+the same ops should round alike (true division, no fast math) but that is not tested.
 
 Shapes: w float [N, K], K % 256 == 0; the *_fields functions return the fields in the shapes that
 kernels/gguf_blocks.py's pack_q4_k / pack_q5_k / pack_q6_k take, and quantize_* are those packs of them.
