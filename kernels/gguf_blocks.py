@@ -1,4 +1,5 @@
-"""GGUF (ggml) block layouts Q4_0, Q4_1 and Q8_0: the only home of their byte and nibble orders in quantkit.
+"""GGUF (ggml) block layouts Q4_0, Q4_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K: the only home of their byte
+and nibble orders in quantkit.
 
 ggml stores a row of K weights as K / 32 blocks of 32 (ggml-common.h), little-endian:
 
@@ -8,30 +9,59 @@ ggml stores a row of K weights as K / 32 blocks of 32 (ggml-common.h), little-en
 - Q4_1, 20 bytes: fp16 d, fp16 m, 16 bytes qs in the Q4_0 nibble order; y = d * nibble + m.
 - Q8_0, 34 bytes: fp16 d, then 32 int8 qs; y = d * q.
 
-Rows are independent; a tensor [N, K] is stored as uint8 [N, K / 32 * block bytes] (what the `gguf`
-package's GGUFWriter.add_tensor takes with raw_dtype=...). Pure torch, no other quantkit import.
+The K-quants store a row as K / 256 super-blocks (ggml-common.h block_q4_K / block_q5_K / block_q6_K,
+ggml-quants.c dequantize_row_q4_K / q5_K / q6_K and get_scale_min_k4):
+
+- Q4_K, 144 bytes: fp16 d, fp16 dmin, 12 bytes of scales, 128 bytes qs. Eight sub-blocks of 32, each with a
+  6-bit scale sc_j and a 6-bit min m_j (0..63): y = (d * sc_j) * u - (dmin * m_j), u in 0..15. The 12 scale
+  bytes: bytes 0-3 hold sc_0..3 in bits 0-5 and bits 4-5 of sc_4..7 in bits 6-7; bytes 4-7 the same for the
+  mins; bytes 8-11 hold the low 4 bits of sc_4..7 (low nibble) and of m_4..7 (high nibble). qs: each
+  64 weights take 32 bytes, weight l (0..31) in the low nibble of byte l, weight l + 32 in the high one.
+- Q5_K, 176 bytes: fp16 d, fp16 dmin, the 12 Q4_K scale bytes, 32 bytes qh, 128 bytes qs; u in 0..31, its
+  low 4 bits in qs as Q4_K, bit 4 of weight 32*j + l (sub-block j) in bit j of qh[l].
+- Q6_K, 210 bytes: 128 bytes ql, 64 bytes qh, 16 int8 scales (one per 16 weights), fp16 d (last):
+  y = (d * sc_j) * q, q in -32..31 stored as q + 32 (6 bits). Each 128 weights take 64 bytes of ql and 32 of
+  qh: weights l and l + 64 in the low / high nibble of ql[l], weights l + 32 and l + 96 in ql[l + 32]
+  (l in 0..31), and their upper 2 bits in qh[l] at bits 0-1, 2-3, 4-5, 6-7 for l, l + 32, l + 64, l + 96.
+
+Rows are independent; a tensor [N, K] is stored as uint8 [N, K / block weights * block bytes] (what the
+`gguf` package's GGUFWriter.add_tensor takes with raw_dtype=...). Pure torch, no other quantkit import.
 """
 
 from __future__ import annotations
 
 import torch
 
-BLOCK = 32  # weights per block, all three types
+BLOCK = 32  # weights per block of Q4_0, Q4_1, Q8_0 (and per sub-block of Q4_K / Q5_K)
+SUPER_BLOCK = 256  # weights per block of the K-quants (ggml's QK_K)
+K_SCALE_BYTES = 12  # the packed 6-bit scales and mins of a Q4_K / Q5_K super-block
 #: bytes per block of each type
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+#: weights per block of each type
+BLOCK_WEIGHTS = {"Q4_0": BLOCK, "Q4_1": BLOCK, "Q8_0": BLOCK, "Q4_K": SUPER_BLOCK, "Q5_K": SUPER_BLOCK,
+                 "Q6_K": SUPER_BLOCK}
 
 
-def _check(q: torch.Tensor, name: str, lo: int, hi: int) -> tuple[int, int]:
+def _check(q: torch.Tensor, name: str, lo: int, hi: int, block: int = BLOCK) -> tuple[int, int]:
     if q.dim() != 2:
         raise ValueError(f"{name}: expected [N, K] integers, got shape {tuple(q.shape)}")
     if q.dtype.is_floating_point or q.dtype == torch.bool:
         raise TypeError(f"{name}: expected an integer tensor, got {q.dtype}")
     n, k = q.shape
-    if k % BLOCK:
-        raise ValueError(f"{name}: K = {k} is not a multiple of the block size {BLOCK}")
+    if k % block:
+        kind = "super-block" if block == SUPER_BLOCK else "block"
+        raise ValueError(f"{name}: K = {k} is not a multiple of the {kind} size {block}")
     if q.numel() and (int(q.min()) < lo or int(q.max()) > hi):
         raise ValueError(f"{name}: values outside [{lo}, {hi}]")
-    return n, k // BLOCK
+    return n, k // block
+
+
+def _check_fields(x: torch.Tensor, name: str, n: int, g: int, lo: int, hi: int) -> torch.Tensor:
+    """An integer [N, G] field (K-quant sub-block scales or mins) in [lo, hi] -> int16 [N, G]."""
+    if tuple(x.shape) != (n, g):
+        raise ValueError(f"{name}: expected [{n}, {g}], got shape {tuple(x.shape)}")
+    _check(x, name, lo, hi, block=1)
+    return x.to(torch.int16)
 
 
 def _half_bytes(x: torch.Tensor, n: int, g: int, name: str) -> torch.Tensor:
@@ -74,6 +104,79 @@ def pack_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     return torch.cat([_half_bytes(d, n, g, "Q8_0 d"), qs], dim=-1).reshape(n, -1)
 
 
+def k4_scale_bytes(sc: torch.Tensor, mn: torch.Tensor) -> torch.Tensor:
+    """The 12 scale bytes of Q4_K / Q5_K: sc, mn int [..., 8] -> uint8 [..., 12], computed as
+    quantize_row_q4_K_ref writes them (values above 63 wrap as the C's uint8 stores do; pack_q4_k refuses them)."""
+    sc, mn = sc.to(torch.int16) & 0xFF, mn.to(torch.int16) & 0xFF
+    low = torch.cat([sc[..., :4] | ((sc[..., 4:] >> 4) << 6), mn[..., :4] | ((mn[..., 4:] >> 4) << 6),
+                     (sc[..., 4:] & 0xF) | ((mn[..., 4:] & 0xF) << 4)], dim=-1)
+    return (low & 0xFF).to(torch.uint8)
+
+
+def k4_scales_from_bytes(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of k4_scale_bytes (ggml's get_scale_min_k4): uint8 [..., 12] -> (sc, mn uint8 [..., 8] in 0..63).
+    Every 12 bytes decode to 16 six-bit values and re-encode to the same bytes."""
+    b = b.to(torch.int16)
+    q, m, lo = b[..., 0:4], b[..., 4:8], b[..., 8:12]
+    sc = torch.cat([q & 63, (lo & 0xF) | ((q >> 6) << 4)], dim=-1)
+    mn = torch.cat([m & 63, (lo >> 4) | ((m >> 6) << 4)], dim=-1)
+    return sc.to(torch.uint8), mn.to(torch.uint8)
+
+
+def _k_header(d, dmin, sc, mn, n: int, g: int, name: str) -> torch.Tensor:
+    """fp16 d, dmin [N, G], 6-bit sc, mn [N, G*8] -> uint8 [N, G, 16]: d, dmin, the 12 scale bytes."""
+    sc = _check_fields(sc, f"{name} sc", n, g * 8, 0, 63).reshape(n, g, 8)
+    mn = _check_fields(mn, f"{name} mn", n, g * 8, 0, 63).reshape(n, g, 8)
+    return torch.cat([_half_bytes(d, n, g, f"{name} d"), _half_bytes(dmin, n, g, f"{name} dmin"),
+                      k4_scale_bytes(sc, mn)], dim=-1)
+
+
+def _k_nibbles(u: torch.Tensor) -> torch.Tensor:
+    """uint [N, G, 256] (low 4 bits used) -> uint8 [N, G, 128]: per 64 weights, l low and l + 32 high nibble."""
+    u = (u & 0xF).reshape(*u.shape[:2], 4, 2, 32)
+    return (u[..., 0, :] | (u[..., 1, :] << 4)).to(torch.uint8).reshape(*u.shape[:2], 128)
+
+
+def _k_unnibbles(qs: torch.Tensor) -> torch.Tensor:
+    """Inverse of _k_nibbles: uint8 [N, G, 128] -> int16 [N, G, 256] in 0..15."""
+    qs = qs.to(torch.int16).reshape(*qs.shape[:2], 4, 1, 32)
+    return torch.cat([qs & 0xF, qs >> 4], dim=-2).reshape(*qs.shape[:2], SUPER_BLOCK)
+
+
+def pack_q4_k(u: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: torch.Tensor,
+              mn: torch.Tensor) -> torch.Tensor:
+    """u: int [N, K] in [0, 15] (K % 256 == 0); d, dmin: fp16 [N, K/256]; sc, mn: int [N, K/32] in [0, 63].
+    returns uint8 [N, K/256*144] Q4_K blocks: weight i of sub-block j is (d*sc_j)*u_i - (dmin*mn_j)."""
+    n, g = _check(u, "Q4_K", 0, 15, SUPER_BLOCK)
+    u = u.to(torch.int16).reshape(n, g, SUPER_BLOCK)
+    return torch.cat([_k_header(d, dmin, sc, mn, n, g, "Q4_K"), _k_nibbles(u)], dim=-1).reshape(n, -1)
+
+
+def pack_q5_k(u: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: torch.Tensor,
+              mn: torch.Tensor) -> torch.Tensor:
+    """u: int [N, K] in [0, 31] (K % 256 == 0); d, dmin: fp16 [N, K/256]; sc, mn: int [N, K/32] in [0, 63].
+    returns uint8 [N, K/256*176] Q5_K blocks: weight i of sub-block j is (d*sc_j)*u_i - (dmin*mn_j)."""
+    n, g = _check(u, "Q5_K", 0, 31, SUPER_BLOCK)
+    u = u.to(torch.int16).reshape(n, g, SUPER_BLOCK)
+    high = (u >> 4).reshape(n, g, 8, 32) << torch.arange(8, dtype=torch.int16, device=u.device).view(8, 1)
+    qh = high.sum(dim=2).to(torch.uint8)  # bit j of qh[l]: bit 4 of weight 32*j + l
+    return torch.cat([_k_header(d, dmin, sc, mn, n, g, "Q5_K"), qh, _k_nibbles(u)], dim=-1).reshape(n, -1)
+
+
+def pack_q6_k(q: torch.Tensor, d: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
+    """q: int [N, K] in [-32, 31] (K % 256 == 0); d: fp16 [N, K/256]; sc: int [N, K/16] in [-128, 127].
+    returns uint8 [N, K/256*210] Q6_K blocks: weight i of sub-block j (16 weights) is (d*sc_j)*q_i."""
+    n, g = _check(q, "Q6_K", -32, 31, SUPER_BLOCK)
+    sc = _check_fields(sc, "Q6_K sc", n, g * 16, -128, 127).to(torch.int8).reshape(n, g, 16)
+    L = (q.to(torch.int16) + 32).reshape(n, g, 2, 4, 32)  # [N, G, half, quarter, l]
+    lo = L & 0xF
+    ql = torch.cat([lo[..., 0, :] | (lo[..., 2, :] << 4), lo[..., 1, :] | (lo[..., 3, :] << 4)], dim=-1)
+    shifts = torch.arange(0, 8, 2, dtype=torch.int16, device=q.device).view(4, 1)
+    qh = ((L >> 4) << shifts).sum(dim=3)  # [N, G, 2, 32]
+    return torch.cat([ql.to(torch.uint8).reshape(n, g, 128), qh.to(torch.uint8).reshape(n, g, 64),
+                      sc.contiguous().view(torch.uint8), _half_bytes(d, n, g, "Q6_K d")], dim=-1).reshape(n, -1)
+
+
 def _blocks(data: torch.Tensor, kind: str) -> torch.Tensor:
     size = BLOCK_BYTES[kind]
     if data.dtype != torch.uint8 or data.dim() != 2 or data.shape[1] % size:
@@ -104,8 +207,59 @@ def unpack_q8_0(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return b[..., 2:].contiguous().view(torch.int8).reshape(b.shape[0], -1), _half(b[..., :2])
 
 
+def _unpack_k_header(b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """uint8 [N, G, bytes] Q4_K / Q5_K blocks -> (d, dmin fp16 [N, G], sc, mn uint8 [N, G*8])."""
+    sc, mn = k4_scales_from_bytes(b[..., 4:4 + K_SCALE_BYTES])
+    return _half(b[..., 0:2]), _half(b[..., 2:4]), sc.reshape(b.shape[0], -1), mn.reshape(b.shape[0], -1)
+
+
+def unpack_q4_k(data: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Inverse of pack_q4_k: uint8 [N, G*144] -> (u uint8 [N, G*256] in [0, 15], d fp16 [N, G],
+    dmin fp16 [N, G], sc uint8 [N, G*8] in [0, 63], mn uint8 [N, G*8] in [0, 63])."""
+    b = _blocks(data, "Q4_K")
+    u = _k_unnibbles(b[..., 16:]).to(torch.uint8).reshape(b.shape[0], -1)
+    return (u, *_unpack_k_header(b))
+
+
+def unpack_q5_k(data: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Inverse of pack_q5_k: uint8 [N, G*176] -> (u uint8 [N, G*256] in [0, 31], d fp16 [N, G],
+    dmin fp16 [N, G], sc uint8 [N, G*8] in [0, 63], mn uint8 [N, G*8] in [0, 63])."""
+    b = _blocks(data, "Q5_K")
+    n, g = b.shape[:2]
+    qh = b[..., 16:48].to(torch.int16).reshape(n, g, 1, 32)
+    high = (qh >> torch.arange(8, dtype=torch.int16, device=b.device).view(8, 1)) & 1  # [N, G, 8, 32]
+    u = _k_unnibbles(b[..., 48:]) | (high.reshape(n, g, SUPER_BLOCK) << 4)
+    return (u.to(torch.uint8).reshape(n, -1), *_unpack_k_header(b))
+
+
+def unpack_q6_k(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse of pack_q6_k: uint8 [N, G*210] -> (q int8 [N, G*256] in [-32, 31], d fp16 [N, G],
+    sc int8 [N, G*16])."""
+    b = _blocks(data, "Q6_K")
+    n, g = b.shape[:2]
+    ql = b[..., :128].to(torch.int16).reshape(n, g, 2, 1, 64)
+    lo = torch.cat([ql & 0xF, ql >> 4], dim=3).reshape(n, g, 2, 4, 32)  # quarters 0, 1 low; 2, 3 high
+    qh = b[..., 128:192].to(torch.int16).reshape(n, g, 2, 1, 32)
+    hi = (qh >> torch.arange(0, 8, 2, dtype=torch.int16, device=b.device).view(4, 1)) & 3  # [N, G, 2, 4, 32]
+    q = ((lo | (hi << 4)) - 32).to(torch.int8).reshape(n, -1)
+    sc = b[..., 192:208].contiguous().view(torch.int8).reshape(n, -1)
+    return q, _half(b[..., 208:210]), sc
+
+
 def dequantize_blocks(data: torch.Tensor, kind: str) -> torch.Tensor:
-    """uint8 blocks of `kind` [N, G*bytes] -> fp32 [N, G*32] (ggml's dequantize_row_* in fp32)."""
+    """uint8 blocks of `kind` [N, G*bytes] -> fp32 [N, G*weights per block] (ggml's dequantize_row_* in fp32,
+    in its order of operations: for the K-quants d*sc and dmin*m are rounded to fp32 first)."""
+    if kind in ("Q4_K", "Q5_K"):
+        u, d, dmin, sc, mn = unpack_q4_k(data) if kind == "Q4_K" else unpack_q5_k(data)
+        n, g = d.shape
+        scale = (d.float().unsqueeze(-1) * sc.float().reshape(n, g, 8)).unsqueeze(-1)
+        shift = (dmin.float().unsqueeze(-1) * mn.float().reshape(n, g, 8)).unsqueeze(-1)
+        return (scale * u.float().reshape(n, g, 8, 32) - shift).reshape(n, -1)
+    if kind == "Q6_K":
+        q, d, sc = unpack_q6_k(data)
+        n, g = d.shape
+        scale = (d.float().unsqueeze(-1) * sc.float().reshape(n, g, 16)).unsqueeze(-1)
+        return (scale * q.float().reshape(n, g, 16, 16)).reshape(n, -1)
     if kind == "Q4_1":
         u, d, m = unpack_q4_1(data)
         n = u.shape[0]
