@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kquant import KQuantWeight, kquant_weight, uniform_twin
 from ..primitives import check_range_options, compute_qparams, mse_clip_ratio, quantize
 from ..quantized_weight import QuantizedWeight
 from ..scheme import QuantScheme
@@ -37,9 +38,15 @@ class RTNOptions:
 
 
 def rtn_quantize(weight: torch.Tensor, scheme: QuantScheme, options: RTNOptions = RTNOptions(), *,
-                 scale_dtype: torch.dtype | None = None) -> QuantizedWeight:
-    """weight: float [N, K] -> QuantizedWeight (fp32 math). scale_dtype: the dtype the checkpoint stores
-    scales in; they are rounded to it before the weights are (so the mse observer scores the stored scales)."""
+                 scale_dtype: torch.dtype | None = None) -> QuantizedWeight | KQuantWeight:
+    """weight: float [N, K] -> QuantizedWeight (fp32 math; a KQuantWeight on the q4_k grid). scale_dtype: the
+    dtype the checkpoint stores scales in; they are rounded to it before the weights are (so the mse observer
+    scores the stored scales)."""
+    if scheme.grid == "q4_k":  # each group's range min-max or MSE-searched on the uniform twin grid
+        clip = None
+        if options.observer == "mse":
+            clip = mse_clip_ratio(weight, uniform_twin(scheme), grid=options.mse_grid, max_shrink=options.mse_max_shrink)
+        return kquant_weight(weight.float(), scheme, clip_ratio=clip)
     rule = dict(symmetric_scale=options.symmetric_scale, scale_dtype=scale_dtype)
     clip = None
     if options.observer == "mse" and scheme.strategy != "tensor":
