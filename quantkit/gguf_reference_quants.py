@@ -1,0 +1,392 @@
+"""llama.cpp's own quantizers for the GGUF K-quants Q4_K, Q5_K and Q6_K, ported to pure torch bit for bit.
+
+Ports of ggml/src/ggml-quants.c (the llama.cpp tree quantkit is checked against):
+
+- without importance: quantize_row_q4_K_ref, quantize_row_q5_K_ref (make_qkx2_quants, then the 6-bit
+  quantization of the sub-block scales and mins against the super-block's max) and quantize_row_q6_K_ref
+  (make_qx_quants with rmse_type 1, then int8 scales against the largest |scale|);
+- with importance (llama.cpp's imatrix path, quantize_q4_K / quantize_q5_K / quantize_q6_K given
+  quant_weights): quantize_row_q4_K_impl and quantize_row_q5_K_impl (make_qkx3_quants per sub-block,
+  make_qp_quants for the scales and mins) and quantize_row_q6_K_impl (make_qx_quants weighted by the
+  importance);
+- nearest_int (round half to even through the 1.5 * 2^23 trick, its wrap-around kept), GGML_FP32_TO_FP16
+  (round to nearest even) and the C's uint8 / int8 stores.
+
+`importance` is the imatrix of the tensor: one non-negative float per column (per input feature) [K],
+what llama-quantize passes as quant_weights. ggml_quantize_chunk uses the *_ref functions when it is None.
+
+Exactness: every step is the C's fp32 arithmetic in the C's order: the sums are accumulated element by
+element (a Python loop over the 16, 32 or 256 positions, vectorised over all rows and blocks), a / b is a
+true fp32 division (never a reciprocal times, which is what torch's `scalar / tensor` does) and sqrtf is
+taken in float64 and rounded (torch's fp32 CPU sqrt is not correctly rounded). This matches ggml as built
+for x86-64 without -ffast-math and without FMA contraction (llama.cpp's ggml-base is compiled without
+-march, so no FMA); a ggml built where the compiler contracts a*b+c into FMA (e.g. aarch64) can differ in
+rare blocks. The test tests/test_gguf_reference_quants.py compares against ggml's own bytes.
+
+Shapes: w float [N, K], K % 256 == 0; the *_fields functions return the fields in the shapes that
+kernels/gguf_blocks.py's pack_q4_k / pack_q5_k / pack_q6_k take, and quantize_* are those packs of them.
+Inputs are assumed finite (as llama-quantize checks its inputs); NaN / inf follow no documented rule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from quantkit.kernels import gguf_blocks
+
+QK_K = gguf_blocks.SUPER_BLOCK
+GROUP_MAX_EPS = np.float32(1e-15)
+#: super-blocks quantized per step (bounds the working memory: ~40 fp32 temporaries of this many x 256)
+CHUNK_BLOCKS = 1 << 14
+
+F32 = torch.float32
+
+
+def _f(v) -> np.float32:
+    """A C float literal / fp32 scalar expression value."""
+    return np.float32(v)
+
+
+def _t(v, like: torch.Tensor) -> torch.Tensor:
+    """An fp32 scalar as a 0-dim tensor on `like`'s device (so torch computes the op in fp32, elementwise)."""
+    return torch.tensor(float(v), dtype=F32, device=like.device)
+
+
+def _div(a, b: torch.Tensor) -> torch.Tensor:
+    """C's a / b in fp32, a a scalar or a tensor (torch's `scalar / tensor` is a reciprocal times: not exact)."""
+    return torch.div(a if isinstance(a, torch.Tensor) else _t(a, b), b)
+
+
+def _sqrtf(x: torch.Tensor) -> torch.Tensor:
+    """sqrtf, correctly rounded (through float64: exact for fp32)."""
+    return torch.sqrt(x.double()).float()
+
+
+def _nearest_int(f: torch.Tensor) -> torch.Tensor:
+    """ggml's nearest_int: fp32 -> int32, round half to even for |f| < 2^22 (and the C's bits beyond)."""
+    return ((f + 12582912.0).view(torch.int32) & 0x007FFFFF) - 0x00400000
+
+
+def _u8(i: torch.Tensor) -> torch.Tensor:
+    """A C store of an int into uint8_t: modulo 256 (as int32)."""
+    return i & 0xFF
+
+
+def _i8(i: torch.Tensor) -> torch.Tensor:
+    """A C store of an int into int8_t: modulo 256, two's complement (as int32)."""
+    return ((i + 128) & 0xFF) - 128
+
+
+def _to_fp16(x: torch.Tensor) -> torch.Tensor:
+    """GGML_FP32_TO_FP16: round to nearest even (torch's fp16 cast)."""
+    return x.to(torch.float16)
+
+
+def _where(c: torch.Tensor, a, b):
+    return torch.where(c, a, b)
+
+
+def _running_sum(terms) -> torch.Tensor:
+    """C's `float s = 0; for (...) s += term;`: fp32, in order."""
+    acc = None
+    for term in terms:
+        acc = torch.zeros_like(term) + term if acc is None else acc + term
+    return acc
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+# Each works on x [..., n] (the C's x[0..n-1] as the last dimension), vectorised over the leading ones.
+
+def _make_qkx_quants(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, rdelta: float, nstep: int,
+                     qkx3: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """make_qkx2_quants (qkx3 False) or make_qkx3_quants with weights (use_mad false).
+    x, w: fp32 [..., n]. returns (L int32 [..., n] in 0..nmax, scale fp32 [...], the_min fp32 [...])."""
+    n = x.shape[-1]
+    mn, mx = x[..., 0], x[..., 0]
+    sum_w = w[..., 0]
+    sum_x = sum_w * x[..., 0]
+    for i in range(1, n):
+        xi, wi = x[..., i], w[..., i]
+        mn = _where(xi < mn, xi, mn)
+        mx = _where(xi > mx, xi, mx)
+        sum_w = sum_w + wi
+        sum_x = sum_x + wi * xi
+    zero = torch.zeros_like(mn)
+    mn = _where(mn > 0, zero, mn)
+    flat = (mx <= mn) if qkx3 else (mx == mn)
+    rng = mx - mn
+    iscale = _div(_f(nmax), rng)
+    scale = _div(_f(1), iscale)
+    L = _nearest_int(iscale.unsqueeze(-1) * (x - mn.unsqueeze(-1))).clamp(0, nmax)
+    Lf = L.float()
+    best = _running_sum(w[..., i] * _sq(scale * Lf[..., i] + mn - x[..., i]) for i in range(n))
+    flat_min = mn
+    for step in range(nstep + 1):
+        num = _f(_f(rmin) + _f(rdelta) * _f(step)) + _f(nmax)
+        iscale = _div(num, mx - mn)  # the C's min is the best fit so far: it moves
+        v = iscale.unsqueeze(-1) * (x - mn.unsqueeze(-1))
+        if qkx3:
+            nmax_t = _t(nmax, v)
+            Laux = _where(v > 0, _nearest_int(_where(v < nmax_t, v, nmax_t)), torch.zeros_like(L))
+        else:
+            Laux = _nearest_int(v).clamp(0, nmax)
+        la = Laux.float()
+        sum_l = _running_sum(w[..., i] * la[..., i] for i in range(n))
+        sum_l2 = _running_sum(w[..., i] * la[..., i] * la[..., i] for i in range(n))
+        sum_xl = _running_sum(w[..., i] * la[..., i] * x[..., i] for i in range(n))
+        D = sum_w * sum_l2 - sum_l * sum_l
+        this_scale = torch.div(sum_w * sum_xl - sum_x * sum_l, D)
+        this_min = torch.div(sum_l2 * sum_x - sum_l * sum_xl, D)
+        pos = this_min > 0
+        this_min = _where(pos, zero, this_min)
+        this_scale = _where(pos, torch.div(sum_xl, sum_l2), this_scale)
+        cur = _running_sum(w[..., i] * _sq(this_scale * la[..., i] + this_min - x[..., i]) for i in range(n))
+        better = (D > 0) & (cur < best)
+        L = _where(better.unsqueeze(-1), Laux, L)
+        best = _where(better, cur, best)
+        scale = _where(better, this_scale, scale)
+        mn = _where(better, this_min, mn)
+    L = _where(flat.unsqueeze(-1), torch.zeros_like(L), L)
+    scale = _where(flat, zero, scale)
+    mn = _where(flat, flat_min, mn)
+    return L, scale, -mn
+
+
+def _sq(d: torch.Tensor) -> torch.Tensor:
+    return d * d
+
+
+def _make_qp_quants(x: torch.Tensor, qw: torch.Tensor, nmax: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """make_qp_quants. x, qw: fp32 [..., n]. returns (L int32 [..., n] in 0..255 (a uint8 in C), scale [...])."""
+    n = x.shape[-1]
+    mx = torch.zeros_like(x[..., 0])
+    for i in range(n):
+        mx = _where(mx > x[..., i], mx, x[..., i])
+    zero_group = mx < _t(GROUP_MAX_EPS, mx)
+    iscale = _div(_f(nmax), mx)
+    L = _u8(_nearest_int(iscale.unsqueeze(-1) * x))
+    scale = _div(_f(1), iscale)
+    Lf = L.float()
+    best = _running_sum(qw[..., i] * (x[..., i] - scale * Lf[..., i]) * (x[..., i] - scale * Lf[..., i])
+                        for i in range(n))
+    for step in (-4, -3, -2, -1, 1, 2, 3, 4):
+        iscale_is = _div(_f(_f(0.1) * _f(step)) + _f(nmax), mx)
+        scale_is = _div(_f(1), iscale_is)
+        lf = _nearest_int(iscale_is.unsqueeze(-1) * x).clamp(max=nmax).float()
+        mse = _running_sum(qw[..., i] * (x[..., i] - scale_is * lf[..., i]) * (x[..., i] - scale_is * lf[..., i])
+                           for i in range(n))
+        better = mse < best
+        best = _where(better, mse, best)
+        iscale = _where(better, iscale_is, iscale)
+    l = _nearest_int(iscale.unsqueeze(-1) * x).clamp(max=nmax)
+    L = _u8(l)
+    lf = l.float()
+    sumlx = _running_sum(qw[..., i] * x[..., i] * lf[..., i] for i in range(n))
+    suml2 = _running_sum(qw[..., i] * lf[..., i] * lf[..., i] for i in range(n))
+    # five passes; a pass that changes nothing leaves the state as it was, so the C's early exit changes nothing
+    for _ in range(5):
+        for i in range(n):
+            w, xi, Li = qw[..., i], x[..., i], L[..., i]
+            Lif = Li.float()
+            slx = sumlx - w * xi * Lif
+            sl2 = suml2 - w * Lif * Lif
+            ok = (slx > 0) & (sl2 > 0)
+            new_l = _nearest_int(torch.div(xi * sl2, slx)).clamp(max=nmax)
+            nf = new_l.float()
+            slx = slx + w * xi * nf
+            sl2 = sl2 + w * nf * nf
+            take = ok & (new_l != Li) & (slx * slx * suml2 > sumlx * sumlx * sl2)
+            L = L.clone()
+            L[..., i] = _where(take, _u8(new_l), Li)
+            sumlx = _where(take, slx, sumlx)
+            suml2 = _where(take, sl2, suml2)
+    zero = torch.zeros_like(mx)
+    scale = _where(suml2 > 0, torch.div(sumlx, suml2), zero)
+    return _where(zero_group.unsqueeze(-1), torch.zeros_like(L), L), _where(zero_group, zero, scale)
+
+
+def _make_qx_quants(x: torch.Tensor, nmax: int, qw: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """make_qx_quants with rmse_type 1 (weights x*x, or qw). x: fp32 [..., n]; qw broadcastable to x.
+    returns (L int32 [..., n] in 0..2*nmax-1 (q + nmax), scale fp32 [...])."""
+    n = x.shape[-1]
+    amax = torch.zeros_like(x[..., 0])
+    mx = torch.zeros_like(amax)
+    for i in range(n):
+        ax = x[..., i].abs()
+        up = ax > amax
+        amax = _where(up, ax, amax)
+        mx = _where(up, x[..., i], mx)
+    zero_group = amax < _t(GROUP_MAX_EPS, amax)
+    w = x * x if qw is None else qw.expand_as(x)
+
+    def fit(iscale):
+        l = _nearest_int(iscale.unsqueeze(-1) * x).clamp(-nmax, nmax - 1)
+        lf = l.float()
+        sumlx = _running_sum(w[..., i] * x[..., i] * lf[..., i] for i in range(n))
+        suml2 = _running_sum(w[..., i] * lf[..., i] * lf[..., i] for i in range(n))
+        return l + nmax, sumlx, suml2
+
+    zero = torch.zeros_like(amax)
+    L, sumlx, suml2 = fit(_div(_f(-nmax), mx))
+    scale = _where(suml2 != 0, torch.div(sumlx, suml2), zero)
+    best = scale * sumlx
+    for step in range(-9, 10):
+        if step == 0:
+            continue
+        Lis, sumlx, suml2 = fit(_div(-_f(_f(nmax) + _f(_f(0.1) * _f(step))), mx))
+        take = (suml2 > 0) & (sumlx * sumlx > best * suml2)
+        L = _where(take.unsqueeze(-1), Lis, L)
+        scale = _where(take, torch.div(sumlx, suml2), scale)
+        best = _where(take, scale * sumlx, best)
+    return _where(zero_group.unsqueeze(-1), torch.zeros_like(L), L), _where(zero_group, zero, scale)
+
+
+# ------------------------------------------------------------------------------------------- the rows
+
+def _check(w: torch.Tensor, importance: torch.Tensor | None, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.dtype.is_floating_point:
+        raise ValueError(f"{name}: expected a float tensor [N, K], got "
+                         f"{getattr(w, 'dtype', type(w).__name__)} {tuple(getattr(w, 'shape', ()))}")
+    if w.shape[1] % QK_K:
+        raise ValueError(f"{name}: K = {w.shape[1]} is not a multiple of the super-block size {QK_K}")
+    if importance is not None:
+        if not isinstance(importance, torch.Tensor) or tuple(importance.shape) != (w.shape[1],):
+            raise ValueError(f"{name}: importance must be a tensor [K] = [{w.shape[1]}], got "
+                             f"{tuple(getattr(importance, 'shape', ()))}")
+        importance = importance.to(device=w.device, dtype=F32)
+        if not bool(torch.isfinite(importance).all()) or bool((importance < 0).any()):
+            raise ValueError(f"{name}: importance must be finite and non-negative")
+    return w.to(F32), importance
+
+
+def _chunks(n: int, k: int):
+    rows = max(1, CHUNK_BLOCKS * QK_K // max(k, 1))
+    for r in range(0, n, rows):
+        yield slice(r, min(n, r + rows))
+
+
+def _q45_fields(x: torch.Tensor, qw: torch.Tensor | None, nmax: int, ref: tuple[float, float, int],
+                clamp_impl_scales: bool) -> tuple[torch.Tensor, ...]:
+    """quantize_row_q{4,5}_K_ref (qw None) or _impl. x: fp32 [N, G, 8, 32]; qw: fp32 [G, 8, 32] or None.
+    returns (L [N, G, 8, 32], d fp16 [N, G], dmin fp16 [N, G], sc [N, G, 8], mn [N, G, 8]) as int32 / fp16."""
+    if qw is None:
+        sum_x2 = _running_sum(x[..., l] * x[..., l] for l in range(32))
+        av_x = _sqrtf(torch.div(sum_x2, _t(32, sum_x2)))
+        weights = av_x.unsqueeze(-1) + x.abs()
+        L, scales, mins = _make_qkx_quants(x, weights, nmax, *ref, qkx3=False)
+        max_scale = torch.zeros_like(scales[..., 0])
+        max_min = torch.zeros_like(max_scale)
+        for j in range(8):
+            max_scale = _where(scales[..., j] > max_scale, scales[..., j], max_scale)
+            max_min = _where(mins[..., j] > max_min, mins[..., j], max_min)
+        zero = torch.zeros_like(max_scale)
+        inv_scale = _where(max_scale > 0, _div(_f(63), max_scale), zero)
+        inv_min = _where(max_min > 0, _div(_f(63), max_min), zero)
+        ls = _u8(_nearest_int(inv_scale.unsqueeze(-1) * scales)).clamp(max=63)
+        lm = _u8(_nearest_int(inv_min.unsqueeze(-1) * mins)).clamp(max=63)
+        d = _to_fp16(torch.div(max_scale, _t(63, max_scale)))
+        dmin = _to_fp16(torch.div(max_min, _t(63, max_min)))
+    else:
+        flat = x.flatten(-2)
+        sum_x2 = _running_sum(flat[..., l] * flat[..., l] for l in range(QK_K))
+        sigma2 = torch.div(2 * sum_x2, _t(QK_K, sum_x2))
+        weights = qw * _sqrtf(sigma2[..., None, None] + x * x)
+        sw = _running_sum(weights[..., l] for l in range(32))
+        L, scales, mins = _make_qkx_quants(x, weights, nmax, -0.9, 0.05, 36, qkx3=True)
+        ls, d_block = _make_qp_quants(scales, sw, 63)
+        lm, m_block = _make_qp_quants(mins, sw, 63)
+        if clamp_impl_scales:  # quantize_row_q5_K_impl clamps to 63; quantize_row_q4_K_impl does not
+            ls, lm = ls.clamp(max=63), lm.clamp(max=63)
+        d, dmin = _to_fp16(d_block), _to_fp16(m_block)
+    # the C packs ls / lm into 12 bytes (wrapping as uint8 does) and reads them back with get_scale_min_k4
+    sc, mn = gguf_blocks.k4_scales_from_bytes(gguf_blocks.k4_scale_bytes(ls, lm))
+    sc, mn = sc.to(torch.int32), mn.to(torch.int32)
+    dd = d.float().unsqueeze(-1) * sc.float()
+    dm = dmin.float().unsqueeze(-1) * mn.float()
+    l = _nearest_int(torch.div(x + dm.unsqueeze(-1), dd.unsqueeze(-1).expand_as(x))).clamp(0, nmax)
+    L = _where((dd == 0).unsqueeze(-1), L, l)
+    return L, d, dmin, sc, mn
+
+
+def _k_fields(w, importance, name, nmax, ref, clamp_impl_scales):
+    w, importance = _check(w, importance, name)
+    n, k = w.shape
+    g = k // QK_K
+    qw = None if importance is None else importance.reshape(g, 8, 32)
+    parts = [_q45_fields(w[rows].reshape(-1, g, 8, 32), qw, nmax, ref, clamp_impl_scales) for rows in _chunks(n, k)]
+    u, d, dmin, sc, mn = (torch.cat(p, dim=0) for p in zip(*parts)) if parts else \
+        (torch.zeros(0, g, 8, 32, dtype=torch.int32), *(torch.zeros(0, g, dtype=torch.float16),) * 2,
+         *(torch.zeros(0, g, 8, dtype=torch.int32),) * 2)
+    return (u.to(torch.uint8).reshape(n, k), d, dmin, sc.to(torch.uint8).reshape(n, g * 8),
+            mn.to(torch.uint8).reshape(n, g * 8))
+
+
+def q4_k_fields(w: torch.Tensor, importance: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """llama.cpp's Q4_K quantization of w float [N, K] (K % 256 == 0), optionally with the imatrix
+    `importance` [K] (quantize_q4_K: quantize_row_q4_K_ref without, quantize_row_q4_K_impl with).
+    returns (u uint8 [N, K] in 0..15, d fp16 [N, K/256], dmin fp16 [N, K/256], sc uint8 [N, K/32] in 0..63,
+    mn uint8 [N, K/32] in 0..63): the arguments of gguf_blocks.pack_q4_k."""
+    return _k_fields(w, importance, "Q4_K", 15, (-1.0, 0.1, 20), clamp_impl_scales=False)
+
+
+def q5_k_fields(w: torch.Tensor, importance: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """llama.cpp's Q5_K quantization (quantize_row_q5_K_ref / _impl) of w float [N, K]: as q4_k_fields with
+    u in 0..31; the arguments of gguf_blocks.pack_q5_k."""
+    return _k_fields(w, importance, "Q5_K", 31, (-0.5, 0.1, 15), clamp_impl_scales=True)
+
+
+def _q6_fields(x: torch.Tensor, qw: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """quantize_row_q6_K_ref (qw None) or _impl. x: fp32 [N, G, 16, 16]; qw: fp32 [G, 16, 16] or None.
+    returns (L int32 [N, G, 16, 16] in 0..63 (q + 32), d fp16 [N, G], sc int32 [N, G, 16] in -128..127)."""
+    L, scales = _make_qx_quants(x, 32, qw)
+    max_abs = torch.zeros_like(scales[..., 0])
+    max_scale = torch.zeros_like(max_abs)
+    for ib in range(16):
+        a = scales[..., ib].abs()
+        up = a > max_abs
+        max_abs = _where(up, a, max_abs)
+        max_scale = _where(up, scales[..., ib], max_scale)
+    zero_block = max_abs < _t(GROUP_MAX_EPS, max_abs)
+    iscale = _div(_f(-128), max_scale)
+    d = _to_fp16(_div(_f(1), iscale))
+    sc = _i8(_nearest_int(iscale.unsqueeze(-1) * scales).clamp(max=127))
+    dd = d.float().unsqueeze(-1) * sc.float()
+    l = _nearest_int(torch.div(x, dd.unsqueeze(-1).expand_as(x))).clamp(-32, 31) + 32
+    L = _where((dd == 0).unsqueeze(-1), L, l)
+    # a block whose scales are all ~0 is written as zero bytes: q = -32, sc = 0, d = +0
+    L = _where(zero_block[..., None, None], torch.zeros_like(L), L)
+    sc = _where(zero_block.unsqueeze(-1), torch.zeros_like(sc), sc)
+    d = _where(zero_block, torch.zeros_like(d), d)
+    return L, d, sc
+
+
+def q6_k_fields(w: torch.Tensor, importance: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """llama.cpp's Q6_K quantization (quantize_row_q6_K_ref without importance, quantize_row_q6_K_impl with)
+    of w float [N, K] (K % 256 == 0). returns (q int8 [N, K] in -32..31, d fp16 [N, K/256],
+    sc int8 [N, K/16]): the arguments of gguf_blocks.pack_q6_k."""
+    w, importance = _check(w, importance, "Q6_K")
+    n, k = w.shape
+    g = k // QK_K
+    qw = None if importance is None else importance.reshape(g, 16, 16)
+    parts = [_q6_fields(w[rows].reshape(-1, g, 16, 16), qw) for rows in _chunks(n, k)]
+    if not parts:
+        return (torch.zeros(0, k, dtype=torch.int8), torch.zeros(0, g, dtype=torch.float16),
+                torch.zeros(0, g * 16, dtype=torch.int8))
+    L, d, sc = (torch.cat(p, dim=0) for p in zip(*parts))
+    return (L - 32).to(torch.int8).reshape(n, k), d, sc.to(torch.int8).reshape(n, g * 16)
+
+
+def quantize_q4_k(w: torch.Tensor, importance: torch.Tensor | None = None) -> torch.Tensor:
+    """ggml_quantize_chunk(GGML_TYPE_Q4_K, w, ..., importance): w float [N, K] -> uint8 [N, K/256*144]."""
+    return gguf_blocks.pack_q4_k(*q4_k_fields(w, importance))
+
+
+def quantize_q5_k(w: torch.Tensor, importance: torch.Tensor | None = None) -> torch.Tensor:
+    """ggml_quantize_chunk(GGML_TYPE_Q5_K, w, ..., importance): w float [N, K] -> uint8 [N, K/256*176]."""
+    return gguf_blocks.pack_q5_k(*q5_k_fields(w, importance))
+
+
+def quantize_q6_k(w: torch.Tensor, importance: torch.Tensor | None = None) -> torch.Tensor:
+    """ggml_quantize_chunk(GGML_TYPE_Q6_K, w, ..., importance): w float [N, K] -> uint8 [N, K/256*210]."""
+    return gguf_blocks.pack_q6_k(*q6_k_fields(w, importance))
