@@ -16,7 +16,7 @@ All math is fp32 on [N, K] weights; the fields are shaped as gguf_blocks.pack_q4
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -66,12 +66,6 @@ class KQuantWeight:
     def dequantize(self) -> torch.Tensor:
         """fp32 [N, K], as ggml's dequantize_row_q4_K computes it."""
         return dequantize(self.u, self.scale(), self.minimum())
-
-
-def uniform_twin(scheme):
-    """The compressed-tensors scheme of the same groups (int4 asym g32, integer zero points): the grid a
-    range search scores a Q4_K group's candidate ranges on before they are rounded to the 6-bit fields."""
-    return replace(scheme, grid="uniform")
 
 
 def group_scale(super_value: torch.Tensor, field: torch.Tensor) -> torch.Tensor:
@@ -141,6 +135,15 @@ def grid_fields(w: torch.Tensor, importance: torch.Tensor | None = None,
     if clip_ratio is not None:
         s, m = s * clip_ratio, m * clip_ratio
     return super_block_fields(s, m)
+
+
+def searched_fields(w: torch.Tensor, importance: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """The Q4_K fields llama.cpp's own quantizer chooses (quantkit.gguf_reference_quants: make_qkx2_quants'
+    weighted least-squares search of each group's step and minimum, or with `importance` [K] the imatrix
+    path's make_qkx3_quants / make_qp_quants): (d, dmin, sc, mn) as grid_fields returns them."""
+    from .gguf_reference_quants import q4_k_fields
+
+    return q4_k_fields(w.float(), None if importance is None else importance.float())[1:]
 
 
 def kquant_weight(w: torch.Tensor, scheme, fields: tuple[torch.Tensor, ...] | None = None,

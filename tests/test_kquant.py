@@ -100,7 +100,8 @@ def test_scheme_and_recipe_validation():
 
 def _source(tmp_path, family="llama", tied=True):
     tiny = resolve_model_name("ref:tiny")
-    model = make_random_model(family, seed=7, vocab=4160, tied=tied, hidden=256, intermediate=512).to(torch.bfloat16)
+    model = make_random_model(family, seed=7, vocab=4160, tied=tied, layers=1, hidden=256,
+                              intermediate=512).to(torch.bfloat16)
     src = tmp_path / f"{family}-src"
     model.save_pretrained(src)
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -116,18 +117,18 @@ def test_quantize_to_gguf_reads_back_bit_for_bit(tmp_path, capsys, family, recip
     calib = [] if recipe.endswith("rtn-q4k") else ["--calib", "ref", "--calib-samples", "4", "--calib-seq-len", "64"]
     assert main(["quantize", str(src), "--recipe", recipe, "--out", str(out), *calib]) == 0
     printed = capsys.readouterr().out
-    assert "file type Q4_K_S" in printed and "14 Q4_K" in printed and "on the Q4_K grid: 14 linears" in printed
+    assert "file type Q4_K_S" in printed and "7 Q4_K" in printed and "on the Q4_K grid: 7 linears" in printed
     # the same quantization in this process (RTN is deterministic; calibrated recipes: compare the file
     # with what quantkit computes from it, below)
     reader = gguf.GGUFReader(str(out))
     tensors = {t.name: t for t in reader.tensors}
     arch = {"llama": "LLAMA", "qwen3": "QWEN3", "qwen2": "QWEN2"}[family]
-    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch), 2)
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch), 1)
     model = quantkit.load(src, dtype=torch.bfloat16)
     if recipe.endswith("rtn-q4k"):
         quantkit.quantize(model, recipe, progress=False)
         layers = {n: m for n, m in model.named_modules() if isinstance(m, KQuantLinear)}
-        assert len(layers) == 14
+        assert len(layers) == 7
         for name, layer in layers.items():
             t = tensors[names.get_name(name + ".weight", try_suffixes=(".weight",))]
             assert t.tensor_type == T.Q4_K
@@ -169,3 +170,22 @@ def test_kquant_linear_forward_is_its_dequantized_weight():
     x = torch.randn(5, 512)
     torch.testing.assert_close(layer(x), x @ kw.dequantize().T + bias)
     assert not isinstance(layer, QuantLinear)
+
+
+def test_float_tensors_in_llama_cpps_k_quants(tmp_path, capsys):
+    """--float-type q6_k / q4_k: the embedding in llama.cpp's own rounding (gguf_reference_quants), falling
+    back to Q8_0 where the width is no multiple of 256, as llama-quantize does."""
+    from quantkit.gguf_reference_quants import quantize_q6_k
+
+    src = _source(tmp_path)
+    out = tmp_path / "q6.gguf"
+    assert main(["quantize", str(src), "--recipe", "w4a16-rtn-q4k", "--out", str(out), "--float-type", "q6_k"]) == 0
+    assert "1 Q6_K" in capsys.readouterr().out
+    embd = {t.name: t for t in gguf.GGUFReader(str(out)).tensors}["token_embd.weight"]
+    assert embd.tensor_type == T.Q6_K
+    weight = quantkit.load(src, dtype=torch.float32).get_input_embeddings().weight.detach()
+    assert np.array_equal(np.asarray(embd.data).reshape(-1), quantize_q6_k(weight).numpy().reshape(-1))
+    tiny = tmp_path / "tiny.gguf"  # width 128: Q8_0
+    assert main(["quantize", "ref:tiny", "--recipe", "w4a16-rtn-g32", "--dtype", "bfloat16", "--out", str(tiny),
+                 "--float-type", "q6_k"]) == 0
+    assert {t.name: t for t in gguf.GGUFReader(str(tiny)).tensors}["token_embd.weight"].tensor_type == T.Q8_0

@@ -44,9 +44,13 @@ QUANTKIT = (
     ("quantkit RTN", "Q4_1", "w4a16-rtn-asym-g32", {}),
     ("quantkit GPTQ", "Q4_1", "w4a16-gptq-asym-g32", {}),
     ("quantkit RTN", "Q8_0", "w8a16-rtn-g32", {}),
+    # on llama.cpp's Q4_K grid: no checkpoint (compressed-tensors cannot hold it), quantize writes the GGUF file
+    ("quantkit RTN", "Q4_K", "w4a16-rtn-q4k", {}),
+    ("quantkit GPTQ", "Q4_K", "w4a16-gptq-q4k", {}),
+    ("quantkit AWQ", "Q4_K", "w4a16-awq-q4k", {}),
 )
-LLAMA_TYPES = ("Q4_0", "Q4_1", "Q8_0")
-IMATRIX_TYPES = ("Q4_0", "Q4_1")  # llama.cpp's Q8_0 ignores an importance matrix
+LLAMA_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K_S", "Q4_K_M")
+IMATRIX_TYPES = ("Q4_0", "Q4_1", "Q4_K_S", "Q4_K_M")  # llama.cpp's Q8_0 ignores an importance matrix
 
 
 def log(message: str) -> None:
@@ -120,26 +124,40 @@ def llama_cpp_files(args, work: Path, folder: Path, calib_text: Path) -> dict[st
             if not out.is_file():
                 sh([str(bins / "llama-quantize")] + (["--imatrix", str(imatrix)] if with_imatrix else []) +
                    [str(src_gguf), str(out), kind, "2"], work / f"{out.stem}.log")
-            files[name] = (kind, out)
+            files[name] = ("Q4_K" if kind.startswith("Q4_K") else kind, out)
     return files
 
 
 def quantkit_files(args, work: Path, folder: Path, calib_ids: torch.Tensor) -> dict[str, tuple[str, Path, float]]:
     import quantkit
+    from quantkit.formats.gguf import export_gguf
     from quantkit.loading import load_float_model
 
     files = {}
-    for (row, kind, recipe_name, overrides), float_type in [(v, t) for v in QUANTKIT for t in ("auto", "q8_0")]:
+    in_memory = {}  # Q4_K-grid recipes: slug -> the quantized model
+    for (row, kind, recipe_name, overrides), float_type in [(v, t) for v in QUANTKIT for t in ("auto", args.embedding)]:
         if overrides and (float_type != "auto" or args.no_ablations):
             continue
         if args.only_recipes and recipe_name not in args.only_recipes.split(","):
             continue
-        if float_type != "auto" and args.no_ablations and recipe_name not in ("w4a16-gptq-g32", "w8a16-rtn-g32"):
+        if float_type != "auto" and args.no_ablations and recipe_name not in (
+                "w4a16-gptq-g32", "w8a16-rtn-g32", "w4a16-gptq-q4k"):
             continue  # the embedding as Q8_0 only for the rows the speed comparison reads
         slug = recipe_name + "".join(f"-{k}-{v}" for k, v in overrides.items())
         ckpt = work / "checkpoints" / slug
         out = work / f"quantkit-{slug}{'' if float_type == 'auto' else '-emb-' + float_type}.gguf"
         info = work / f"quantkit-{slug}.json"
+        grid = quantkit.load_recipe(recipe_name).weights.grid
+        if grid != "uniform" and not out.is_file():  # the GGUF file is the only form: quantize writes it
+            if slug not in in_memory:  # once per recipe, written with each embedding type
+                log(f"quantize {slug}")
+                model = load_float_model(str(folder), dtype=torch.float32)
+                start = time.perf_counter()
+                r = quantkit.load_recipe(recipe_name)
+                quantkit.quantize(model, r, calib_ids if r.needs_calibration else None, progress=False)
+                info.write_text(json.dumps({"quantize_seconds": round(time.perf_counter() - start, 1)}))
+                in_memory[slug] = model
+            export_gguf(in_memory[slug], folder, out, float_type=float_type)
         if not out.is_file():
             if not (ckpt / "config.json").is_file():
                 log(f"quantize {slug}")
@@ -181,9 +199,13 @@ def main() -> None:
     p.add_argument("--llama-src", default="/work/llama/src")
     p.add_argument("--out", required=True, help="writes OUT.json and OUT.md")
     p.add_argument("--no-bench", action="store_true")
+    p.add_argument("--embedding", default="q8_0", choices=("q8_0", "q6_k"),
+                   help="the second embedding type of each quantkit row: llama-quantize's for the model (Q6_K when "
+                        "its width is a multiple of 256, else Q8_0)")
     p.add_argument("--only-recipes", default=None, help="comma-separated quantkit recipes to run (default: all)")
     p.add_argument("--no-ablations", action="store_true",
-                   help="leave out the rows of the previous scale rule, and the Q8_0 embedding but for GPTQ Q4_0 / RTN Q8_0")
+                   help="leave out the rows of the previous scale rule, and the --embedding variant but for GPTQ "
+                        "Q4_0 / Q4_K and RTN Q8_0")
     args = p.parse_args()
     torch.set_num_threads(2)
     work = Path(args.work)

@@ -59,7 +59,8 @@ class GPTQOptions:
     symmetric_scale: symmetric schemes' scale rule, absmax / qmax ("qmax", int4: /7) or absmax / half the
       signed range ("half_range", int4: /7.5, the top value clipped to 7: llm-compressor's convention).
     observer: how a group's range is chosen: "minmax" (its min and max) or "mse" (shrunk by the factor
-      1 - i/mse_grid, i <= mse_max_shrink * mse_grid, with the least diag(H)-weighted squared error).
+      1 - i/mse_grid, i <= mse_max_shrink * mse_grid, with the least diag(H)-weighted squared error; on the
+      q4_k grid, llama.cpp's importance-weighted search with diag(H) as the importance).
     moe_calibrate_all_experts: mixture-of-experts models: each expert's statistics come from every
       calibration token (as llm-compressor's default); False: only from the tokens routed to it. The
       block's output always follows the router's choice.
@@ -165,14 +166,13 @@ def _qparams(w: torch.Tensor, energy: torch.Tensor, scheme: QuantScheme, scale_d
     return scale, (zero.float() if zero is not None else None)
 
 
-def _kquant_fields(w: torch.Tensor, energy: torch.Tensor, scheme: QuantScheme, options: GPTQOptions):
-    """Q4_K fields (d, dmin, sc, mn) of w [N, K] (kquant.grid_fields): each group's min-max range, or with
-    the "mse" observer the range shrunk as on the uniform twin grid, weighted by diag(H)."""
-    clip = None
+def _kquant_fields(w: torch.Tensor, energy: torch.Tensor, options: GPTQOptions):
+    """Q4_K fields (d, dmin, sc, mn) of w [N, K]: each group's min-max range (kquant.grid_fields), or with
+    the "mse" observer llama.cpp's importance-weighted search with diag(H) as the importance
+    (kquant.searched_fields; llama.cpp's importance matrix is the same mean of x^2 per input)."""
     if options.observer == "mse":
-        clip = mse_clip_ratio(w.float(), kquant.uniform_twin(scheme), importance=energy.float(),
-                              grid=options.mse_grid, max_shrink=options.mse_max_shrink)
-    return kquant.grid_fields(w.float(), clip_ratio=clip)
+        return kquant.searched_fields(w, importance=energy)
+    return kquant.grid_fields(w.float())
 
 
 def gptq_quantize(
@@ -217,7 +217,7 @@ def gptq_quantize(
     kgrid = scheme.grid == "q4_k"  # static too: a super-block's fields span eight groups
     static = scheme.strategy == "channel" or options.act_order or kgrid
     if kgrid:
-        fields = _kquant_fields(w, energy, scheme, options)
+        fields = _kquant_fields(w, energy, options)
         scales.copy_(kquant.group_scale(fields[0], fields[2]))
         minimums = kquant.group_scale(fields[1], fields[3]).to(dtype)  # [N, G]
     elif static:

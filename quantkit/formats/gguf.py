@@ -257,17 +257,27 @@ def _set_vocab(writer, folder: Path, vocab_size: int) -> None:
 
 
 def _float_tensor(t: torch.Tensor, float_type: str):
-    """(numpy data, ggml type) for a float tensor written in float_type (f32 / f16 / bf16 / q8_0)."""
+    """(numpy data, ggml type) for a float tensor written in float_type (FLOAT_TYPES but auto). q8_0 is
+    the gguf package's rounding, q6_k / q4_k llama.cpp's (quantkit.gguf_reference_quants); as llama-quantize
+    falls back, a width that is no multiple of 32 gets F16, one that is no multiple of 256 gets Q8_0 for
+    q6_k / q4_k (llama-quantize: Q8_0 / Q5_0)."""
     import gguf
 
-    qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
-             "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[float_type]
-    data = t.detach().float().cpu().numpy()
+    data = t.detach().float().cpu()
+    width = data.shape[-1]
+    if float_type in ("q6_k", "q4_k") and width % gguf_blocks.SUPER_BLOCK:
+        float_type = "q8_0"
+    if float_type == "q8_0" and width % gguf_blocks.BLOCK:
+        float_type = "f16"
+    qtype = getattr(gguf.GGMLQuantizationType, float_type.upper())
     if float_type == "f32":
-        return data, qtype
-    if float_type == "q8_0" and data.shape[-1] % gguf_blocks.BLOCK:
-        qtype = gguf.GGMLQuantizationType.F16  # what llama.cpp's converter falls back to
-    return gguf.quants.quantize(data, qtype), qtype
+        return data.numpy(), qtype
+    if float_type in ("q6_k", "q4_k"):
+        from .. import gguf_reference_quants
+
+        quantize = gguf_reference_quants.quantize_q6_k if float_type == "q6_k" else gguf_reference_quants.quantize_q4_k
+        return quantize(data).numpy(), qtype
+    return gguf.quants.quantize(data.numpy(), qtype), qtype
 
 
 def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float_type: str = "auto",
