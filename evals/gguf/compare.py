@@ -9,7 +9,8 @@ For one float model (SmolLM2-135M-Instruct as evals/quality/smollm2.py makes it,
   for llama-imatrix), `quantkit export --format gguf`;
 - every file scored by one harness: quantkit's eval (transformers + gguf dequantize the file) against
   the float model on the evaluation text (8 windows of 512 tokens): KL, top-1, perplexity; file sizes,
-  bits per weight (file bits / parameters); `llama-bench -p 0 -n 32 -t 2` decode speed.
+  bits per weight (file bits / parameters); `llama-bench -p 0 -n 32 -t 2` decode speed; and llama.cpp's own
+  KL of each file (`llama-perplexity --kl-divergence` against the float GGUF, 8 chunks of 512 tokens).
 
     python evals/gguf/compare.py --model smollm2 --work /work/gguf-work --llama-bin /work/llama/build/bin \
         --llama-src /work/llama/src --out evals/gguf/smollm2-135m
@@ -191,6 +192,25 @@ def bench(bins: Path, path: Path, work: Path) -> float | None:
     return float(data[0]["avg_ts"]) if data else None
 
 
+def llama_kl(bins: Path, path: Path, work: Path, evaluation: Path) -> float | None:
+    """llama.cpp's own KL of a file against the float model (`llama-perplexity --kl-divergence`, base
+    log-probs from work/float.gguf, 8 chunks of 512 tokens of the evaluation text, the second half of each
+    chunk scored, as llama-perplexity does): its "Mean KLD"."""
+    base = work / "kld-base.bin"
+    common = ["-f", str(evaluation), "-c", "512", "-b", "512", "--chunks", "8", "-t", "2"]
+    if not base.is_file():
+        sh([str(bins / "llama-perplexity"), "-m", str(work / "float.gguf"), "--kl-divergence-base", str(base), *common],
+           work / "kld-base.log")
+    out = work / f"kld-{path.stem}.log"
+    if not out.is_file():
+        sh([str(bins / "llama-perplexity"), "-m", str(path), "--kl-divergence-base", str(base), "--kl-divergence",
+            *common], out)
+    for line in out.read_text(errors="replace").splitlines():
+        if "Mean    KLD:" in line:
+            return float(line.split("KLD:")[1].split()[0])
+    return None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help="smollm2 or ref:small")
@@ -238,17 +258,19 @@ def main() -> None:
         rows.append(dict(variant=name, type=kind, mib=round(size / 2**20, 1), bits_per_weight=round(8 * size / n_params, 2),
                          kl=r["kl_divergence"], top1=r["top1_agreement"], perplexity=r["perplexity"],
                          baseline_perplexity=r["baseline_perplexity"], quantize_seconds=seconds,
-                         decode_tokens_per_s=None if args.no_bench else bench(Path(args.llama_bin), path, work)))
+                         decode_tokens_per_s=None if args.no_bench else bench(Path(args.llama_bin), path, work),
+                         llama_cpp_kl=llama_kl(Path(args.llama_bin), path, work, evaluation)))
         log(json.dumps(rows[-1]))
     meta = dict(model=args.model, float_folder=str(folder), eval_windows=int(windows.shape[0]), window=512,
                 calibration_tokens=CALIB_TOKENS, cpu=platform.processor() or platform.machine(), torch=torch.__version__)
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
-    lines = ["| type | variant | MiB | bits/weight | KL | top-1 | perplexity (float) | decode t/s |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| type | variant | MiB | bits/weight | KL | KL (llama.cpp) | top-1 | perplexity (float) | decode t/s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(rows, key=lambda r: (r["type"], r["kl"])):
         tps = f"{r['decode_tokens_per_s']:.1f}" if r["decode_tokens_per_s"] else "-"
-        lines.append(f"| {r['type']} | {r['variant']} | {r['mib']} | {r['bits_per_weight']} | {r['kl']:.3g} | "
+        lkl = f"{r['llama_cpp_kl']:.3g}" if r["llama_cpp_kl"] is not None else "-"
+        lines.append(f"| {r['type']} | {r['variant']} | {r['mib']} | {r['bits_per_weight']} | {r['kl']:.3g} | {lkl} | "
                      f"{r['top1']:.3f} | {r['perplexity']:.2f} ({r['baseline_perplexity']:.2f}) | {tps} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
