@@ -16,7 +16,8 @@ Each engine runs in its own process (tests/vllm_tp_engine.py) under a time limit
 fails this test with the engine's log instead of stalling the stage. CPU binding for two ranks on a
 machine with one NUMA node: one half of this process's CPUs per rank (VLLM_CPU_OMP_THREADS_BIND="A|B"),
 unless VLLM_CPU_OMP_THREADS_BIND or VLLM_CPU_SIM_MULTI_NUMA is already set. MoE checkpoints cannot run
-under vLLM's CPU build without AMX at all (tests/test_vllm_moe.py), so this covers dense models only.
+in vLLM's CPU build without AMX at all (tests/test_vllm_moe.py): the last test checks that a W4 MoE
+checkpoint under tensor_parallel_size=2 stops, in both workers, at vLLM's missing WNA16 MoE backend.
 """
 
 from __future__ import annotations
@@ -58,11 +59,14 @@ def cpu_binding(ranks: int) -> str:
     return "|".join(",".join(map(str, run)) for run in runs)
 
 
-def run_engine(folder: Path, tp: int, job: Path, out: Path) -> dict:
-    """tests/vllm_tp_engine.py in a fresh process; its result, or a failure with its log's tail."""
+def start_engine(folder: Path, tp: int, job: Path, out: Path) -> tuple[int, str, str]:
+    """tests/vllm_tp_engine.py in a fresh process: (exit status, its log, what the log calls it); a run
+    past ENGINE_TIMEOUT_S fails the test with the log's tail."""
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")  # the engine core in that process
     if tp > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env and "VLLM_CPU_SIM_MULTI_NUMA" not in env:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(tp)
+    what = (f"vllm.LLM(tensor_parallel_size={tp}) on {folder.name} "
+            f"(VLLM_CPU_OMP_THREADS_BIND={env.get('VLLM_CPU_OMP_THREADS_BIND')!r})")
     log = out.with_suffix(".log")
     command = [sys.executable, "-m", "tests.vllm_tp_engine", str(folder), str(tp), str(job), str(out)]
     with open(log, "w") as f:
@@ -70,13 +74,15 @@ def run_engine(folder: Path, tp: int, job: Path, out: Path) -> dict:
             rc = subprocess.run(command, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
                                 timeout=ENGINE_TIMEOUT_S).returncode
         except subprocess.TimeoutExpired:
-            pytest.fail(f"vllm.LLM(tensor_parallel_size={tp}) did not finish in {ENGINE_TIMEOUT_S} s "
-                        f"(VLLM_CPU_OMP_THREADS_BIND={env.get('VLLM_CPU_OMP_THREADS_BIND')!r}); log tail:\n"
-                        f"{log.read_text()[-4000:]}")
-    text = log.read_text()
+            pytest.fail(f"{what} did not finish in {ENGINE_TIMEOUT_S} s; log tail:\n{log.read_text()[-4000:]}")
+    return rc, log.read_text(), what
+
+
+def run_engine(folder: Path, tp: int, job: Path, out: Path) -> dict:
+    """tests/vllm_tp_engine.py in a fresh process; its result, or a failure with its log's tail."""
+    rc, text, what = start_engine(folder, tp, job, out)
     if rc != 0 or not out.exists():
-        pytest.fail(f"vllm.LLM(tensor_parallel_size={tp}) failed (exit {rc}, "
-                    f"VLLM_CPU_OMP_THREADS_BIND={env.get('VLLM_CPU_OMP_THREADS_BIND')!r}); log tail:\n{text[-4000:]}")
+        pytest.fail(f"{what} failed (exit {rc}); log tail:\n{text[-4000:]}")
     result = json.loads(out.read_text())
     result["log"] = text
     return result
@@ -170,3 +176,33 @@ def test_two_workers_generate_what_one_worker_generates(runs):
             worst = max(worst, abs(first[i][seq[i]].logprob - second[i][seq[i]].logprob))
     assert agree / total >= 0.97, f"top-1 agreement {agree}/{total}"
     assert worst <= TOLERANCE, f"max |log p(tp=2) - log p(tp=1)| = {worst:.4f}"
+
+
+def test_moe_checkpoints_stop_in_every_worker_without_a_wna16_moe_backend(tmp_path):
+    """vLLM's CPU build has a WNA16 MoE method only with AMX or zentorch (tests/test_vllm_moe.py), and
+    quantkit's plugin supplies linear kernels only: under tensor parallel, too, each worker stops where
+    vLLM picks the MoE backend (``select_wna16_moe_backend``, vllm/model_executor/layers/fused_moe/oracle/
+    int_wna16.py). This holds docs/vllm.md's "dense models only" to the installed vLLM."""
+    import shutil
+
+    import torch
+
+    import quantkit
+    from quantkit.refmodels.registry import reference_model_path
+    from tests.moe_fixtures import make_moe_model
+
+    if torch.cpu._is_amx_tile_supported():
+        pytest.skip("this CPU has AMX: vLLM's CPU build may run WNA16 MoE here, which this test does not cover")
+    model = make_moe_model("qwen3_moe", vocab_size=4096)  # ref:tiny's tokenizer, for the engine's start
+    quantkit.quantize(model, "w4a16-rtn", progress=False)
+    folder = quantkit.save(model, tmp_path / "qwen3-moe-w4", dtype=torch.bfloat16)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(reference_model_path("tiny") / name, folder / name)
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"prompts": [[1, 2, 3]], "sequences": [[1, 2, 3, 4]],
+                               "engine": {"max_model_len": 128}}))  # the random model's context: 256
+    rc, log, what = start_engine(folder, 2, job, tmp_path / "moe.json")
+    assert rc != 0, f"{what} started: vLLM's CPU build now runs WNA16 MoE; test it and update docs/vllm.md"
+    for rank in (0, 1):
+        assert re.search(rf"\(Worker_TP{rank} pid=\d+\).*NotImplementedError: No WNA16 MoE backend supports the "
+                         rf"deployment configuration", log), f"{what}, rank {rank}: another failure:\n{log[-4000:]}"

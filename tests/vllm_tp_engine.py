@@ -3,7 +3,8 @@
     python -m tests.vllm_tp_engine FOLDER TP JOB.json OUT.json
 
 JOB.json: {"prompts": [[token id, ...], ...], "sequences": [[...], ...]} (quantkit's greedy sequences, for
-the teacher-forced log-probs). OUT.json: the engine's outputs (tests/test_vllm_engine.engine_outputs, the
+the teacher-forced log-probs), and optionally "engine": {LLM keyword: value} over
+tests/test_vllm_engine.ENGINE. OUT.json: the engine's outputs (tests/test_vllm_engine.engine_outputs, the
 log-probs as [[token id, logprob, rank], ...] per position) and, from every tensor-parallel worker, its
 rank, world size, process id and each linear layer's kernel, this rank's in/out features and how many
 times the kernel ran during generation (counted in the worker itself).
@@ -79,7 +80,7 @@ def main(argv: list[str]) -> int:
 
     with open(job_path) as f:
         job = json.load(f)
-    llm = LLM(model=folder, **ENGINE, tensor_parallel_size=tp)
+    llm = LLM(model=folder, **{**ENGINE, **job.get("engine", {})}, tensor_parallel_size=tp)
     try:
         instrumented = llm.apply_model(count_kernel_calls)
         outputs = engine_outputs(llm, job["prompts"], job["sequences"])
