@@ -30,6 +30,8 @@ from .outputs import OutputState, atomic_output_dir
 from .modules.kv_cache import enable_fp8_kv_cache
 from .modules.kv_scales import attach_kv_scales, pop_kv_scales
 from .modules.fused_linear import fuse_projections, is_fused, unfused_state_dict
+from .kquant import KQuantWeight
+from .modules.kquant_linear import KQuantLinear, quantized_linear
 from .modules.quant_linear import QuantLinear
 from .recipe import Recipe, load_recipe
 from .scheme import QuantScheme
@@ -115,7 +117,7 @@ def quantize(
     calibrated = recipe.needs_calibration
     unfuse_experts(model)  # MoE: per-expert linears, as checkpoints store them (a KV-only recipe too)
     if recipe.weights is not None:
-        if any(isinstance(m, QuantLinear) for m in model.modules()):
+        if any(isinstance(m, (QuantLinear, KQuantLinear)) for m in model.modules()):
             raise QuantizationError(
                 "the model's weights are already quantized; quantize the float model (quantkit.load of a "
                 "float folder, or transformers' from_pretrained) instead"
@@ -138,8 +140,9 @@ def quantize(
             options = recipe.algorithm.options if recipe.algorithm.name == "rtn" and recipe.algorithm.options else None
             qweight = rtn_quantize(linear.weight.detach(), schemes[name], *([options] if options else []),
                                    scale_dtype=source_dtype(model))
-            qweight.scale = _round_scale(qweight.scale, source_dtype(model))  # what the checkpoint will hold
-            set_submodule(model, name, QuantLinear.from_quantized(qweight, linear.bias, dtype=linear.weight.dtype))
+            if not isinstance(qweight, KQuantWeight):  # Q4_K fields are fp16 and 6-bit whatever the model dtype
+                qweight.scale = _round_scale(qweight.scale, source_dtype(model))  # what the checkpoint will hold
+            set_submodule(model, name, quantized_linear(qweight, linear.bias, dtype=linear.weight.dtype))
     if recipe.kv_cache is not None:
         from .calibration import calibration_batches
         from .calibration.kv_scales import quantize_kv_cache
@@ -175,6 +178,11 @@ def save(
     A disk too full for the checkpoint is found before anything is written (NoSpaceError, an OSError).
     """
     dtype = source_dtype(model) if dtype is None else checkpoint_dtype(dtype)
+    if any(isinstance(m, KQuantLinear) for m in model.modules()):
+        raise QuantizationError(
+            "this model's weights are on llama.cpp's Q4_K grid, whose float group minimums a compressed-tensors "
+            "checkpoint cannot hold: write it as GGUF (quantkit quantize ... --out FILE.gguf, or "
+            "quantkit.formats.gguf.export_gguf)")
     quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
     if not quantized and not getattr(model.config, "quantization_config", None):
         raise QuantizationError("the model has no quantized layers: call quantkit.quantize(model, recipe) first")

@@ -137,7 +137,8 @@ class Recipe:
             if s is None:
                 return None
             d = dataclasses.asdict(s)
-            return {k: v for k, v in d.items() if not (k in ("group_size", "actorder") and v is None)}
+            return {k: v for k, v in d.items()
+                    if not (k in ("group_size", "actorder") and v is None) and not (k == "grid" and v == "uniform")}
 
         return {
             "version": self.version,

@@ -17,6 +17,11 @@ GROUP_SIZES = (32, 64, 128)
 INDIVISIBLE = ("smaller-group", "channel", "ragged", "error")
 
 FP8_E4M3_MAX = 448.0
+#: Where a scheme's scales and minimums may lie: "uniform" (any stored scale, integer zero points: the
+#: compressed-tensors grid) or "q4_k" (llama.cpp's Q4_K: int4 in groups of 32, eight groups to a super-block
+#: of 256 inputs; y = d*sc*u - dmin*mn, u in 0..15, sc and mn 6-bit, d and dmin fp16 per super-block:
+#: a float minimum per group, which compressed-tensors cannot hold, so such weights are written as GGUF).
+GRIDS = ("uniform", "q4_k")
 
 
 def _shown(value: Any) -> str:
@@ -35,6 +40,8 @@ class QuantScheme:
     actorder: how the weights were calibrated, as compressed-tensors records it: None, or "weight"
       (GPTQ visited the columns by activation order with static groups: the layout and the
       inference are unchanged, no g_idx). Set by the algorithm, not by recipes.
+    grid: one of GRIDS; "q4_k" requires int4, asymmetric, strategy group, group_size 32, and inputs in
+      whole super-blocks of 256 (quantkit.kquant).
     """
 
     num_bits: int = 4
@@ -43,6 +50,7 @@ class QuantScheme:
     strategy: Literal["channel", "group", "tensor"] = "group"
     group_size: int | None = None
     actorder: Literal["weight"] | None = None
+    grid: Literal["uniform", "q4_k"] = "uniform"
 
     def __post_init__(self) -> None:
         if self.group_size is not None and (isinstance(self.group_size, bool) or not isinstance(self.group_size, int)):
@@ -80,6 +88,12 @@ class QuantScheme:
         if self.actorder is not None and self.strategy != "group":
             # compressed-tensors < 0.16 refuses any actorder without strategy 'group'
             raise ValueError(f"actorder {self.actorder!r} is only recorded with strategy 'group'")
+        if self.grid not in GRIDS:
+            raise ValueError(f"grid must be one of {GRIDS}, got {_shown(self.grid)}")
+        if self.grid == "q4_k" and (self.type, self.num_bits, self.symmetric, self.strategy, self.group_size) != (
+                "int", 4, False, "group", 32):
+            raise ValueError("grid 'q4_k' is llama.cpp's Q4_K: it needs num_bits: 4, symmetric: false, strategy: "
+                             "group, group_size: 32")
 
     # -- integer range ---------------------------------------------------------------------------
     @property
@@ -99,15 +113,27 @@ class QuantScheme:
         return 1
 
     def divides(self, in_features: int) -> bool:
-        """Whether every group of a weight with `in_features` inputs is whole (always true per channel)."""
+        """Whether every group of a weight with `in_features` inputs is whole (always true per channel); on the
+        q4_k grid, every super-block of 256."""
+        if self.grid == "q4_k":
+            return in_features % 256 == 0
         return self.strategy != "group" or in_features % self.group_size == 0
 
     def fitted(self, in_features: int, indivisible: str = "error") -> "QuantScheme":
         """The scheme a linear with `in_features` inputs gets under the `indivisible` rule (INDIVISIBLE):
         this scheme when its group size divides in_features (or with "ragged"), else a smaller group, per
-        channel, or a ValueError for "error"."""
+        channel, or a ValueError for "error". On the q4_k grid, in_features not in whole super-blocks of 256
+        get the uniform grid of the same groups (fitted again), as llama.cpp falls back from K-quants."""
         if indivisible not in INDIVISIBLE:
             raise ValueError(f"indivisible must be one of {INDIVISIBLE}, got {indivisible!r}")
+        if self.grid == "q4_k":  # as llama.cpp falls back from K-quants: to the uniform grid of the same groups
+            if self.divides(in_features):
+                return self
+            if indivisible == "error":
+                raise ValueError(f"grid q4_k needs in_features in whole super-blocks of 256, got {in_features}; use "
+                                 f"the recipe's `indivisible:` rule (smaller-group: the uniform int4 g32 grid, GGUF "
+                                 f"Q4_1) or ignore that linear")
+            return replace(self, grid="uniform").fitted(in_features, indivisible)
         if self.divides(in_features) or indivisible == "ragged":
             return self
         if indivisible == "smaller-group":
@@ -124,6 +150,8 @@ class QuantScheme:
     @property
     def bits_per_weight(self) -> float:
         """Nominal storage bits per weight incl. 16-bit scales (and packed zero points)."""
+        if self.grid == "q4_k":
+            return 4.5  # 144 bytes per 256 weights: d, dmin, 8 x (6-bit scale, 6-bit min), 128 bytes of nibbles
         if self.strategy != "group":
             return float(self.num_bits)
         assert self.group_size is not None
@@ -133,7 +161,11 @@ class QuantScheme:
     # -- compressed-tensors QuantizationArgs ------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """compressed-tensors `QuantizationArgs` dict (weights or kv_cache_scheme)."""
+        if self.grid != "uniform":
+            raise ValueError(f"grid {self.grid!r} has no compressed-tensors form (its minimums are floats): such "
+                             f"weights are written as GGUF")
         d = asdict(self)
+        d.pop("grid")
         d.update(dynamic=False, observer="minmax")
         if self.type == "float":
             d.pop("actorder")
@@ -163,5 +195,7 @@ class QuantScheme:
     def describe(self) -> str:
         if self.type == "float":
             return f"fp8-e4m3 per-{self.strategy}"
+        if self.grid == "q4_k":
+            return "int4 g32 asym on the Q4_K grid"
         where = f"g{self.group_size}" if self.strategy == "group" else f"per-{self.strategy}"
         return f"int{self.num_bits} {where} {'sym' if self.symmetric else 'asym'}"

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .modules.kquant_linear import KQuantLinear
 from .modules.quant_linear import QuantLinear
 from .scheme import QuantScheme
 from .weight_census import weight_census
@@ -47,6 +48,9 @@ def quantized_bits_per_weight(model: nn.Module, scale_dtype: torch.dtype | None 
                     size = scale_dtype.itemsize if scale_dtype is not None and t.is_floating_point() else t.element_size()
                     bits += t.numel() * size * 8
             weights += m.in_features * m.out_features
+        elif isinstance(m, KQuantLinear):
+            bits += m.weight_blocks.numel() * 8
+            weights += m.in_features * m.out_features
     return (bits / weights if weights else float("nan")), weights
 
 
@@ -68,7 +72,9 @@ def refit_notes(schemes: dict[str, QuantScheme], in_features: dict[str, int], re
             got = f"keep {scheme.describe()} with a ragged last group of {k % scheme.group_size} inputs"
         else:
             got = f"get {scheme.describe()}"
-        notes.append(f"group_size {recipe.weights.group_size} does not divide in_features {k}: {len(names)} linears "
+        unit = ("Q4_K's super-block of 256" if recipe.weights.grid == "q4_k"
+                else f"group_size {recipe.weights.group_size}")
+        notes.append(f"{unit} does not divide in_features {k}: {len(names)} linears "
                      f"({layer_kinds(names)}) {got} (recipe indivisible: {recipe.indivisible})")
     return notes
 
@@ -77,7 +83,7 @@ def scheme_lines(model: nn.Module) -> list[str]:
     """'int4 g64 sym: 180 linears (q_proj, ...)' per weight scheme of the model's quantized linears."""
     by_scheme: dict[str, list[str]] = {}
     for name, m in model.named_modules():
-        if isinstance(m, QuantLinear):
+        if isinstance(m, (QuantLinear, KQuantLinear)):
             ragged = " ragged" if not m.scheme.divides(m.in_features) else ""
             by_scheme.setdefault(m.scheme.describe() + ragged, []).append(name)
     return [f"{scheme}: {len(names)} linears ({layer_kinds(names)})" for scheme, names in by_scheme.items()]
@@ -100,9 +106,10 @@ class SizeOnDisk:
 
 
 def quantization_summary(model, recipe, source, out: Path, before: SizeOnDisk, after: SizeOnDisk,
-                         seconds: float) -> str:
-    bpw, n = quantized_bits_per_weight(model, getattr(torch, after.dtype))
-    layers = sum(isinstance(m, QuantLinear) for m in model.modules())
+                         seconds: float, kind: str = "checkpoint") -> str:
+    """kind: what was written, "checkpoint" (after.dtype: its float dtype) or "GGUF file" (fp16 block scales)."""
+    bpw, n = quantized_bits_per_weight(model, getattr(torch, after.dtype, torch.float16))
+    layers = sum(isinstance(m, (QuantLinear, KQuantLinear)) for m in model.modules())
     ratio = f", {before.bytes / after.bytes:.2f}x smaller" if before.bytes and after.bytes else ""
     quantized = (f"{layers} ({n / 1e6:.2f}M weights, {bpw:.3f} bits/weight stored)" if layers
                  else "none (weights kept as they are)")
@@ -113,7 +120,7 @@ def quantization_summary(model, recipe, source, out: Path, before: SizeOnDisk, a
         *(f"    {line}" for line in scheme_lines(model)),
         *(f"  {'weights' if i == 0 else '':<17}: {line}" for i, line in enumerate(weight_census(model).lines())),
         f"  size             : {human_bytes(before.bytes)} source ({before.dtype}, {before.measured}) -> "
-        f"{human_bytes(after.bytes)} checkpoint ({after.dtype}, {after.measured}){ratio}",
+        f"{human_bytes(after.bytes)} {kind} ({after.dtype}, {after.measured}){ratio}",
         f"  time             : {seconds:.1f} s",
-        f"  checkpoint       : {out}",
+        f"  {kind:<17}: {out}",
     ])

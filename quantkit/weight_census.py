@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from .modules.quant_experts import QuantExperts
+from .modules.kquant_linear import KQuantLinear
 from .modules.quant_linear import QuantLinear
 from .moe import router_names
 from .targets import matches
@@ -59,8 +60,9 @@ def _owned_parameters(model: nn.Module):
     seen = set()
     for mname, module in model.named_modules():
         tensors = list(module.named_parameters(recurse=False))
-        if isinstance(module, QuantLinear):
-            tensors = [("weight_packed", module.weight_packed)] + ([("bias", module.bias)] if module.bias is not None else [])
+        if isinstance(module, (QuantLinear, KQuantLinear)):
+            packed = "weight_packed" if isinstance(module, QuantLinear) else "weight_blocks"
+            tensors = [(packed, getattr(module, packed))] + ([("bias", module.bias)] if module.bias is not None else [])
         for pname, t in tensors:
             if t is None or id(t) in seen:
                 continue
@@ -73,7 +75,7 @@ def weight_census(model: nn.Module) -> WeightCensus:
     routers = set(router_names(model))
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     for mname, module, pname, t in _owned_parameters(model):
-        if isinstance(module, QuantLinear) and pname == "weight_packed":
+        if isinstance(module, (QuantLinear, KQuantLinear)) and pname in ("weight_packed", "weight_blocks"):
             census.quantized += module.in_features * module.out_features
             continue
         n = t.numel()
@@ -105,7 +107,7 @@ def unquantizable_weights(model: nn.Module, ignore: Iterable[str]) -> list[str]:
     found = []
     for mname, module, pname, t in _owned_parameters(model):
         if (t.dim() < 2 or t.numel() < LARGE_MATRIX or module is head or mname in routers
-                or isinstance(module, (nn.Linear, nn.Embedding, QuantLinear, QuantExperts))):
+                or isinstance(module, (nn.Linear, nn.Embedding, QuantLinear, KQuantLinear, QuantExperts))):
             continue
         full = f"{mname}.{pname}" if mname else pname
         if any(matches(mname, module, p) or matches(full, module, p) for p in ignore):

@@ -8,11 +8,12 @@ import torch
 FAMILIES = ("llama", "mistral", "qwen2")
 
 
-def make_random_model(family: str = "llama", *, seed: int = 0, vocab: int = 512, layers: int = 2, tied: bool = True):
-    """A random-initialised causal LM: hidden 128, intermediate 384, 4 heads, 2 KV heads (GQA)."""
+def make_random_model(family: str = "llama", *, seed: int = 0, vocab: int = 512, layers: int = 2, tied: bool = True,
+                      hidden: int = 128, intermediate: int = 384):
+    """A random-initialised causal LM: hidden 128, intermediate 384 (by default), 4 heads, 2 KV heads (GQA)."""
     import transformers
 
-    common = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=layers, num_attention_heads=4,
+    common = dict(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=256, tie_word_embeddings=tied)
     config_cls, model_cls = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),

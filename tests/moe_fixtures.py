@@ -8,11 +8,12 @@ import torch
 MOE_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 
 
-def make_moe_model(family: str, *, seed: int = 0, layers: int = 2, experts: int = 8, top_k: int = 2):
+def make_moe_model(family: str, *, seed: int = 0, layers: int = 2, experts: int = 8, top_k: int = 2,
+                   vocab_size: int = 512):
     import transformers
 
     common = dict(hidden_size=256, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                  vocab_size=512, max_position_embeddings=256, tie_word_embeddings=False,
+                  vocab_size=vocab_size, max_position_embeddings=256, tie_word_embeddings=False,
                   num_experts_per_tok=top_k, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if family == "qwen3_moe":
         config = transformers.Qwen3MoeConfig(**common, moe_intermediate_size=128, intermediate_size=384,

@@ -59,6 +59,7 @@ KERNEL = "QuantkitWNA16LinearKernel"
 ENGINE = dict(dtype="bfloat16", max_model_len=512, max_num_seqs=4, kv_cache_memory_bytes=256 << 20,
               enforce_eager=True, seed=0)
 NEW_TOKENS = 16
+MIN_LOGPROB_TOLERANCE = 0.1  # nats: the least log-prob difference two bf16 engines are allowed (logprob_tolerance)
 PROMPTS = ("def main():\n    ", "import os\nimport sys\n\n", "class Parser(object):\n    \"\"\"", "for i in range(")
 
 
@@ -246,11 +247,13 @@ CHECKPOINTS = {  # name -> recipe (a built-in name or YAML text)
 CALIBRATION = ["--calib-samples", "4", "--calib-seq-len", "64"]  # enough to exercise GPTQ and AWQ; quick
 
 
-def make_checkpoints(root: Path) -> dict[str, Path]:
+def make_checkpoints(root: Path, names=tuple(CHECKPOINTS)) -> dict[str, Path]:
+    """``quantkit quantize ref:small`` with each named recipe of CHECKPOINTS: {name: folder under root}."""
     from quantkit.cli import main
 
     folders = {}
-    for name, recipe in CHECKPOINTS.items():
+    for name in names:
+        recipe = CHECKPOINTS[name]
         if "\n" in recipe:
             path = root / f"{name}.yaml"
             path.write_text(recipe)
@@ -281,24 +284,30 @@ def quantkit_side(folder: Path, prompts: list[list[int]]) -> dict:
     return {"greedy": greedy, "logprobs": logprobs}
 
 
+def engine_outputs(llm: LLM, prompts: list[list[int]], sequences: list[list[int]]) -> dict:
+    """A running engine's greedy continuations of ``prompts`` (16 tokens) and its teacher-forced log-probs
+    on ``sequences`` (prompt_logprobs: per position, {token id: Logprob} of the actual token and top-1)."""
+    greedy = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts],
+                          SamplingParams(temperature=0, max_tokens=NEW_TOKENS), use_tqdm=False)
+    forced = llm.generate([TokensPrompt(prompt_token_ids=seq) for seq in sequences],
+                          SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1), use_tqdm=False)
+    return {
+        "greedy": [list(o.outputs[0].token_ids) for o in greedy],
+        "text": [o.outputs[0].text for o in greedy],
+        "prompt_logprobs": [o.prompt_logprobs for o in forced],
+    }
+
+
 def vllm_side(folder: Path, prompts: list[list[int]], sequences: list[list[int]]) -> dict:
     """vllm.LLM: greedy continuations, and teacher-forced log-probs on quantkit's sequences."""
     CompressedTensorsWNA16._kernel_backends_being_used.clear()
     llm = LLM(model=str(folder), **ENGINE)
     try:
-        greedy = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts],
-                              SamplingParams(temperature=0, max_tokens=NEW_TOKENS), use_tqdm=False)
-        forced = llm.generate([TokensPrompt(prompt_token_ids=seq) for seq in sequences],
-                              SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1), use_tqdm=False)
+        outputs = engine_outputs(llm, prompts, sequences)
     finally:
         del llm
         gc.collect()
-    return {
-        "greedy": [list(o.outputs[0].token_ids) for o in greedy],
-        "text": [o.outputs[0].text for o in greedy],
-        "prompt_logprobs": [o.prompt_logprobs for o in forced],
-        "kernels": set(CompressedTensorsWNA16._kernel_backends_being_used),
-    }
+    return {**outputs, "kernels": set(CompressedTensorsWNA16._kernel_backends_being_used)}
 
 
 def compare(quantkit_result: dict, vllm_result: dict, prompts: list[list[int]]) -> dict:
@@ -348,7 +357,7 @@ def logprob_tolerance(runs: dict) -> float:
     """How far two bf16 engines' log-probs may lie apart: twice what the unquantized model shows
     (attention, norms and summation order differ in bf16), at least 0.1 nats. A wrong nibble, scale
     or shard moves log-probs by O(1)."""
-    return max(2 * runs["float"]["max_abs_logprob_delta"], 0.1)
+    return max(2 * runs["float"]["max_abs_logprob_delta"], MIN_LOGPROB_TOLERANCE)
 
 
 @pytest.mark.parametrize("name", list(CHECKPOINTS))

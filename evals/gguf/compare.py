@@ -9,7 +9,8 @@ For one float model (SmolLM2-135M-Instruct as evals/quality/smollm2.py makes it,
   for llama-imatrix), `quantkit export --format gguf`;
 - every file scored by one harness: quantkit's eval (transformers + gguf dequantize the file) against
   the float model on the evaluation text (8 windows of 512 tokens): KL, top-1, perplexity; file sizes,
-  bits per weight (file bits / parameters); `llama-bench -p 0 -n 32 -t 2` decode speed.
+  bits per weight (file bits / parameters); `llama-bench -p 0 -n 32 -t 2` decode speed; and llama.cpp's own
+  KL of each file (`llama-perplexity --kl-divergence` against the float GGUF, 8 chunks of 512 tokens).
 
     python evals/gguf/compare.py --model smollm2 --work /work/gguf-work --llama-bin /work/llama/build/bin \
         --llama-src /work/llama/src --out evals/gguf/smollm2-135m
@@ -44,9 +45,13 @@ QUANTKIT = (
     ("quantkit RTN", "Q4_1", "w4a16-rtn-asym-g32", {}),
     ("quantkit GPTQ", "Q4_1", "w4a16-gptq-asym-g32", {}),
     ("quantkit RTN", "Q8_0", "w8a16-rtn-g32", {}),
+    # on llama.cpp's Q4_K grid: no checkpoint (compressed-tensors cannot hold it), quantize writes the GGUF file
+    ("quantkit RTN", "Q4_K", "w4a16-rtn-q4k", {}),
+    ("quantkit GPTQ", "Q4_K", "w4a16-gptq-q4k", {}),
+    ("quantkit AWQ", "Q4_K", "w4a16-awq-q4k", {}),
 )
-LLAMA_TYPES = ("Q4_0", "Q4_1", "Q8_0")
-IMATRIX_TYPES = ("Q4_0", "Q4_1")  # llama.cpp's Q8_0 ignores an importance matrix
+LLAMA_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K_S", "Q4_K_M")
+IMATRIX_TYPES = ("Q4_0", "Q4_1", "Q4_K_S", "Q4_K_M")  # llama.cpp's Q8_0 ignores an importance matrix
 
 
 def log(message: str) -> None:
@@ -120,26 +125,40 @@ def llama_cpp_files(args, work: Path, folder: Path, calib_text: Path) -> dict[st
             if not out.is_file():
                 sh([str(bins / "llama-quantize")] + (["--imatrix", str(imatrix)] if with_imatrix else []) +
                    [str(src_gguf), str(out), kind, "2"], work / f"{out.stem}.log")
-            files[name] = (kind, out)
+            files[name] = ("Q4_K" if kind.startswith("Q4_K") else kind, out)
     return files
 
 
 def quantkit_files(args, work: Path, folder: Path, calib_ids: torch.Tensor) -> dict[str, tuple[str, Path, float]]:
     import quantkit
+    from quantkit.formats.gguf import export_gguf
     from quantkit.loading import load_float_model
 
     files = {}
-    for (row, kind, recipe_name, overrides), float_type in [(v, t) for v in QUANTKIT for t in ("auto", "q8_0")]:
+    in_memory = {}  # Q4_K-grid recipes: slug -> the quantized model
+    for (row, kind, recipe_name, overrides), float_type in [(v, t) for v in QUANTKIT for t in ("auto", args.embedding)]:
         if overrides and (float_type != "auto" or args.no_ablations):
             continue
         if args.only_recipes and recipe_name not in args.only_recipes.split(","):
             continue
-        if float_type != "auto" and args.no_ablations and recipe_name not in ("w4a16-gptq-g32", "w8a16-rtn-g32"):
+        if float_type != "auto" and args.no_ablations and recipe_name not in (
+                "w4a16-gptq-g32", "w8a16-rtn-g32", "w4a16-gptq-q4k"):
             continue  # the embedding as Q8_0 only for the rows the speed comparison reads
         slug = recipe_name + "".join(f"-{k}-{v}" for k, v in overrides.items())
         ckpt = work / "checkpoints" / slug
         out = work / f"quantkit-{slug}{'' if float_type == 'auto' else '-emb-' + float_type}.gguf"
         info = work / f"quantkit-{slug}.json"
+        grid = quantkit.load_recipe(recipe_name).weights.grid
+        if grid != "uniform" and not out.is_file():  # the GGUF file is the only form: quantize writes it
+            if slug not in in_memory:  # once per recipe, written with each embedding type
+                log(f"quantize {slug}")
+                model = load_float_model(str(folder), dtype=torch.float32)
+                start = time.perf_counter()
+                r = quantkit.load_recipe(recipe_name)
+                quantkit.quantize(model, r, calib_ids if r.needs_calibration else None, progress=False)
+                info.write_text(json.dumps({"quantize_seconds": round(time.perf_counter() - start, 1)}))
+                in_memory[slug] = model
+            export_gguf(in_memory[slug], folder, out, float_type=float_type)
         if not out.is_file():
             if not (ckpt / "config.json").is_file():
                 log(f"quantize {slug}")
@@ -173,6 +192,25 @@ def bench(bins: Path, path: Path, work: Path) -> float | None:
     return float(data[0]["avg_ts"]) if data else None
 
 
+def llama_kl(bins: Path, path: Path, work: Path, evaluation: Path) -> float | None:
+    """llama.cpp's own KL of a file against the float model (`llama-perplexity --kl-divergence`, base
+    log-probs from work/float.gguf, 8 chunks of 512 tokens of the evaluation text, the second half of each
+    chunk scored, as llama-perplexity does): its "Mean KLD"."""
+    base = work / "kld-base.bin"
+    common = ["-f", str(evaluation), "-c", "512", "-b", "512", "--chunks", "8", "-t", "2"]
+    if not base.is_file():
+        sh([str(bins / "llama-perplexity"), "-m", str(work / "float.gguf"), "--kl-divergence-base", str(base), *common],
+           work / "kld-base.log")
+    out = work / f"kld-{path.stem}.log"
+    if not out.is_file():
+        sh([str(bins / "llama-perplexity"), "-m", str(path), "--kl-divergence-base", str(base), "--kl-divergence",
+            *common], out)
+    for line in out.read_text(errors="replace").splitlines():
+        if "Mean    KLD:" in line:
+            return float(line.split("KLD:")[1].split()[0])
+    return None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2", help="smollm2 or ref:small")
@@ -181,9 +219,13 @@ def main() -> None:
     p.add_argument("--llama-src", default="/work/llama/src")
     p.add_argument("--out", required=True, help="writes OUT.json and OUT.md")
     p.add_argument("--no-bench", action="store_true")
+    p.add_argument("--embedding", default="q8_0", choices=("q8_0", "q6_k"),
+                   help="the second embedding type of each quantkit row: llama-quantize's for the model (Q6_K when "
+                        "its width is a multiple of 256, else Q8_0)")
     p.add_argument("--only-recipes", default=None, help="comma-separated quantkit recipes to run (default: all)")
     p.add_argument("--no-ablations", action="store_true",
-                   help="leave out the rows of the previous scale rule, and the Q8_0 embedding but for GPTQ Q4_0 / RTN Q8_0")
+                   help="leave out the rows of the previous scale rule, and the --embedding variant but for GPTQ "
+                        "Q4_0 / Q4_K and RTN Q8_0")
     args = p.parse_args()
     torch.set_num_threads(2)
     work = Path(args.work)
@@ -216,17 +258,19 @@ def main() -> None:
         rows.append(dict(variant=name, type=kind, mib=round(size / 2**20, 1), bits_per_weight=round(8 * size / n_params, 2),
                          kl=r["kl_divergence"], top1=r["top1_agreement"], perplexity=r["perplexity"],
                          baseline_perplexity=r["baseline_perplexity"], quantize_seconds=seconds,
-                         decode_tokens_per_s=None if args.no_bench else bench(Path(args.llama_bin), path, work)))
+                         decode_tokens_per_s=None if args.no_bench else bench(Path(args.llama_bin), path, work),
+                         llama_cpp_kl=llama_kl(Path(args.llama_bin), path, work, evaluation)))
         log(json.dumps(rows[-1]))
     meta = dict(model=args.model, float_folder=str(folder), eval_windows=int(windows.shape[0]), window=512,
                 calibration_tokens=CALIB_TOKENS, cpu=platform.processor() or platform.machine(), torch=torch.__version__)
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=2) + "\n")
-    lines = ["| type | variant | MiB | bits/weight | KL | top-1 | perplexity (float) | decode t/s |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| type | variant | MiB | bits/weight | KL | KL (llama.cpp) | top-1 | perplexity (float) | decode t/s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(rows, key=lambda r: (r["type"], r["kl"])):
         tps = f"{r['decode_tokens_per_s']:.1f}" if r["decode_tokens_per_s"] else "-"
-        lines.append(f"| {r['type']} | {r['variant']} | {r['mib']} | {r['bits_per_weight']} | {r['kl']:.3g} | "
+        lkl = f"{r['llama_cpp_kl']:.3g}" if r["llama_cpp_kl"] is not None else "-"
+        lines.append(f"| {r['type']} | {r['variant']} | {r['mib']} | {r['bits_per_weight']} | {r['kl']:.3g} | {lkl} | "
                      f"{r['top1']:.3f} | {r['perplexity']:.2f} ({r['baseline_perplexity']:.2f}) | {tps} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import kquant
 from ..primitives import check_range_options, compute_qparams, mse_clip_ratio
 from ..quantized_weight import QuantizedWeight
 from ..scheme import QuantScheme
@@ -58,7 +59,8 @@ class GPTQOptions:
     symmetric_scale: symmetric schemes' scale rule, absmax / qmax ("qmax", int4: /7) or absmax / half the
       signed range ("half_range", int4: /7.5, the top value clipped to 7: llm-compressor's convention).
     observer: how a group's range is chosen: "minmax" (its min and max) or "mse" (shrunk by the factor
-      1 - i/mse_grid, i <= mse_max_shrink * mse_grid, with the least diag(H)-weighted squared error).
+      1 - i/mse_grid, i <= mse_max_shrink * mse_grid, with the least diag(H)-weighted squared error; on the
+      q4_k grid, llama.cpp's importance-weighted search with diag(H) as the importance).
     moe_calibrate_all_experts: mixture-of-experts models: each expert's statistics come from every
       calibration token (as llm-compressor's default); False: only from the tokens routed to it. The
       block's output always follows the router's choice.
@@ -164,6 +166,15 @@ def _qparams(w: torch.Tensor, energy: torch.Tensor, scheme: QuantScheme, scale_d
     return scale, (zero.float() if zero is not None else None)
 
 
+def _kquant_fields(w: torch.Tensor, energy: torch.Tensor, options: GPTQOptions):
+    """Q4_K fields (d, dmin, sc, mn) of w [N, K]: each group's min-max range (kquant.grid_fields), or with
+    the "mse" observer llama.cpp's importance-weighted search with diag(H) as the importance
+    (kquant.searched_fields; llama.cpp's importance matrix is the same mean of x^2 per input)."""
+    if options.observer == "mse":
+        return kquant.searched_fields(w, importance=energy)
+    return kquant.grid_fields(w.float())
+
+
 def gptq_quantize(
     weight: torch.Tensor,
     hessian: torch.Tensor,
@@ -172,14 +183,15 @@ def gptq_quantize(
     *,
     scale_dtype: torch.dtype | None = None,
     name: str = "weight",
-) -> QuantizedWeight:
+) -> QuantizedWeight | kquant.KQuantWeight:
     """GPTQ-quantize one linear weight.
 
     weight: float [N, K] (out, in); hessian: [K, K] = 2 XᵀX / n of the layer's inputs (hessian_update).
     scale_dtype: dtype the scales are stored in (the model dtype); scales are rounded to it before use.
     Math runs in fp32 (fp64 if weight and hessian are fp64). Inputs are not modified.
     returns: QuantizedWeight (q int8 [N, K], scale fp32 [N, G], zero_point int32 [N, G] | None), columns in
-    the original order whatever act_order.
+    the original order whatever act_order. On the q4_k grid a kquant.KQuantWeight: its fields are chosen up
+    front from the whole weight (a super-block spans eight groups), each column is rounded onto them.
     """
     if weight.dim() != 2:
         raise ValueError(f"{name}: expected a 2-D weight [out, in], got shape {tuple(weight.shape)}")
@@ -202,8 +214,13 @@ def gptq_quantize(
     # Channel-wise and static-group parameters come from the (dead-zeroed) weight in its original order.
     scales = torch.zeros(n, groups, dtype=dtype, device=w.device)  # [N, G]
     zeros = None if scheme.symmetric else torch.zeros(n, groups, dtype=dtype, device=w.device)
-    static = scheme.strategy == "channel" or options.act_order
-    if static:
+    kgrid = scheme.grid == "q4_k"  # static too: a super-block's fields span eight groups
+    static = scheme.strategy == "channel" or options.act_order or kgrid
+    if kgrid:
+        fields = _kquant_fields(w, energy, options)
+        scales.copy_(kquant.group_scale(fields[0], fields[2]))
+        minimums = kquant.group_scale(fields[1], fields[3]).to(dtype)  # [N, G]
+    elif static:
         s, z = _qparams(w, energy, scheme, scale_dtype, options)  # [N, G]
         scales.copy_(s)
         if zeros is not None:
@@ -237,8 +254,12 @@ def gptq_quantize(
                 scales[:, g] = s[:, 0]
                 if zeros is not None:
                     zeros[:, g] = z[:, 0]
-            zero = zeros[:, g] if zeros is not None else None
-            q, deq = _quantize_column(w1[:, i], scales[:, g], zero, scheme)
+            if kgrid:
+                q = kquant.quantize_onto(w1[:, i], scales[:, g].float(), minimums[:, g].float()).to(dtype)
+                deq = q * scales[:, g] - minimums[:, g]
+            else:
+                zero = zeros[:, g] if zeros is not None else None
+                q, deq = _quantize_column(w1[:, i], scales[:, g], zero, scheme)
             q_int[:, col] = q
             err = (w1[:, i] - deq) / u1[i, i]  # [N]
             w1[:, i:] -= err.unsqueeze(1) * u1[i, i:].unsqueeze(0)
@@ -247,6 +268,8 @@ def gptq_quantize(
 
     if perm is not None:
         q_int = q_int[:, torch.argsort(perm)]
+    if kgrid:
+        return kquant.KQuantWeight(q_int.to(torch.uint8), *fields, scheme=scheme)
     if options.act_order and scheme.strategy == "group":
         # recorded as compressed-tensors does; per-channel stays null (compressed-tensors < 0.16 refuses it there)
         scheme = dataclasses.replace(scheme, actorder="weight")

@@ -9,7 +9,7 @@
               each BlockProcessor collect statistics with forward hooks and quantize the block's linears
               in sub-layer order (q/k/v, then o, then gate/up, then down: each step's statistics come
               from a forward through the block with the earlier steps already quantized), recompute the
-              block's outputs as the next block's inputs, swap in QuantLinear layers and move the block
+              block's outputs as the next block's inputs, swap in quantized layers (QuantLinear; KQuantLinear on the Q4_K grid) and move the block
               back to its home device (the CPU for offloaded models).
 
 Peak memory is one float block plus the calibration activations (samples x tokens x hidden) plus the
@@ -36,7 +36,8 @@ from tqdm.auto import tqdm
 from ..errors import QuantizationError
 from ..finite import describe_nonfinite, nonfinite_tensors
 from ..modules.quant_experts import QuantExperts
-from ..modules.quant_linear import QuantLinear
+from ..kquant import KQuantWeight
+from ..modules.kquant_linear import quantized_linear
 from ..quantized_weight import QuantizedWeight
 from .adapters import FamilyAdapter, LinearGroup, adapter_for
 from .offload import home_device, materialize_, materialize_model_
@@ -159,12 +160,15 @@ class BlockContext:
                 h.remove()
         return outputs
 
-    def set_quantized(self, name: str, qweight: QuantizedWeight) -> None:
+    def set_quantized(self, name: str, qweight: QuantizedWeight | KQuantWeight) -> None:
         """Record a linear's quantized weight and make the block compute with it from now on."""
         linear = self.module(name)
         dtype = linear.weight.dtype
-        scale = qweight.scale.to(dtype).float()
-        weight = QuantizedWeight(qweight.q, scale, qweight.zero_point, qweight.scheme).dequantize()
+        if isinstance(qweight, KQuantWeight):  # fp16 and 6-bit fields: exact whatever the model dtype
+            weight = qweight.dequantize()
+        else:
+            scale = qweight.scale.to(dtype).float()
+            weight = QuantizedWeight(qweight.q, scale, qweight.zero_point, qweight.scheme).dequantize()
         linear.weight.data = weight.to(device=linear.weight.device, dtype=dtype)
         self.quantized[name] = qweight
 
@@ -257,7 +261,7 @@ def run_blockwise(
 
     batches: calibration token ids, each [B, T] int64. targets: full names of the linears to quantize.
     device: compute device (default: cuda if available, else cpu).
-    Quantized linears are replaced by QuantLinear in place. Returns the targeted names that are not in
+    Quantized linears are replaced by QuantLinear (KQuantLinear on the Q4_K grid) in place. Returns the targeted names that are not in
     any decoder block (e.g. lm_head), which the caller quantizes without calibration.
     An offloaded model (accelerate device_map with cpu/disk) comes back as a plain CPU model.
     """
@@ -308,7 +312,7 @@ def run_blockwise(
             inputs = ctx.forward()
             for local, qweight in ctx.quantized.items():
                 linear = block.get_submodule(local)
-                layer = QuantLinear.from_quantized(qweight, linear.bias, dtype=linear.weight.dtype)
+                layer = quantized_linear(qweight, linear.bias, dtype=linear.weight.dtype)
                 block.set_submodule(local, layer)
             block.to(home)
             kwargs[i] = []

@@ -1,4 +1,5 @@
-"""`quantkit quantize MODEL --recipe RECIPE --out DIR`."""
+"""`quantkit quantize MODEL --recipe RECIPE --out DIR` (a compressed-tensors checkpoint) or `--out FILE.gguf`
+(a GGUF file llama.cpp runs: the only form of Q4_K-grid recipes)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,17 @@ from . import add_model_options, input_paths, torch_dtype
 
 
 def register(sub) -> None:
-    p = sub.add_parser("quantize", help="quantize a model into a compressed-tensors checkpoint",
-                       description="Quantize MODEL (a local folder, a hub id, or ref:tiny / ref:small) with RECIPE.")
+    from quantkit.formats.gguf_choices import FLOAT_TYPES
+
+    p = sub.add_parser("quantize", help="quantize a model into a compressed-tensors checkpoint or a GGUF file",
+                       description="Quantize MODEL (a local folder, a hub id, or ref:tiny / ref:small) with RECIPE "
+                                   "into a compressed-tensors checkpoint folder, or, with --out FILE.gguf, into a "
+                                   "GGUF file for llama.cpp (the only form Q4_K-grid recipes such as "
+                                   "w4a16-gptq-q4k have: compressed-tensors cannot hold their float minimums).")
     p.add_argument("model", help="model folder, hub id, or a built-in reference model (ref:tiny, ref:small)")
     p.add_argument("--recipe", required=True, help="built-in recipe name (e.g. w4a16-rtn) or a YAML file")
-    p.add_argument("--out", required=True, help="output folder (must not exist unless --force)")
+    p.add_argument("--out", required=True,
+                   help="output folder, or a file ending in .gguf for a GGUF file (must not exist unless --force)")
     p.add_argument("--force", action="store_true",
                    help="replace an existing output folder that quantkit wrote (never one holding other files)")
     p.add_argument("--leave-float", action="store_true",
@@ -23,6 +30,10 @@ def register(sub) -> None:
     add_model_options(p, dtype_help="dtype to load the model in and to write the checkpoint's float tensors in "
                                     "(default: load in config.json's dtype, write in the dtype the source weights "
                                     "are stored in, e.g. bfloat16 stays bfloat16)")
+    g = p.add_argument_group("GGUF output (--out FILE.gguf)")
+    g.add_argument("--float-type", choices=FLOAT_TYPES, default="auto",
+                   help="type of the token embedding, the output head and float linears in the GGUF file (as "
+                        "quantkit export's option)")
     add_calibration_options(p)
     p.set_defaults(func=run)
 
@@ -64,17 +75,29 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.outputs import check_free_space, check_writable, output_state
     from quantkit.summaries import SizeOnDisk, dtype_name, quantization_summary, state_bytes
 
-    out = check_writable(args.out, force=args.force,  # before any work
-                         inputs=input_paths(args.model, args.recipe, args.calib))
-    out_state = output_state(out)  # a folder another process writes there meanwhile is never replaced
+    from quantkit.errors import UsageError
+
+    gguf_out = str(args.out).lower().endswith(".gguf")
+    inputs = input_paths(args.model, args.recipe, args.calib)
+    out = check_writable(args.out, force=args.force, file=gguf_out, inputs=inputs)  # before any work
+    out_state = None if gguf_out else output_state(out)  # a folder another process writes meanwhile is never replaced
     resolve_device(args.device, option="--device")
     if args.calib_device is not None:
         resolve_device(args.calib_device, option="--calib-device")
 
     recipe = quantkit.load_recipe(args.recipe)  # validate before loading anything big
+    if recipe.weights is not None and recipe.weights.grid != "uniform" and not gguf_out:
+        raise UsageError(f"recipe {recipe.name} puts the weights on llama.cpp's {recipe.weights.grid.upper()} grid, "
+                         f"whose float group minimums only a GGUF file holds: give --out a file name ending in .gguf")
+    if args.float_type != "auto" and not gguf_out:
+        raise UsageError("--float-type is for GGUF output: give --out a file name ending in .gguf")
+    source_folder = resolve_model_source(args.model)
+    if gguf_out and not Path(source_folder).is_dir():
+        raise UsageError(f"{args.model}: GGUF output reads the model's local folder (config.json, tokenizer); "
+                         f"download it first")
     calibrated = recipe.needs_calibration
     calibration = calibration_config(args) if calibrated else None
-    source = resolve_model_source(args.model)
+    source = source_folder
     start = time.perf_counter()
     dtype = torch_dtype(args.dtype)
     model = load_float_model(source, dtype=dtype, device=args.device, trust_remote_code=args.trust_remote_code,
@@ -83,13 +106,16 @@ def run(args: argparse.Namespace) -> int:
         size_before = SizeOnDisk(folder_size_bytes(Path(source)), dtype_name(source_dtype(model)), "on disk")
     else:  # a hub model: its tensors as loaded
         size_before = SizeOnDisk(state_bytes(model), dtype_name(model.dtype), "as loaded")
-    check_free_space(out, _least_checkpoint_bytes(model, recipe, dtype or source_dtype(model)))  # before the work
+    check_free_space(out if not gguf_out else out.parent,  # before the work
+                     _least_checkpoint_bytes(model, recipe, dtype or source_dtype(model)))
     if calibrated:
         quantkit.quantize(model, recipe, calibration, device=args.calib_device, leave_float=args.leave_float)
     else:
         if args.calib is not None:
             print(f"note: --calib is ignored: {recipe.name} uses {recipe.algorithm.name}, which needs no calibration")
         quantkit.quantize(model, recipe, leave_float=args.leave_float)
+    if gguf_out:
+        return _write_gguf(model, recipe, args, source, size_before, start, inputs)
     saved_dtype = dtype or source_dtype(model)  # the source's dtype unless --dtype asks for another
     path = quantkit.save(model, out, tokenizer_source=source, force=args.force, dtype=saved_dtype, expect=out_state)
     elapsed = time.perf_counter() - start
@@ -101,6 +127,22 @@ def run(args: argparse.Namespace) -> int:
     if routing:
         print(f"  experts          : {routing}")
     print(f"  recipe saved as  : {path / provenance.RECIPE_FILE} (repeat the run with --recipe on it)")
+    return 0
+
+
+def _write_gguf(model, recipe, args, source, size_before, start, inputs) -> int:
+    """Write the quantized model as the GGUF file args.out, then print the summary."""
+    from quantkit.formats.gguf import export_gguf
+    from quantkit.outputs import atomic_output_file
+    from quantkit.summaries import SizeOnDisk, dtype_name, quantization_summary
+
+    with atomic_output_file(args.out, force=args.force, inputs=inputs) as tmp:
+        result = export_gguf(model, source, tmp, float_type=args.float_type)
+    result.path = Path(args.out).expanduser().resolve()
+    size_after = SizeOnDisk(result.bytes, result.file_type, "on disk")
+    print(quantization_summary(model, recipe, source, result.path, size_before, size_after,
+                               time.perf_counter() - start, kind="GGUF file"))
+    print("  " + result.describe().replace("\n", "\n  "))
     return 0
 
 

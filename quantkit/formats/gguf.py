@@ -9,6 +9,7 @@ What is exact (a weight of quantkit's [N, K] int q, fp32 scale [N, G], int zero 
 - symmetric int8, same groups -> Q8_0 (y = d * q);
 - asymmetric int4 -> Q4_1 with d = s and m = -s * (zp + 8) (quantkit's q + 8 is the nibble): exact up to
   the fp16 rounding of m, which `GGUFExport.q4_1_min_shift` reports (in units of the block's step d);
+- weights on the Q4_K grid (quantkit.kquant, a KQuantLinear) -> Q4_K: the layer holds the blocks themselves;
 - the scale must be an fp16 value (a bf16 or fp16 checkpoint's scales are, in fp16's normal range); an
   fp32 checkpoint's are refused unless round_scales, which rounds d to fp16 and reports the change.
 
@@ -32,6 +33,8 @@ from ..errors import CheckpointError, UsageError
 from ..loading import source_dtype
 from ..kernels import gguf_blocks
 from ..kernels.packing import unpack_int32, unpack_zero_point
+from ..modules.kquant_linear import GGUF_TYPE as KQUANT_TYPE
+from ..modules.kquant_linear import KQuantLinear
 from ..modules.quant_linear import QuantLinear
 from .gguf_choices import FLOAT_TYPES, RECIPES_FOR
 from .gguf_pretokenizers import CHECK_TEXT, PRE_TOKENIZERS
@@ -254,17 +257,27 @@ def _set_vocab(writer, folder: Path, vocab_size: int) -> None:
 
 
 def _float_tensor(t: torch.Tensor, float_type: str):
-    """(numpy data, ggml type) for a float tensor written in float_type (f32 / f16 / bf16 / q8_0)."""
+    """(numpy data, ggml type) for a float tensor written in float_type (FLOAT_TYPES but auto). q8_0 is
+    the gguf package's rounding, q6_k / q4_k llama.cpp's (quantkit.gguf_reference_quants); as llama-quantize
+    falls back, a width that is no multiple of 32 gets F16, one that is no multiple of 256 gets Q8_0 for
+    q6_k / q4_k (llama-quantize: Q8_0 / Q5_0)."""
     import gguf
 
-    qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
-             "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}[float_type]
-    data = t.detach().float().cpu().numpy()
+    data = t.detach().float().cpu()
+    width = data.shape[-1]
+    if float_type in ("q6_k", "q4_k") and width % gguf_blocks.SUPER_BLOCK:
+        float_type = "q8_0"
+    if float_type == "q8_0" and width % gguf_blocks.BLOCK:
+        float_type = "f16"
+    qtype = getattr(gguf.GGMLQuantizationType, float_type.upper())
     if float_type == "f32":
-        return data, qtype
-    if float_type == "q8_0" and data.shape[-1] % gguf_blocks.BLOCK:
-        qtype = gguf.GGMLQuantizationType.F16  # what llama.cpp's converter falls back to
-    return gguf.quants.quantize(data, qtype), qtype
+        return data.numpy(), qtype
+    if float_type in ("q6_k", "q4_k"):
+        from .. import gguf_reference_quants
+
+        quantize = gguf_reference_quants.quantize_q6_k if float_type == "q6_k" else gguf_reference_quants.quantize_q4_k
+        return quantize(data).numpy(), qtype
+    return gguf.quants.quantize(data.numpy(), qtype), qtype
 
 
 def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float_type: str = "auto",
@@ -298,21 +311,24 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
     result = GGUFExport(path=out, architecture=gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch)], file_type="")
     kinds: dict[str, int] = {}
     shift_max, shift_sq, shift_n = None, 0.0, 0
-    quantized = {n for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+    quantized = {n for n, m in model.named_modules() if isinstance(m, (QuantLinear, KQuantLinear))}
     for module_name, module in model.named_modules():
         if module_name not in quantized:
             continue
         gname = names.get_name(module_name + ".weight", try_suffixes=(".weight",))
         if gname is None:
             raise UsageError(f"{module_name}: no GGUF tensor name for it in llama.cpp's {arch} layout")
-        kind, data, measures = gguf_weight(module, module_name, row_order=order(module_name, module.out_features),
-                                           round_scales=round_scales)
+        rows = order(module_name, module.out_features)
+        if isinstance(module, KQuantLinear):  # its blocks as they are; a row permutation moves whole rows
+            kind, data, measures = KQUANT_TYPE, module.weight_blocks if rows is None else module.weight_blocks[rows], {}
+        else:
+            kind, data, measures = gguf_weight(module, module_name, row_order=rows, round_scales=round_scales)
         kinds[kind] = kinds.get(kind, 0) + module.in_features * module.out_features
-        result.scale_rounding = max(result.scale_rounding, measures["scale_rounding"])
+        result.scale_rounding = max(result.scale_rounding, measures.get("scale_rounding", 0.0))
         if "min_shift" in measures:
             shift_max = max(shift_max or 0.0, measures["min_shift"])
             shift_sq, shift_n = shift_sq + measures["min_shift_sq"], shift_n + measures["blocks"]
-        pending.append((gname, data.numpy(), getattr(gguf.GGMLQuantizationType, kind)))
+        pending.append((gname, data.cpu().numpy(), getattr(gguf.GGMLQuantizationType, kind)))
     for pname, tensor in model.state_dict().items():
         module_name, _, leaf = pname.rpartition(".")
         if module_name in quantized and leaf != "bias":
@@ -334,6 +350,7 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
     if shift_max is not None:
         result.q4_1_min_shift, result.q4_1_min_shift_rms = shift_max, math.sqrt(shift_sq / max(shift_n, 1))
     main = max(kinds, key=kinds.get) if kinds else float_type.upper()  # the type most weights have
+    main = {"Q4_K": "Q4_K_S"}.get(main, main)  # llama.cpp names its K-quant file types by their mix
     result.file_type = main
     file_type = gguf.LlamaFileType.ALL_F32 if main == "F32" else getattr(gguf.LlamaFileType, "MOSTLY_" + main)
 
