@@ -123,12 +123,10 @@ def minmax_ranges(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (hi - lo) / LEVELS, -lo
 
 
-def grid_fields(w: torch.Tensor, importance: torch.Tensor | None = None,
-                clip_ratio: torch.Tensor | float | None = None) -> tuple[torch.Tensor, ...]:
+def grid_fields(w: torch.Tensor, clip_ratio: torch.Tensor | float | None = None) -> tuple[torch.Tensor, ...]:
     """The Q4_K fields of a weight: (d, dmin, sc, mn) from each group's min-max range (shrunk by
     clip_ratio, a scalar or fp32 [N, K/32], as AWQ's clip search does), rounded to the 6-bit grid
-    (super_block_fields). w: float [N, K], K % 256 == 0. importance: [K] weights of the inputs (accepted
-    for a searched range; the min-max range does not use it)."""
+    (super_block_fields). w: float [N, K], K % 256 == 0."""
     if w.dim() != 2 or w.shape[1] % SUPER_BLOCK:
         raise ValueError(f"Q4_K weights need [N, K] with K in whole super-blocks of {SUPER_BLOCK}, got {tuple(w.shape)}")
     s, m = minmax_ranges(w)

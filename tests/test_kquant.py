@@ -189,3 +189,15 @@ def test_float_tensors_in_llama_cpps_k_quants(tmp_path, capsys):
     assert main(["quantize", "ref:tiny", "--recipe", "w4a16-rtn-g32", "--dtype", "bfloat16", "--out", str(tiny),
                  "--float-type", "q6_k"]) == 0
     assert {t.name: t for t in gguf.GGUFReader(str(tiny)).tensors}["token_embd.weight"].tensor_type == T.Q8_0
+
+
+def test_gguf_output_of_an_unsupported_architecture_is_refused_before_any_work(tmp_path, capsys):
+    from .moe_fixtures import save_moe_model
+
+    folder = tmp_path / "moe"
+    save_moe_model("qwen3_moe", folder)
+    capsys.readouterr()
+    assert main(["quantize", str(folder), "--recipe", "w4a16-rtn-q4k", "--out", str(tmp_path / "m.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert "GGUF export supports model types" in err and "qwen3_moe" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "m.gguf").exists()

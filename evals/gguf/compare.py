@@ -126,7 +126,30 @@ def llama_cpp_files(args, work: Path, folder: Path, calib_text: Path) -> dict[st
                 sh([str(bins / "llama-quantize")] + (["--imatrix", str(imatrix)] if with_imatrix else []) +
                    [str(src_gguf), str(out), kind, "2"], work / f"{out.stem}.log")
             files[name] = ("Q4_K" if kind.startswith("Q4_K") else kind, out)
+    # Q4_K laid out as quantkit's export is: every linear Q4_K (--pure: no mix), Q4_1 where the inputs are no
+    # whole super-block (quantkit's fallback; llama-quantize's own is Q5_0), the embedding Q8_0 / Q6_K as
+    # quantkit's --embedding rows: the same types tensor by tensor
+    overrides = same_layout_overrides(folder)
+    for with_imatrix in (False, True):
+        name = "llama.cpp Q4_K in quantkit's layout" + (", importance matrix" if with_imatrix else "")
+        out = work / f"llama-Q4_K-quantkit-layout{'-imatrix' if with_imatrix else ''}.gguf"
+        if not out.is_file():
+            sh([str(bins / "llama-quantize"), "--pure", "--token-embedding-type", args.embedding] +
+               [a for t in overrides for a in ("--tensor-type", f"{t}=q4_1")] +
+               (["--imatrix", str(imatrix)] if with_imatrix else []) + [str(src_gguf), str(out), "Q4_K_S", "2"],
+               work / f"{out.stem}.log")
+        files[name] = ("Q4_K", out)
     return files
+
+
+def same_layout_overrides(folder: Path) -> list[str]:
+    """GGUF tensor kinds whose inputs are no whole Q4_K super-block (256) in this model."""
+    config = json.loads((folder / "config.json").read_text())
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    heads = config["num_attention_heads"] * (config.get("head_dim") or hidden // config["num_attention_heads"])
+    inputs = {"attn_q": hidden, "attn_k": hidden, "attn_v": hidden, "attn_output": heads, "ffn_gate": hidden,
+              "ffn_up": hidden, "ffn_down": inter}
+    return [kind for kind, k in inputs.items() if k % 256]
 
 
 def quantkit_files(args, work: Path, folder: Path, calib_ids: torch.Tensor) -> dict[str, tuple[str, Path, float]]:

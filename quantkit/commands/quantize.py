@@ -92,9 +92,13 @@ def run(args: argparse.Namespace) -> int:
     if args.float_type != "auto" and not gguf_out:
         raise UsageError("--float-type is for GGUF output: give --out a file name ending in .gguf")
     source_folder = resolve_model_source(args.model)
-    if gguf_out and not Path(source_folder).is_dir():
-        raise UsageError(f"{args.model}: GGUF output reads the model's local folder (config.json, tokenizer); "
-                         f"download it first")
+    if gguf_out:
+        if not Path(source_folder).is_dir():
+            raise UsageError(f"{args.model}: GGUF output reads the model's local folder (config.json, tokenizer); "
+                             f"download it first")
+        from quantkit.formats.gguf import check_exportable
+
+        check_exportable(source_folder)
     calibrated = recipe.needs_calibration
     calibration = calibration_config(args) if calibrated else None
     source = source_folder

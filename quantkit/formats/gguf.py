@@ -162,6 +162,11 @@ def architecture_of(hparams: dict) -> tuple[str, bool]:
     return ARCHITECTURES[model_type]
 
 
+def check_exportable(folder: str | os.PathLike) -> None:
+    """UsageError now, before any quantization, when the model in `folder` has no GGUF architecture here."""
+    architecture_of(_hparams(Path(folder)))
+
+
 def _set_parameters(writer, hparams: dict, arch: str, file_type) -> None:
     """The hyperparameters convert_hf_to_gguf (TextModel and LlamaModel.set_gguf_parameters) writes."""
     import gguf
