@@ -30,7 +30,7 @@ from .outputs import OutputState, atomic_output_dir
 from .modules.kv_cache import enable_fp8_kv_cache
 from .modules.kv_scales import attach_kv_scales, pop_kv_scales
 from .modules.fused_linear import fuse_projections, is_fused, unfused_state_dict
-from .kquant import KQuantWeight
+from .kquant import GridWeight
 from .modules.kquant_linear import KQuantLinear, quantized_linear
 from .modules.quant_linear import QuantLinear
 from .recipe import Recipe, load_recipe
@@ -140,7 +140,7 @@ def quantize(
             options = recipe.algorithm.options if recipe.algorithm.name == "rtn" and recipe.algorithm.options else None
             qweight = rtn_quantize(linear.weight.detach(), schemes[name], *([options] if options else []),
                                    scale_dtype=source_dtype(model))
-            if not isinstance(qweight, KQuantWeight):  # Q4_K fields are fp16 and 6-bit whatever the model dtype
+            if not isinstance(qweight, GridWeight):  # GGUF grids' fields are fp16 (6-bit) whatever the model dtype
                 qweight.scale = _round_scale(qweight.scale, source_dtype(model))  # what the checkpoint will hold
             set_submodule(model, name, quantized_linear(qweight, linear.bias, dtype=linear.weight.dtype))
     if recipe.kv_cache is not None:

@@ -1,4 +1,6 @@
-"""Weights on llama.cpp's Q4_K grid (QuantScheme grid "q4_k"): the fields, their search and their rounding.
+"""Weights on llama.cpp's Q4_K grid (QuantScheme grid "q4_k"), and on GGUF's Q4_1 grid with a float minimum
+(grid "q4_1", what a q4_k recipe gives a linear whose inputs are no whole super-block): the fields, their
+search and their rounding.
 
 A row of K inputs is K / 256 super-blocks of eight groups of 32. Group j of a super-block dequantizes as
 
@@ -11,7 +13,13 @@ the byte layout). Every algorithm quantizes onto this grid directly, so the GGUF
 weights quantkit scored: the fields are chosen first (`grid_fields`), then each weight is rounded to its
 group's levels (`quantize_onto`; GPTQ does this column by column, pushing the error onward).
 
-All math is fp32 on [N, K] weights; the fields are shaped as gguf_blocks.pack_q4_k takes them.
+Q4_1 (blocks of 32): y = d * u + m with fp16 d and m per group, u in 0..15: a float minimum too (the group's
+step s = d, minimum -m), without the super-block's 6-bit rounding.
+
+Each grid is a class (KQuantWeight, Q41Weight) with the same verbs: `choose_fields(w, ...)` -> fields,
+`steps(*fields)` -> (scale, minimum) fp32 [N, K/32], `round(w, fields, scheme)` -> the weight, and on the
+weight `dequantize()` and `blocks()` (the GGUF blocks, kernels/gguf_blocks.py). GRID_WEIGHTS maps a
+scheme's grid to its class. All math is fp32 on [N, K] weights.
 """
 
 from __future__ import annotations
@@ -20,57 +28,12 @@ from dataclasses import dataclass
 
 import torch
 
+from .kernels import gguf_blocks
+
 SUPER_BLOCK = 256  # inputs per super-block
 GROUP = 32  # inputs per group (sub-block)
 LEVELS = 15  # u in 0..LEVELS
 FIELD_MAX = 63  # 6-bit sub-block scales and minimums
-
-
-@dataclass
-class KQuantWeight:
-    """A weight on the Q4_K grid: what an algorithm returns for a "q4_k" scheme.
-
-    u: uint8 [N, K] in 0..15; d, dmin: fp16 [N, K/256]; sc, mn: uint8 [N, K/32] in 0..63; scheme: the
-    QuantScheme (grid "q4_k") it was quantized with.
-    """
-
-    u: torch.Tensor
-    d: torch.Tensor
-    dmin: torch.Tensor
-    sc: torch.Tensor
-    mn: torch.Tensor
-    scheme: object
-
-    def __post_init__(self) -> None:
-        n, k = self.u.shape
-        if k % SUPER_BLOCK:
-            raise ValueError(f"Q4_K weights need K in whole super-blocks of {SUPER_BLOCK}, got K = {k}")
-        for name, t, cols, dtype in (("d", self.d, k // SUPER_BLOCK, torch.float16),
-                                     ("dmin", self.dmin, k // SUPER_BLOCK, torch.float16),
-                                     ("sc", self.sc, k // GROUP, torch.uint8), ("mn", self.mn, k // GROUP, torch.uint8)):
-            if tuple(t.shape) != (n, cols) or t.dtype != dtype:
-                raise ValueError(f"{name}: expected {dtype} [{n}, {cols}], got {t.dtype} {tuple(t.shape)}")
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(self.u.shape)
-
-    def scale(self) -> torch.Tensor:
-        """fp32 [N, K/32]: d * sc_j, each group's step."""
-        return group_scale(self.d, self.sc)
-
-    def minimum(self) -> torch.Tensor:
-        """fp32 [N, K/32]: dmin * mn_j, each group's minimum (its lowest level is minus it)."""
-        return group_scale(self.dmin, self.mn)
-
-    def dequantize(self) -> torch.Tensor:
-        """fp32 [N, K], as ggml's dequantize_row_q4_K computes it."""
-        return dequantize(self.u, self.scale(), self.minimum())
-
-
-def group_scale(super_value: torch.Tensor, field: torch.Tensor) -> torch.Tensor:
-    """fp16 [N, S] super-block value times 6-bit [N, S*8] fields -> fp32 [N, S*8] (an exact product)."""
-    return (super_value.float().repeat_interleave(SUPER_BLOCK // GROUP, dim=1) * field.float())
 
 
 def _groups(x: torch.Tensor) -> torch.Tensor:
@@ -95,6 +58,145 @@ def quantize_onto(w: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -
     return u.squeeze(-1) if column else u.reshape(w.shape)
 
 
+def _check_fields(n: int, k: int, block: int, fields) -> None:
+    """ValueError unless each (name, tensor, columns per row, dtype) of `fields` has that shape and dtype."""
+    if k % block:
+        raise ValueError(f"these weights need K in whole blocks of {block}, got K = {k}")
+    for name, t, cols, dtype in fields:
+        if tuple(t.shape) != (n, cols) or t.dtype != dtype:
+            raise ValueError(f"{name}: expected {dtype} [{n}, {cols}], got {t.dtype} {tuple(t.shape)}")
+
+
+def _ranges(w: torch.Tensor, clip_ratio, include_zero: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each group's (lo, hi) fp32 [N, K/32], stretched to include 0 if include_zero, shrunk by clip_ratio
+    (a scalar or [N, K/32], as AWQ's clip search does)."""
+    g = _groups(w.float())
+    lo, hi = g.amin(dim=-1), g.amax(dim=-1)
+    if include_zero:
+        lo, hi = lo.clamp(max=0.0), hi.clamp(min=0.0)
+    if clip_ratio is not None:
+        lo, hi = lo * clip_ratio, hi * clip_ratio
+    return lo, hi
+
+
+@dataclass
+class KQuantWeight:
+    """A weight on the Q4_K grid: what an algorithm returns for a "q4_k" scheme.
+
+    u: uint8 [N, K] in 0..15; d, dmin: fp16 [N, K/256]; sc, mn: uint8 [N, K/32] in 0..63; scheme: the
+    QuantScheme (grid "q4_k") it was quantized with.
+    """
+
+    u: torch.Tensor
+    d: torch.Tensor
+    dmin: torch.Tensor
+    sc: torch.Tensor
+    mn: torch.Tensor
+    scheme: object
+
+    def __post_init__(self) -> None:
+        n, k = self.u.shape
+        _check_fields(n, k, SUPER_BLOCK, (
+            ("d", self.d, k // SUPER_BLOCK, torch.float16), ("dmin", self.dmin, k // SUPER_BLOCK, torch.float16),
+            ("sc", self.sc, k // GROUP, torch.uint8), ("mn", self.mn, k // GROUP, torch.uint8)))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.u.shape)
+
+    @staticmethod
+    def steps(d, dmin, sc, mn) -> tuple[torch.Tensor, torch.Tensor]:
+        """(d * sc_j, dmin * mn_j) fp32 [N, K/32]: each group's step and minimum (its lowest level is minus it)."""
+        return group_scale(d, sc), group_scale(dmin, mn)
+
+    @staticmethod
+    def choose_fields(w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
+                      clip_ratio=None) -> tuple[torch.Tensor, ...]:
+        """(d, dmin, sc, mn) of w [N, K] (K % 256 == 0): with search, llama.cpp's own (searched_fields, weighted
+        by `importance` [K] where given); else each group's min-max range (shrunk by clip_ratio), rounded
+        to the 6-bit grid (super_block_fields)."""
+        if w.dim() != 2 or w.shape[1] % SUPER_BLOCK:
+            raise ValueError(f"Q4_K weights need [N, K] with K in whole super-blocks of {SUPER_BLOCK}, "
+                             f"got {tuple(w.shape)}")
+        if search:
+            return searched_fields(w, importance)
+        lo, hi = _ranges(w, clip_ratio, include_zero=True)
+        return super_block_fields((hi - lo) / LEVELS, -lo)
+
+    @classmethod
+    def round(cls, w: torch.Tensor, fields, scheme) -> "KQuantWeight":
+        """Round-to-nearest of w [N, K] onto the grid of `fields`."""
+        return cls(quantize_onto(w, *cls.steps(*fields)).to(torch.uint8), *fields, scheme=scheme)
+
+    def dequantize(self) -> torch.Tensor:
+        """fp32 [N, K], as ggml's dequantize_row_q4_K computes it."""
+        return dequantize(self.u, *self.steps(self.d, self.dmin, self.sc, self.mn))
+
+    def blocks(self) -> torch.Tensor:
+        """uint8 [N, K/256 * 144]: the Q4_K blocks."""
+        return gguf_blocks.pack_q4_k(self.u, self.d, self.dmin, self.sc, self.mn)
+
+
+@dataclass
+class Q41Weight:
+    """A weight on GGUF's Q4_1 grid: u uint8 [N, K] in 0..15; d, m fp16 [N, K/32] (y = d * u + m); scheme:
+    the QuantScheme (grid "q4_1")."""
+
+    u: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor
+    scheme: object
+
+    def __post_init__(self) -> None:
+        n, k = self.u.shape
+        _check_fields(n, k, GROUP, (("d", self.d, k // GROUP, torch.float16), ("m", self.m, k // GROUP, torch.float16)))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.u.shape)
+
+    @staticmethod
+    def steps(d, m) -> tuple[torch.Tensor, torch.Tensor]:
+        """(d, -m) fp32 [N, K/32]: each group's step and minimum."""
+        return d.float(), -m.float()
+
+    @staticmethod
+    def choose_fields(w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
+                      clip_ratio=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(d, m) of w [N, K] (K % 32 == 0) from each group's min-max range (shrunk by clip_ratio), as
+        llama.cpp's quantize_row_q4_1_ref: d = fp16((max - min) / 15), m = fp16(min). search and importance:
+        accepted for the common interface; Q4_1's fields are its min-max range."""
+        if w.dim() != 2 or w.shape[1] % GROUP:
+            raise ValueError(f"Q4_1 weights need [N, K] with K in whole blocks of {GROUP}, got {tuple(w.shape)}")
+        lo, hi = _ranges(w, clip_ratio, include_zero=False)
+        d, m = ((hi - lo) / LEVELS).to(torch.float16), lo.to(torch.float16)
+        if not (torch.isfinite(d).all() and torch.isfinite(m).all()):
+            raise ValueError("a Q4_1 block scale or minimum does not fit in fp16 (weights above ~6e4 in magnitude)")
+        return d, m
+
+    @classmethod
+    def round(cls, w: torch.Tensor, fields, scheme) -> "Q41Weight":
+        return cls(quantize_onto(w, *cls.steps(*fields)).to(torch.uint8), *fields, scheme=scheme)
+
+    def dequantize(self) -> torch.Tensor:
+        """fp32 [N, K], as ggml's dequantize_row_q4_1 computes it (d * u + m)."""
+        return dequantize(self.u, *self.steps(self.d, self.m))
+
+    def blocks(self) -> torch.Tensor:
+        """uint8 [N, K/32 * 20]: the Q4_1 blocks."""
+        return gguf_blocks.pack_q4_1(self.u, self.d, self.m)
+
+
+#: a scheme's grid -> the class of its weights
+GRID_WEIGHTS = {"q4_k": KQuantWeight, "q4_1": Q41Weight}
+GridWeight = KQuantWeight | Q41Weight
+
+
+def group_scale(super_value: torch.Tensor, field: torch.Tensor) -> torch.Tensor:
+    """fp16 [N, S] super-block value times 6-bit [N, S*8] fields -> fp32 [N, S*8] (an exact product)."""
+    return (super_value.float().repeat_interleave(SUPER_BLOCK // GROUP, dim=1) * field.float())
+
+
 def super_block_fields(scale: torch.Tensor, minimum: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Float group steps and minimums (>= 0) fp32 [N, K/32] -> the 6-bit grid nearest them, as
     llama.cpp's quantize_row_q4_K_ref rounds them: sc_j = round(63 / max_j s_j * s_j) (<= 63), d = fp16(max_j
@@ -114,45 +216,22 @@ def super_block_fields(scale: torch.Tensor, minimum: torch.Tensor) -> tuple[torc
     return d, dmin, sc, mn
 
 
-def minmax_ranges(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each group's min-max range as a float step and minimum: w [N, K] -> (s, m) fp32 [N, K/32],
-    s = (max - min) / 15 and m = -min with the range stretched to include 0."""
-    g = _groups(w.float())
-    lo = g.amin(dim=-1).clamp(max=0.0)
-    hi = g.amax(dim=-1).clamp(min=0.0)
-    return (hi - lo) / LEVELS, -lo
-
-
-def grid_fields(w: torch.Tensor, clip_ratio: torch.Tensor | float | None = None) -> tuple[torch.Tensor, ...]:
-    """The Q4_K fields of a weight: (d, dmin, sc, mn) from each group's min-max range (shrunk by
-    clip_ratio, a scalar or fp32 [N, K/32], as AWQ's clip search does), rounded to the 6-bit grid
-    (super_block_fields). w: float [N, K], K % 256 == 0."""
-    if w.dim() != 2 or w.shape[1] % SUPER_BLOCK:
-        raise ValueError(f"Q4_K weights need [N, K] with K in whole super-blocks of {SUPER_BLOCK}, got {tuple(w.shape)}")
-    s, m = minmax_ranges(w)
-    if clip_ratio is not None:
-        s, m = s * clip_ratio, m * clip_ratio
-    return super_block_fields(s, m)
-
-
 def searched_fields(w: torch.Tensor, importance: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """The Q4_K fields llama.cpp's own quantizer chooses (quantkit.gguf_reference_quants: make_qkx2_quants'
     weighted least-squares search of each group's step and minimum, or with `importance` [K] the imatrix
-    path's make_qkx3_quants / make_qp_quants): (d, dmin, sc, mn) as grid_fields returns them."""
+    path's make_qkx3_quants / make_qp_quants): (d, dmin, sc, mn)."""
     from .gguf_reference_quants import q4_k_fields
 
     return q4_k_fields(w.float(), None if importance is None else importance.float())[1:]
 
 
-def kquant_weight(w: torch.Tensor, scheme, fields: tuple[torch.Tensor, ...] | None = None,
-                  **grid_options) -> KQuantWeight:
-    """Round-to-nearest onto the Q4_K grid: w float [N, K] -> KQuantWeight (fields from
-    grid_fields(w, **grid_options) unless given as (d, dmin, sc, mn))."""
-    d, dmin, sc, mn = fields if fields is not None else grid_fields(w, **grid_options)
-    u = quantize_onto(w, group_scale(d, sc), group_scale(dmin, mn))
-    return KQuantWeight(u.to(torch.uint8), d, dmin, sc, mn, scheme)
+def grid_weight(w: torch.Tensor, scheme, **field_options) -> GridWeight:
+    """Round-to-nearest of w float [N, K] onto the scheme's grid, fields chosen by choose_fields(**field_options)."""
+    cls = GRID_WEIGHTS[scheme.grid]
+    return cls.round(w, cls.choose_fields(w, **field_options), scheme)
 
 
-def fake_quantize(w: torch.Tensor, **grid_options) -> torch.Tensor:
-    """Round trip onto the Q4_K grid: same shape and dtype as w [N, K] (grid_options: grid_fields')."""
-    return kquant_weight(w, None, **grid_options).dequantize().to(w.dtype)
+def fake_quantize(w: torch.Tensor, scheme, clip_ratio=None) -> torch.Tensor:
+    """Round trip onto the scheme's grid from the min-max ranges (shrunk by clip_ratio): same shape and
+    dtype as w [N, K]."""
+    return grid_weight(w, scheme, clip_ratio=clip_ratio).dequantize().to(w.dtype)

@@ -177,13 +177,13 @@ def dequantize(
 def fake_quantize(w: torch.Tensor, scheme: QuantScheme, **qparam_kwargs) -> torch.Tensor:
     """Quantize-dequantize round trip with min-max qparams; same shape and dtype as w.
 
-    qparam_kwargs: compute_qparams' options (clip_ratio, symmetric_scale, scale_dtype); on the q4_k grid
+    qparam_kwargs: compute_qparams' options (clip_ratio, symmetric_scale, scale_dtype); on a GGUF grid
     (quantkit.kquant) only clip_ratio applies (its fields are fp16 and 6-bit whatever the scale dtype).
     """
-    if scheme.grid == "q4_k":
-        from .kquant import fake_quantize as kquant_fake_quantize
+    if scheme.grid != "uniform":
+        from .kquant import fake_quantize as grid_fake_quantize
 
-        return kquant_fake_quantize(w, clip_ratio=qparam_kwargs.get("clip_ratio"))
+        return grid_fake_quantize(w, scheme, clip_ratio=qparam_kwargs.get("clip_ratio"))
     scale, zp = compute_qparams(w, scheme, **qparam_kwargs)
     return dequantize(quantize(w, scale, zp, scheme), scale, zp, scheme).to(w.dtype)
 

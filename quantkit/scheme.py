@@ -20,8 +20,10 @@ FP8_E4M3_MAX = 448.0
 #: Where a scheme's scales and minimums may lie: "uniform" (any stored scale, integer zero points: the
 #: compressed-tensors grid) or "q4_k" (llama.cpp's Q4_K: int4 in groups of 32, eight groups to a super-block
 #: of 256 inputs; y = d*sc*u - dmin*mn, u in 0..15, sc and mn 6-bit, d and dmin fp16 per super-block:
-#: a float minimum per group, which compressed-tensors cannot hold, so such weights are written as GGUF).
-GRIDS = ("uniform", "q4_k")
+#: a float minimum per group, which compressed-tensors cannot hold, so such weights are written as GGUF), or
+#: "q4_1" (GGUF's Q4_1: int4 in groups of 32 with fp16 step and float minimum; what a q4_k recipe gives a
+#: linear whose inputs are no whole super-block).
+GRIDS = ("uniform", "q4_k", "q4_1")
 
 
 def _shown(value: Any) -> str:
@@ -40,8 +42,8 @@ class QuantScheme:
     actorder: how the weights were calibrated, as compressed-tensors records it: None, or "weight"
       (GPTQ visited the columns by activation order with static groups: the layout and the
       inference are unchanged, no g_idx). Set by the algorithm, not by recipes.
-    grid: one of GRIDS; "q4_k" requires int4, asymmetric, strategy group, group_size 32, and inputs in
-      whole super-blocks of 256 (quantkit.kquant).
+    grid: one of GRIDS; "q4_k" and "q4_1" require int4, asymmetric, strategy group, group_size 32, and
+      inputs in whole super-blocks of 256 (q4_k) or blocks of 32 (q4_1) (quantkit.kquant).
     """
 
     num_bits: int = 4
@@ -50,7 +52,7 @@ class QuantScheme:
     strategy: Literal["channel", "group", "tensor"] = "group"
     group_size: int | None = None
     actorder: Literal["weight"] | None = None
-    grid: Literal["uniform", "q4_k"] = "uniform"
+    grid: Literal["uniform", "q4_k", "q4_1"] = "uniform"
 
     def __post_init__(self) -> None:
         if self.group_size is not None and (isinstance(self.group_size, bool) or not isinstance(self.group_size, int)):
@@ -90,10 +92,10 @@ class QuantScheme:
             raise ValueError(f"actorder {self.actorder!r} is only recorded with strategy 'group'")
         if self.grid not in GRIDS:
             raise ValueError(f"grid must be one of {GRIDS}, got {_shown(self.grid)}")
-        if self.grid == "q4_k" and (self.type, self.num_bits, self.symmetric, self.strategy, self.group_size) != (
+        if self.grid != "uniform" and (self.type, self.num_bits, self.symmetric, self.strategy, self.group_size) != (
                 "int", 4, False, "group", 32):
-            raise ValueError("grid 'q4_k' is llama.cpp's Q4_K: it needs num_bits: 4, symmetric: false, strategy: "
-                             "group, group_size: 32")
+            raise ValueError(f"grid {self.grid!r} is llama.cpp's {self.grid.upper()}: it needs num_bits: 4, symmetric: "
+                             f"false, strategy: group, group_size: 32")
 
     # -- integer range ---------------------------------------------------------------------------
     @property
@@ -117,23 +119,26 @@ class QuantScheme:
         q4_k grid, every super-block of 256."""
         if self.grid == "q4_k":
             return in_features % 256 == 0
+        if self.grid == "q4_1":
+            return in_features % 32 == 0
         return self.strategy != "group" or in_features % self.group_size == 0
 
     def fitted(self, in_features: int, indivisible: str = "error") -> "QuantScheme":
         """The scheme a linear with `in_features` inputs gets under the `indivisible` rule (INDIVISIBLE):
         this scheme when its group size divides in_features (or with "ragged"), else a smaller group, per
         channel, or a ValueError for "error". On the q4_k grid, in_features not in whole super-blocks of 256
-        get the uniform grid of the same groups (fitted again), as llama.cpp falls back from K-quants."""
+        get the q4_1 grid (fitted again), as llama.cpp falls back from K-quants; on q4_1, the uniform grid."""
         if indivisible not in INDIVISIBLE:
             raise ValueError(f"indivisible must be one of {INDIVISIBLE}, got {indivisible!r}")
-        if self.grid == "q4_k":  # as llama.cpp falls back from K-quants: to the uniform grid of the same groups
+        if self.grid != "uniform":  # as llama.cpp falls back from K-quants: Q4_K -> Q4_1 -> the uniform grid
             if self.divides(in_features):
                 return self
             if indivisible == "error":
-                raise ValueError(f"grid q4_k needs in_features in whole super-blocks of 256, got {in_features}; use "
-                                 f"the recipe's `indivisible:` rule (smaller-group: the uniform int4 g32 grid, GGUF "
-                                 f"Q4_1) or ignore that linear")
-            return replace(self, grid="uniform").fitted(in_features, indivisible)
+                raise ValueError(f"grid {self.grid} needs in_features in whole blocks of "
+                                 f"{256 if self.grid == 'q4_k' else 32}, got {in_features}; use the recipe's "
+                                 f"`indivisible:` rule (smaller-group: Q4_K falls back to Q4_1) or ignore that linear")
+            fallback = "q4_1" if self.grid == "q4_k" else "uniform"
+            return replace(self, grid=fallback).fitted(in_features, indivisible)
         if self.divides(in_features) or indivisible == "ragged":
             return self
         if indivisible == "smaller-group":
@@ -152,6 +157,8 @@ class QuantScheme:
         """Nominal storage bits per weight incl. 16-bit scales (and packed zero points)."""
         if self.grid == "q4_k":
             return 4.5  # 144 bytes per 256 weights: d, dmin, 8 x (6-bit scale, 6-bit min), 128 bytes of nibbles
+        if self.grid == "q4_1":
+            return 5.0  # 20 bytes per 32: fp16 d and m, 16 bytes of nibbles
         if self.strategy != "group":
             return float(self.num_bits)
         assert self.group_size is not None
@@ -195,7 +202,7 @@ class QuantScheme:
     def describe(self) -> str:
         if self.type == "float":
             return f"fp8-e4m3 per-{self.strategy}"
-        if self.grid == "q4_k":
-            return "int4 g32 asym on the Q4_K grid"
+        if self.grid != "uniform":
+            return f"int4 g32 asym on the {self.grid.upper()} grid"
         where = f"g{self.group_size}" if self.strategy == "group" else f"per-{self.strategy}"
         return f"int{self.num_bits} {where} {'sym' if self.symmetric else 'asym'}"

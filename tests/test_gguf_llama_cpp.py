@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -148,26 +149,30 @@ def test_llama_cpp_greedy_continuation_matches(exported):
     assert len(ours.strip()) > 8 and theirs.strip() == ours.strip()
 
 
-def test_llama_cpp_runs_q4_k_as_quantkit_scores_it(tmp_path):
-    """A Q4_K-grid quantization of ref:small (hidden 256: whole super-blocks) written as GGUF: llama.cpp's
-    logits against the very model quantkit quantized in memory (the file has no other form)."""
+@pytest.mark.parametrize("model_name,kind", [("ref:small", "Q4_K"), ("ref:tiny", "Q4_1")])
+def test_llama_cpp_runs_q4_k_as_quantkit_scores_it(tmp_path, model_name, kind):
+    """A Q4_K-grid quantization written as GGUF (ref:small, hidden 256: whole super-blocks, Q4_K; ref:tiny,
+    hidden 128: the Q4_1 fallback with float minimums): llama.cpp's logits against the very model quantkit
+    quantized in memory (the file has no other form)."""
     bins = _bin_dir()
     from quantkit.formats.gguf import export_gguf
     from quantkit.loading import resolve_model_source
     from quantkit.modules.kquant_linear import KQuantLinear
 
-    tokenizer = load_tokenizer("ref:small")
+    tokenizer = load_tokenizer(model_name)
     text = tmp_path / "eval.txt"
     text.write_text(tokenizer.decode(read_eval_tokens(tokenizer, None, N_CTX * N_CHUNKS * 2).ids))
-    model = quantkit.load("ref:small", dtype=torch.float32)
-    quantkit.quantize(model, "w4a16-rtn-q4k", progress=False)
+    model = quantkit.load(model_name, dtype=torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ref:tiny: the fallback to Q4_1 is announced
+        quantkit.quantize(model, "w4a16-rtn-q4k", progress=False)
     assert sum(isinstance(m, KQuantLinear) for m in model.modules()) == 7 * model.config.num_hidden_layers
-    path = tmp_path / "small-q4k.gguf"
-    result = export_gguf(model, resolve_model_source("ref:small"), path, float_type="f32")
-    assert set(t for n, t in result.tensors.items() if n.startswith("blk.") and "norm" not in n) == {"Q4_K"}
+    path = tmp_path / "q4k.gguf"
+    result = export_gguf(model, resolve_model_source(model_name), path, float_type="f32")
+    assert set(t for n, t in result.tensors.items() if n.startswith("blk.") and "norm" not in n) == {kind}
     tokens, theirs = _llama_cpp_logits(bins, path, text, tmp_path / "q4k.kld")
     tokens[:, 0] = tokenizer.bos_token_id
     kl, top1 = _compare(_logits(model, tokens), theirs)
-    kl_float, _ = _compare(_logits(quantkit.load("ref:small", dtype=torch.float32), tokens), theirs)
-    print(f"Q4_K: llama.cpp vs quantkit: KL {kl:.2e}, top-1 {top1:.3f}; vs the float model: KL {kl_float:.2e}")
+    kl_float, _ = _compare(_logits(quantkit.load(model_name, dtype=torch.float32), tokens), theirs)
+    print(f"{kind}: llama.cpp vs quantkit: KL {kl:.2e}, top-1 {top1:.3f}; vs the float model: KL {kl_float:.2e}")
     assert kl < 2e-3 and top1 > 0.95 and kl < 0.25 * kl_float

@@ -28,6 +28,7 @@ from .conftest import make_random_model  # noqa: E402
 
 Q4K = QuantScheme(num_bits=4, symmetric=False, strategy="group", group_size=32, grid="q4_k")
 UNIFORM = QuantScheme(num_bits=4, symmetric=False, strategy="group", group_size=32)
+Q41 = QuantScheme(num_bits=4, symmetric=False, strategy="group", group_size=32, grid="q4_1")
 T = gguf.GGMLQuantizationType
 
 
@@ -39,29 +40,34 @@ def _weight(n, k, seed):
     return w
 
 
+@pytest.mark.parametrize("scheme", [Q4K, Q41], ids=["q4_k", "q4_1"])
 @pytest.mark.parametrize("n,k,seed", [(8, 256, 0), (24, 768, 1), (3, 1024, 2)])
-def test_fields_lie_on_the_grid_and_dequantize_as_ggml(n, k, seed):
+def test_fields_lie_on_the_grid_and_dequantize_as_ggml(n, k, seed, scheme):
     w = _weight(n, k, seed)
-    kw = rtn_quantize(w, Q4K)
-    assert int(kw.u.max()) <= 15 and int(kw.sc.max()) <= 63 and int(kw.mn.max()) <= 63
-    assert (kw.minimum() >= 0).all()
-    blocks = KQuantLinear.from_kquant(kw).weight_blocks
-    theirs = gguf.quants.dequantize(blocks.numpy(), T.Q4_K)  # llama.cpp's own Python dequantization
+    kw = rtn_quantize(w, scheme, RTNOptions(observer="minmax"))
+    assert int(kw.u.max()) <= 15
+    if scheme is Q4K:
+        assert int(kw.sc.max()) <= 63 and int(kw.mn.max()) <= 63 and (kw.dmin >= 0).all()
+    blocks = KQuantLinear.from_grid_weight(kw).weight_blocks
+    theirs = gguf.quants.dequantize(blocks.numpy(), T.Q4_K if scheme is Q4K else T.Q4_1)  # llama.cpp's own Python
     assert np.array_equal(theirs, kw.dequantize().numpy())
     # round to nearest: every weight on its group's nearest level (within the clamp to 0..15)
-    s, m = kw.scale().repeat_interleave(32, 1), kw.minimum().repeat_interleave(32, 1)
+    step, minimum = kw.steps(*[getattr(kw, f) for f in (("d", "dmin", "sc", "mn") if scheme is Q4K else ("d", "m"))])
+    s, m = step.repeat_interleave(32, 1), minimum.repeat_interleave(32, 1)
     exact = (w + m) / s
     inside = (exact > 0.5) & (exact < 14.5)
     assert ((kw.u.float() - exact).abs()[inside] <= 0.5 + 1e-4).all()
     rel = ((kw.dequantize() - w).pow(2).sum() / w.pow(2).sum()).item()
     assert rel < 1.05 * ((rtn_quantize(w, UNIFORM).dequantize() - w).pow(2).sum() / w.pow(2).sum()).item()
+    searched = rtn_quantize(w, scheme)  # the recipes' observer: llama.cpp's search for Q4_K
+    assert (searched.dequantize() - w).pow(2).sum() <= (kw.dequantize() - w).pow(2).sum() * (1.0 if scheme is Q4K else 1 + 1e-6)
 
 
 def test_a_zero_super_block_stays_zero():
     w = _weight(4, 512, 3)
     w[1, 256:] = 0
-    kw = rtn_quantize(w, Q4K)
-    assert torch.equal(kw.dequantize()[1, 256:], torch.zeros(256))
+    for scheme in (Q4K, Q41):
+        assert torch.equal(rtn_quantize(w, scheme).dequantize()[1, 256:], torch.zeros(256))
 
 
 def test_gptq_onto_the_grid_beats_round_to_nearest():
@@ -92,8 +98,9 @@ def test_scheme_and_recipe_validation():
     with pytest.raises(ValueError, match="compressed-tensors"):
         Q4K.to_dict()
     assert Q4K.fitted(768) is Q4K
-    assert Q4K.fitted(384, "smaller-group") == UNIFORM  # as llama.cpp falls back from K-quants
-    with pytest.raises(ValueError, match="super-blocks of 256"):
+    assert Q4K.fitted(384, "smaller-group") == Q41  # as llama.cpp falls back from K-quants
+    assert Q4K.fitted(48, "smaller-group") == UNIFORM.fitted(48, "smaller-group")  # no block of 32: per channel
+    with pytest.raises(ValueError, match="whole blocks of 256"):
         Q4K.fitted(384, "error")
     assert quantkit.load_recipe("w4a16-gptq-q4k").weights == Q4K
 
@@ -157,16 +164,17 @@ def test_what_cannot_be_written_is_refused_or_announced(tmp_path, capsys):
     with pytest.raises(QuantizationError, match="GGUF"):
         quantkit.save(model, tmp_path / "ckpt2")
     assert not (tmp_path / "ckpt2").exists()
-    # linears whose inputs are no whole super-blocks fall back to the uniform grid, with a warning
+    # linears whose inputs are no whole super-blocks fall back to Q4_1 with float minimums, with a warning
     with pytest.warns(UserWarning, match="super-block of 256 does not divide in_features 128"):
         assert main(["quantize", "ref:tiny", "--recipe", "w4a16-rtn-q4k", "--out", str(tmp_path / "t.gguf")]) == 0
-    assert "14 Q4_1" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "14 Q4_1" in out and "on the Q4_1 grid: 14 linears" in out and "minimum m = -s*(zp+8)" not in out
 
 
 def test_kquant_linear_forward_is_its_dequantized_weight():
     kw = rtn_quantize(_weight(48, 512, 8), Q4K)
     bias = torch.randn(48)
-    layer = KQuantLinear.from_kquant(kw, bias)
+    layer = KQuantLinear.from_grid_weight(kw, bias)
     x = torch.randn(5, 512)
     torch.testing.assert_close(layer(x), x @ kw.dequantize().T + bias)
     assert not isinstance(layer, QuantLinear)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kquant import KQuantWeight, kquant_weight
+from ..kquant import GridWeight, grid_weight
 from ..primitives import compute_qparams, fake_quantize, grouped_columns, quantize
 from ..quantized_weight import QuantizedWeight
 from ..scheme import QuantScheme
@@ -175,10 +175,10 @@ def search_clip(
 def awq_quantize(
     w: torch.Tensor, scheme: QuantScheme, clip_ratio: torch.Tensor | None = None,
     scale_dtype: torch.dtype | None = None,
-) -> QuantizedWeight | KQuantWeight:
+) -> QuantizedWeight | GridWeight:
     """Round-to-nearest of the (already scaled) weight w [N, K] with per-group clip factors [N, G] (a
-    KQuantWeight on the q4_k grid)."""
-    if scheme.grid == "q4_k":
-        return kquant_weight(w.float(), scheme, clip_ratio=clip_ratio)
+    kquant.GridWeight on a GGUF grid)."""
+    if scheme.grid != "uniform":
+        return grid_weight(w.float(), scheme, clip_ratio=clip_ratio)
     scale, zero = compute_qparams(w.float(), scheme, clip_ratio=clip_ratio, scale_dtype=scale_dtype)
     return QuantizedWeight(quantize(w.float(), scale, zero, scheme), scale, zero, scheme)

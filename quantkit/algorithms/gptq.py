@@ -166,13 +166,6 @@ def _qparams(w: torch.Tensor, energy: torch.Tensor, scheme: QuantScheme, scale_d
     return scale, (zero.float() if zero is not None else None)
 
 
-def _kquant_fields(w: torch.Tensor, energy: torch.Tensor, options: GPTQOptions):
-    """Q4_K fields (d, dmin, sc, mn) of w [N, K]: each group's min-max range (kquant.grid_fields), or with
-    the "mse" observer llama.cpp's importance-weighted search with diag(H) as the importance
-    (kquant.searched_fields; llama.cpp's importance matrix is the same mean of x^2 per input)."""
-    if options.observer == "mse":
-        return kquant.searched_fields(w, importance=energy)
-    return kquant.grid_fields(w.float())
 
 
 def gptq_quantize(
@@ -183,15 +176,17 @@ def gptq_quantize(
     *,
     scale_dtype: torch.dtype | None = None,
     name: str = "weight",
-) -> QuantizedWeight | kquant.KQuantWeight:
+) -> QuantizedWeight | kquant.GridWeight:
     """GPTQ-quantize one linear weight.
 
     weight: float [N, K] (out, in); hessian: [K, K] = 2 XᵀX / n of the layer's inputs (hessian_update).
     scale_dtype: dtype the scales are stored in (the model dtype); scales are rounded to it before use.
     Math runs in fp32 (fp64 if weight and hessian are fp64). Inputs are not modified.
     returns: QuantizedWeight (q int8 [N, K], scale fp32 [N, G], zero_point int32 [N, G] | None), columns in
-    the original order whatever act_order. On the q4_k grid a kquant.KQuantWeight: its fields are chosen up
-    front from the whole weight (a super-block spans eight groups), each column is rounded onto them.
+    the original order whatever act_order. On a GGUF grid (q4_k, q4_1) a kquant.GridWeight: its fields are
+    chosen up front from the whole weight (a Q4_K super-block spans eight groups), each column is rounded
+    onto them; with the "mse" observer, Q4_K's come from llama.cpp's importance-weighted search with diag(H)
+    as the importance (llama.cpp's importance matrix is the same mean of x^2 per input).
     """
     if weight.dim() != 2:
         raise ValueError(f"{name}: expected a 2-D weight [out, in], got shape {tuple(weight.shape)}")
@@ -214,12 +209,13 @@ def gptq_quantize(
     # Channel-wise and static-group parameters come from the (dead-zeroed) weight in its original order.
     scales = torch.zeros(n, groups, dtype=dtype, device=w.device)  # [N, G]
     zeros = None if scheme.symmetric else torch.zeros(n, groups, dtype=dtype, device=w.device)
-    kgrid = scheme.grid == "q4_k"  # static too: a super-block's fields span eight groups
-    static = scheme.strategy == "channel" or options.act_order or kgrid
-    if kgrid:
-        fields = _kquant_fields(w, energy, options)
-        scales.copy_(kquant.group_scale(fields[0], fields[2]))
-        minimums = kquant.group_scale(fields[1], fields[3]).to(dtype)  # [N, G]
+    grid = kquant.GRID_WEIGHTS.get(scheme.grid)  # static too: a super-block's fields span eight groups
+    static = scheme.strategy == "channel" or options.act_order or grid is not None
+    if grid is not None:
+        fields = grid.choose_fields(w.float(), search=options.observer == "mse", importance=energy)
+        step, minimum = grid.steps(*fields)
+        scales.copy_(step)
+        minimums = minimum.to(dtype)  # [N, G]
     elif static:
         s, z = _qparams(w, energy, scheme, scale_dtype, options)  # [N, G]
         scales.copy_(s)
@@ -254,7 +250,7 @@ def gptq_quantize(
                 scales[:, g] = s[:, 0]
                 if zeros is not None:
                     zeros[:, g] = z[:, 0]
-            if kgrid:
+            if grid is not None:
                 q = kquant.quantize_onto(w1[:, i], scales[:, g].float(), minimums[:, g].float()).to(dtype)
                 deq = q * scales[:, g] - minimums[:, g]
             else:
@@ -268,8 +264,8 @@ def gptq_quantize(
 
     if perm is not None:
         q_int = q_int[:, torch.argsort(perm)]
-    if kgrid:
-        return kquant.KQuantWeight(q_int.to(torch.uint8), *fields, scheme=scheme)
+    if grid is not None:
+        return grid(q_int.to(torch.uint8), *fields, scheme=scheme)
     if options.act_order and scheme.strategy == "group":
         # recorded as compressed-tensors does; per-channel stays null (compressed-tensors < 0.16 refuses it there)
         scheme = dataclasses.replace(scheme, actorder="weight")

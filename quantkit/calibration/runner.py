@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from ..errors import QuantizationError
 from ..finite import describe_nonfinite, nonfinite_tensors
 from ..modules.quant_experts import QuantExperts
-from ..kquant import KQuantWeight
+from ..kquant import GridWeight
 from ..modules.kquant_linear import quantized_linear
 from ..quantized_weight import QuantizedWeight
 from .adapters import FamilyAdapter, LinearGroup, adapter_for
@@ -160,11 +160,11 @@ class BlockContext:
                 h.remove()
         return outputs
 
-    def set_quantized(self, name: str, qweight: QuantizedWeight | KQuantWeight) -> None:
+    def set_quantized(self, name: str, qweight: QuantizedWeight | GridWeight) -> None:
         """Record a linear's quantized weight and make the block compute with it from now on."""
         linear = self.module(name)
         dtype = linear.weight.dtype
-        if isinstance(qweight, KQuantWeight):  # fp16 and 6-bit fields: exact whatever the model dtype
+        if isinstance(qweight, GridWeight):  # fp16 and 6-bit fields: exact whatever the model dtype
             weight = qweight.dequantize()
         else:
             scale = qweight.scale.to(dtype).float()

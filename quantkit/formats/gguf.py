@@ -9,7 +9,8 @@ What is exact (a weight of quantkit's [N, K] int q, fp32 scale [N, G], int zero 
 - symmetric int8, same groups -> Q8_0 (y = d * q);
 - asymmetric int4 -> Q4_1 with d = s and m = -s * (zp + 8) (quantkit's q + 8 is the nibble): exact up to
   the fp16 rounding of m, which `GGUFExport.q4_1_min_shift` reports (in units of the block's step d);
-- weights on the Q4_K grid (quantkit.kquant, a KQuantLinear) -> Q4_K: the layer holds the blocks themselves;
+- weights on a GGUF grid (quantkit.kquant, a KQuantLinear: Q4_K, or Q4_1 with float minimums) -> that type:
+  the layer holds the blocks themselves;
 - the scale must be an fp16 value (a bf16 or fp16 checkpoint's scales are, in fp16's normal range); an
   fp32 checkpoint's are refused unless round_scales, which rounds d to fp16 and reports the change.
 
@@ -33,7 +34,6 @@ from ..errors import CheckpointError, UsageError
 from ..loading import source_dtype
 from ..kernels import gguf_blocks
 from ..kernels.packing import unpack_int32, unpack_zero_point
-from ..modules.kquant_linear import GGUF_TYPE as KQUANT_TYPE
 from ..modules.kquant_linear import KQuantLinear
 from ..modules.quant_linear import QuantLinear
 from .gguf_choices import FLOAT_TYPES, RECIPES_FOR
@@ -325,7 +325,7 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
             raise UsageError(f"{module_name}: no GGUF tensor name for it in llama.cpp's {arch} layout")
         rows = order(module_name, module.out_features)
         if isinstance(module, KQuantLinear):  # its blocks as they are; a row permutation moves whole rows
-            kind, data, measures = KQUANT_TYPE, module.weight_blocks if rows is None else module.weight_blocks[rows], {}
+            kind, data, measures = module.gguf_type, module.weight_blocks if rows is None else module.weight_blocks[rows], {}
         else:
             kind, data, measures = gguf_weight(module, module_name, row_order=rows, round_scales=round_scales)
         kinds[kind] = kinds.get(kind, 0) + module.in_features * module.out_features

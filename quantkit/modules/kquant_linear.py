@@ -1,4 +1,5 @@
-"""KQuantLinear: a linear whose weight lies on llama.cpp's Q4_K grid, held as GGUF Q4_K blocks."""
+"""KQuantLinear: a linear whose weight lies on a GGUF grid (Q4_K, or Q4_1 with float minimums), held as
+the GGUF blocks themselves."""
 
 from __future__ import annotations
 
@@ -6,47 +7,51 @@ import torch
 from torch import nn
 
 from ..kernels import gguf_blocks
-from ..kquant import SUPER_BLOCK, KQuantWeight
+from ..kquant import GridWeight
 from ..scheme import QuantScheme
 
-GGUF_TYPE = "Q4_K"
+#: a scheme's grid -> the GGUF block type its layers hold
+GGUF_TYPES = {"q4_k": "Q4_K", "q4_1": "Q4_1"}
 
 
 class KQuantLinear(nn.Module):
-    """y = x @ W.T + b with W on the Q4_K grid (quantkit.kquant), stored as the Q4_K blocks a GGUF file holds.
+    """y = x @ W.T + b with W on a GGUF grid (quantkit.kquant), stored as the blocks a GGUF file holds.
 
-    Buffers: weight_blocks uint8 [N, K/256 * 144] (kernels/gguf_blocks.py's layout); bias [N] in the model
-    dtype or None. forward dequantizes the blocks on each call (pure torch): quantkit scores these weights
-    and writes them as GGUF, which llama.cpp runs with its own Q4_K kernels; compressed-tensors (and so
-    quantkit.save and vLLM's WNA16 path) cannot hold their float group minimums.
+    Buffers: weight_blocks uint8 [N, K / block * block bytes] (kernels/gguf_blocks.py's layout of
+    `gguf_type`: Q4_K 144 bytes per 256 inputs, Q4_1 20 per 32); bias [N] in the model dtype or None.
+    forward dequantizes the blocks on each call (pure torch): quantkit scores these weights and writes
+    them as GGUF, which llama.cpp runs with its own kernels; compressed-tensors (and so quantkit.save and
+    vLLM's WNA16 path) cannot hold their float group minimums.
     """
 
     def __init__(self, in_features: int, out_features: int, scheme: QuantScheme, *, bias: bool = False,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
         super().__init__()
-        if scheme.grid != "q4_k":
-            raise ValueError(f"KQuantLinear holds Q4_K-grid weights; got {scheme.describe()}")
-        if in_features % SUPER_BLOCK:
-            raise ValueError(f"Q4_K weights need in_features in whole super-blocks of {SUPER_BLOCK}, got {in_features}")
+        if scheme.grid not in GGUF_TYPES:
+            raise ValueError(f"KQuantLinear holds GGUF-grid weights; got {scheme.describe()}")
+        self.gguf_type = GGUF_TYPES[scheme.grid]
+        block = gguf_blocks.BLOCK_WEIGHTS[self.gguf_type]
+        if in_features % block:
+            raise ValueError(f"{self.gguf_type} weights need in_features in whole blocks of {block}, got {in_features}")
         self.in_features, self.out_features, self.scheme = in_features, out_features, scheme
-        row_bytes = in_features // SUPER_BLOCK * gguf_blocks.BLOCK_BYTES[GGUF_TYPE]
+        row_bytes = in_features // block * gguf_blocks.BLOCK_BYTES[self.gguf_type]
         self.register_buffer("weight_blocks", torch.empty(out_features, row_bytes, dtype=torch.uint8, device=device))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device), requires_grad=False) if bias else None
 
     @classmethod
-    def from_kquant(cls, qweight: KQuantWeight, bias: torch.Tensor | None = None,
-                    dtype: torch.dtype = torch.float32) -> "KQuantLinear":
-        """Pack a KQuantWeight (u [N, K], d / dmin [N, K/256], sc / mn [N, K/32]) into a new layer on u's device."""
+    def from_grid_weight(cls, qweight: GridWeight, bias: torch.Tensor | None = None,
+                         dtype: torch.dtype = torch.float32) -> "KQuantLinear":
+        """Pack a kquant.GridWeight (levels [N, K] and its fields) into a new layer on its device."""
         n, k = qweight.shape
         layer = cls(k, n, qweight.scheme, bias=bias is not None, dtype=dtype, device=qweight.u.device)
-        layer.weight_blocks.copy_(gguf_blocks.pack_q4_k(qweight.u, qweight.d, qweight.dmin, qweight.sc, qweight.mn))
+        layer.weight_blocks.copy_(qweight.blocks())
         if bias is not None:
             layer.bias.data.copy_(bias.detach().to(dtype))
         return layer
 
     def dequantized_weight(self) -> torch.Tensor:
-        """fp32 [N, K], as ggml's dequantize_row_q4_K computes it."""
-        return gguf_blocks.dequantize_blocks(self.weight_blocks, GGUF_TYPE)
+        """fp32 [N, K], as ggml's dequantize_row_* computes it."""
+        return gguf_blocks.dequantize_blocks(self.weight_blocks, self.gguf_type)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., K] -> [..., N]."""
@@ -59,9 +64,9 @@ class KQuantLinear(nn.Module):
 
 
 def quantized_linear(qweight, bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Module:
-    """The layer an algorithm's result becomes: a KQuantLinear for a KQuantWeight, else a QuantLinear."""
+    """The layer an algorithm's result becomes: a KQuantLinear for a GGUF-grid weight, else a QuantLinear."""
     from .quant_linear import QuantLinear
 
-    if isinstance(qweight, KQuantWeight):
-        return KQuantLinear.from_kquant(qweight, bias, dtype=dtype)
+    if isinstance(qweight, GridWeight):
+        return KQuantLinear.from_grid_weight(qweight, bias, dtype=dtype)
     return QuantLinear.from_quantized(qweight, bias, dtype=dtype)
