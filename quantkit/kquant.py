@@ -79,13 +79,37 @@ def _ranges(w: torch.Tensor, clip_ratio, include_zero: bool) -> tuple[torch.Tens
     return lo, hi
 
 
+class _OnGrid:
+    """What both grids' weights share: levels `u` uint8 [N, K], the fields FIELDS, and a scheme."""
+
+    FIELDS: tuple[str, ...] = ()
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.u.shape)
+
+    def fields(self) -> tuple[torch.Tensor, ...]:
+        return tuple(getattr(self, name) for name in self.FIELDS)
+
+    @classmethod
+    def round(cls, w: torch.Tensor, fields, scheme):
+        """Round-to-nearest of w [N, K] onto the grid of `fields`."""
+        return cls(quantize_onto(w, *cls.steps(*fields)).to(torch.uint8), *fields, scheme=scheme)
+
+    def dequantize(self) -> torch.Tensor:
+        """fp32 [N, K], as ggml's dequantize_row_* computes it."""
+        return dequantize(self.u, *self.steps(*self.fields()))
+
+
 @dataclass
-class KQuantWeight:
+class KQuantWeight(_OnGrid):
     """A weight on the Q4_K grid: what an algorithm returns for a "q4_k" scheme.
 
     u: uint8 [N, K] in 0..15; d, dmin: fp16 [N, K/256]; sc, mn: uint8 [N, K/32] in 0..63; scheme: the
     QuantScheme (grid "q4_k") it was quantized with.
     """
+
+    FIELDS = ("d", "dmin", "sc", "mn")
 
     u: torch.Tensor
     d: torch.Tensor
@@ -99,10 +123,6 @@ class KQuantWeight:
         _check_fields(n, k, SUPER_BLOCK, (
             ("d", self.d, k // SUPER_BLOCK, torch.float16), ("dmin", self.dmin, k // SUPER_BLOCK, torch.float16),
             ("sc", self.sc, k // GROUP, torch.uint8), ("mn", self.mn, k // GROUP, torch.uint8)))
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(self.u.shape)
 
     @staticmethod
     def steps(d, dmin, sc, mn) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,24 +143,17 @@ class KQuantWeight:
         lo, hi = _ranges(w, clip_ratio, include_zero=True)
         return super_block_fields((hi - lo) / LEVELS, -lo)
 
-    @classmethod
-    def round(cls, w: torch.Tensor, fields, scheme) -> "KQuantWeight":
-        """Round-to-nearest of w [N, K] onto the grid of `fields`."""
-        return cls(quantize_onto(w, *cls.steps(*fields)).to(torch.uint8), *fields, scheme=scheme)
-
-    def dequantize(self) -> torch.Tensor:
-        """fp32 [N, K], as ggml's dequantize_row_q4_K computes it."""
-        return dequantize(self.u, *self.steps(self.d, self.dmin, self.sc, self.mn))
-
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/256 * 144]: the Q4_K blocks."""
         return gguf_blocks.pack_q4_k(self.u, self.d, self.dmin, self.sc, self.mn)
 
 
 @dataclass
-class Q41Weight:
+class Q41Weight(_OnGrid):
     """A weight on GGUF's Q4_1 grid: u uint8 [N, K] in 0..15; d, m fp16 [N, K/32] (y = d * u + m); scheme:
     the QuantScheme (grid "q4_1")."""
+
+    FIELDS = ("d", "m")
 
     u: torch.Tensor
     d: torch.Tensor
@@ -150,10 +163,6 @@ class Q41Weight:
     def __post_init__(self) -> None:
         n, k = self.u.shape
         _check_fields(n, k, GROUP, (("d", self.d, k // GROUP, torch.float16), ("m", self.m, k // GROUP, torch.float16)))
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(self.u.shape)
 
     @staticmethod
     def steps(d, m) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,14 +182,6 @@ class Q41Weight:
         if not (torch.isfinite(d).all() and torch.isfinite(m).all()):
             raise ValueError("a Q4_1 block scale or minimum does not fit in fp16 (weights above ~6e4 in magnitude)")
         return d, m
-
-    @classmethod
-    def round(cls, w: torch.Tensor, fields, scheme) -> "Q41Weight":
-        return cls(quantize_onto(w, *cls.steps(*fields)).to(torch.uint8), *fields, scheme=scheme)
-
-    def dequantize(self) -> torch.Tensor:
-        """fp32 [N, K], as ggml's dequantize_row_q4_1 computes it (d * u + m)."""
-        return dequantize(self.u, *self.steps(self.d, self.m))
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/32 * 20]: the Q4_1 blocks."""

@@ -52,7 +52,7 @@ def test_fields_lie_on_the_grid_and_dequantize_as_ggml(n, k, seed, scheme):
     theirs = gguf.quants.dequantize(blocks.numpy(), T.Q4_K if scheme is Q4K else T.Q4_1)  # llama.cpp's own Python
     assert np.array_equal(theirs, kw.dequantize().numpy())
     # round to nearest: every weight on its group's nearest level (within the clamp to 0..15)
-    step, minimum = kw.steps(*[getattr(kw, f) for f in (("d", "dmin", "sc", "mn") if scheme is Q4K else ("d", "m"))])
+    step, minimum = kw.steps(*kw.fields())
     s, m = step.repeat_interleave(32, 1), minimum.repeat_interleave(32, 1)
     exact = (w + m) / s
     inside = (exact > 0.5) & (exact < 14.5)
