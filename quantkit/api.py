@@ -117,6 +117,11 @@ def quantize(
     calibrated = recipe.needs_calibration
     unfuse_experts(model)  # MoE: per-expert linears, as checkpoints store them (a KV-only recipe too)
     if recipe.weights is not None:
+        if recipe.weights.grid != "uniform" and router_names(model):
+            raise QuantizationError(
+                f"recipe {recipe.name} quantizes onto a GGUF grid ({recipe.weights.grid}), written only as GGUF, "
+                f"which quantkit writes for dense Llama, Mistral, Qwen2 and Qwen3 models; this is a mixture-of-"
+                f"experts model: use a checkpoint recipe (e.g. w4a16-gptq-asym)")
         if any(isinstance(m, (QuantLinear, KQuantLinear)) for m in model.modules()):
             raise QuantizationError(
                 "the model's weights are already quantized; quantize the float model (quantkit.load of a "
@@ -180,9 +185,9 @@ def save(
     dtype = source_dtype(model) if dtype is None else checkpoint_dtype(dtype)
     if any(isinstance(m, KQuantLinear) for m in model.modules()):
         raise QuantizationError(
-            "this model's weights are on llama.cpp's Q4_K grid, whose float group minimums a compressed-tensors "
-            "checkpoint cannot hold: write it as GGUF (quantkit quantize ... --out FILE.gguf, or "
-            "quantkit.formats.gguf.export_gguf)")
+            "this model's weights are on a GGUF grid (Q4_K, or Q4_1 with float minimums), whose float group minimums "
+            "a compressed-tensors checkpoint cannot hold: write it as GGUF (quantkit quantize ... --out FILE.gguf, "
+            "or quantkit.formats.gguf.export_gguf)")
     quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
     if not quantized and not getattr(model.config, "quantization_config", None):
         raise QuantizationError("the model has no quantized layers: call quantkit.quantize(model, recipe) first")

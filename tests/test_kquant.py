@@ -209,3 +209,6 @@ def test_gguf_output_of_an_unsupported_architecture_is_refused_before_any_work(t
     err = capsys.readouterr().err
     assert "GGUF export supports model types" in err and "qwen3_moe" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "m.gguf").exists()
+    model = quantkit.load(folder)
+    with pytest.raises(QuantizationError, match="mixture-of-experts"):  # the Python API too, before any work
+        quantkit.quantize(model, "w4a16-rtn-q4k", progress=False)

@@ -9,8 +9,9 @@
               each BlockProcessor collect statistics with forward hooks and quantize the block's linears
               in sub-layer order (q/k/v, then o, then gate/up, then down: each step's statistics come
               from a forward through the block with the earlier steps already quantized), recompute the
-              block's outputs as the next block's inputs, swap in quantized layers (QuantLinear; KQuantLinear on the Q4_K grid) and move the block
-              back to its home device (the CPU for offloaded models).
+              block's outputs as the next block's inputs, swap in quantized layers (QuantLinear;
+              KQuantLinear on a GGUF grid) and move the block back to its home device (the CPU for
+              offloaded models).
 
 Peak memory is one float block plus the calibration activations (samples x tokens x hidden) plus the
 quantized blocks already done (about a quarter of their float size at 4 bits). No tracing: blocks are
@@ -261,8 +262,9 @@ def run_blockwise(
 
     batches: calibration token ids, each [B, T] int64. targets: full names of the linears to quantize.
     device: compute device (default: cuda if available, else cpu).
-    Quantized linears are replaced by QuantLinear (KQuantLinear on the Q4_K grid) in place. Returns the targeted names that are not in
-    any decoder block (e.g. lm_head), which the caller quantizes without calibration.
+    Quantized linears are replaced by QuantLinear (KQuantLinear on a GGUF grid) in place. Returns the
+    targeted names that are not in any decoder block (e.g. lm_head), which the caller quantizes without
+    calibration.
     An offloaded model (accelerate device_map with cpu/disk) comes back as a plain CPU model.
     """
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
