@@ -93,7 +93,7 @@ def _moe_aware_targets(model: nn.Module, recipe: Recipe, leave_float: bool) -> l
 def quantize(
     model: nn.Module, recipe: "str | os.PathLike | Recipe | dict", calibration_data: Any = None, *,
     progress: bool = True, tokenizer: Any = None, device: "str | torch.device | None" = None,
-    leave_float: bool = False,
+    leave_float: bool = False, scale_dtype: "torch.dtype | None" = None,
 ) -> nn.Module:
     """Quantize `model`'s targeted nn.Linear layers in place per `recipe`; returns the model.
 
@@ -103,6 +103,8 @@ def quantize(
       length, seed), or token ids ([T], [B, T] or a list); None: the built-in reference models' training text.
     tokenizer: for text calibration sources (default: the model folder's tokenizer).
     device: where calibration computes, one decoder block at a time (default: cuda if available, else cpu).
+    scale_dtype: the dtype the output will store scales in, which the algorithms round them to first
+      (default: the dtype the source weights are stored in; GGUF output: torch.float16, its block scales).
       Models loaded with accelerate CPU/disk offloading are supported and come back as plain CPU models.
     leave_float: leave weights quantkit cannot quantize (matrices that are no nn.Linear, e.g. fused 3-D
       experts of an unknown layout) in full precision instead of refusing (QuantizationError naming them).
@@ -134,7 +136,8 @@ def quantize(
             from .calibration import quantize_blockwise
 
             names = quantize_blockwise(
-                model, recipe, names, calibration_data, tokenizer=tokenizer, device=device, progress=progress
+                model, recipe, names, calibration_data, tokenizer=tokenizer, device=device, progress=progress,
+                scale_dtype=scale_dtype,
             )
             if names:
                 warnings.warn(
@@ -143,10 +146,11 @@ def quantize(
         for name in tqdm(names, desc=f"quantize {recipe.name}", unit="layer", disable=not progress or not names):
             linear = model.get_submodule(name)
             options = recipe.algorithm.options if recipe.algorithm.name == "rtn" and recipe.algorithm.options else None
+            stored = scale_dtype or source_dtype(model)
             qweight = rtn_quantize(linear.weight.detach(), schemes[name], *([options] if options else []),
-                                   scale_dtype=source_dtype(model))
+                                   scale_dtype=stored)
             if not isinstance(qweight, GridWeight):  # GGUF grids' fields are fp16 (6-bit) whatever the model dtype
-                qweight.scale = _round_scale(qweight.scale, source_dtype(model))  # what the checkpoint will hold
+                qweight.scale = _round_scale(qweight.scale, stored)  # what the output will hold
             set_submodule(model, name, quantized_linear(qweight, linear.bias, dtype=linear.weight.dtype))
     if recipe.kv_cache is not None:
         from .calibration import calibration_batches

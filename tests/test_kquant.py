@@ -212,3 +212,22 @@ def test_gguf_output_of_an_unsupported_architecture_is_refused_before_any_work(t
     model = quantkit.load(folder)
     with pytest.raises(QuantizationError, match="mixture-of-experts"):  # the Python API too, before any work
         quantkit.quantize(model, "w4a16-rtn-q4k", progress=False)
+
+
+def test_uniform_recipes_write_gguf_directly_from_an_fp32_source(tmp_path, capsys):
+    """quantize --out FILE.gguf with a Q4_0-grid recipe on a float32 model: the scales are rounded to GGUF's
+    fp16 block scale before the weights are, so the file is exact without a second rounding."""
+    tiny = resolve_model_name("ref:tiny")
+    src = tmp_path / "fp32"
+    make_random_model("llama", seed=3, vocab=4160, layers=1).save_pretrained(src)  # float32
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(f"{tiny}/{name}", src / name)
+    out = tmp_path / "q4_0.gguf"
+    assert main(["quantize", str(src), "--recipe", "w4a16-rtn-g32", "--out", str(out)]) == 0
+    assert "7 Q4_0" in capsys.readouterr().out
+    model = quantkit.load(src)
+    quantkit.quantize(model, "w4a16-rtn-g32", progress=False, scale_dtype=torch.float16)
+    tensors = {t.name: t for t in gguf.GGUFReader(str(out)).tensors}
+    down = model.get_submodule("model.layers.0.mlp.down_proj")
+    theirs = gguf.quants.dequantize(tensors["blk.0.ffn_down.weight"].data, T.Q4_0)
+    assert np.array_equal(theirs, down.dequantized_weight().numpy())

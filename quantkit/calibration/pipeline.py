@@ -38,15 +38,18 @@ def make_processor(recipe: Recipe, scale_dtype: torch.dtype | None = None) -> Bl
 def quantize_blockwise(
     model: nn.Module, recipe: Recipe, targets: Sequence[str], calibration_data: Any = None, *,
     tokenizer=None, device: torch.device | str | None = None, progress: bool = True,
+    scale_dtype: torch.dtype | None = None,
 ) -> list[str]:
     """Quantize the targeted linears inside `model`'s decoder blocks with the recipe's calibrated algorithm.
+
+    scale_dtype: the dtype the output stores scales in (default: the source's, quantkit.loading.source_dtype).
 
     Returns the targeted names outside the decoder blocks (left for the caller to quantize without
     calibration). Raises QuantizationError for an unsupported family before loading any data.
     """
     adapter_for(model)
     batches = calibration_batches(calibration_data, model, tokenizer)
-    processor = make_processor(recipe, source_dtype(model))
+    processor = make_processor(recipe, scale_dtype or source_dtype(model))
     experts = [m for m in model.modules() if isinstance(m, QuantExperts)]
     all_tokens = getattr(recipe.algorithm.options, "moe_calibrate_all_experts", True)
     for m in experts:  # every expert is called (0 rows when no token is routed to it) and routing is counted

@@ -112,12 +112,16 @@ def run(args: argparse.Namespace) -> int:
         size_before = SizeOnDisk(state_bytes(model), dtype_name(model.dtype), "as loaded")
     check_free_space(out if not gguf_out else out.parent,  # before the work
                      _least_checkpoint_bytes(model, recipe, dtype or source_dtype(model)))
+    import torch
+
+    scale_dtype = torch.float16 if gguf_out else None  # GGUF's block scales are fp16: round to them, exactly
     if calibrated:
-        quantkit.quantize(model, recipe, calibration, device=args.calib_device, leave_float=args.leave_float)
+        quantkit.quantize(model, recipe, calibration, device=args.calib_device, leave_float=args.leave_float,
+                          scale_dtype=scale_dtype)
     else:
         if args.calib is not None:
             print(f"note: --calib is ignored: {recipe.name} uses {recipe.algorithm.name}, which needs no calibration")
-        quantkit.quantize(model, recipe, leave_float=args.leave_float)
+        quantkit.quantize(model, recipe, leave_float=args.leave_float, scale_dtype=scale_dtype)
     if gguf_out:
         return _write_gguf(model, recipe, args, source, size_before, start, inputs)
     saved_dtype = dtype or source_dtype(model)  # the source's dtype unless --dtype asks for another
