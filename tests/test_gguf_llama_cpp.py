@@ -140,7 +140,9 @@ def test_llama_cpp_greedy_continuation_matches(exported):
     tool = next((bins / n for n in ("llama-completion", "llama-cli") if (bins / n).is_file()), None)
     if tool is None:
         pytest.skip(f"no llama-completion or llama-cli in {bins}")
-    run = subprocess.run([str(tool), "-m", str(model_file), "-p", prompt, "-n", "16", "--temp", "0", "-t", "2",
+    # one thread: with two, llama-completion (seen with the ggml 0.26.0 tree) exits 0 right after "generate:"
+    # without printing anything in about half of the runs on a 2-core machine (never with one)
+    run = subprocess.run([str(tool), "-m", str(model_file), "-p", prompt, "-n", "16", "--temp", "0", "-t", "1",
                           "-no-cnv", "--no-warmup", "--seed", "0", "--no-display-prompt", "-c", "128"],
                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
