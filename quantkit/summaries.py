@@ -8,10 +8,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .modules.kquant_linear import KQuantLinear
-from .modules.quant_linear import QuantLinear
 from .scheme import QuantScheme
-from .weight_census import weight_census
+from .weight_census import QUANTIZED_LINEARS, weight_census
 
 
 def human_bytes(n: float | None) -> str:
@@ -42,14 +40,8 @@ def quantized_bits_per_weight(model: nn.Module, scale_dtype: torch.dtype | None 
     """
     bits = weights = 0
     for m in model.modules():
-        if isinstance(m, QuantLinear):
-            for t in (m.weight_packed, m.weight_scale, m.weight_zero_point):
-                if t is not None:
-                    size = scale_dtype.itemsize if scale_dtype is not None and t.is_floating_point() else t.element_size()
-                    bits += t.numel() * size * 8
-            weights += m.in_features * m.out_features
-        elif isinstance(m, KQuantLinear):
-            bits += m.weight_blocks.numel() * 8
+        if isinstance(m, QUANTIZED_LINEARS):
+            bits += m.stored_bits(scale_dtype)
             weights += m.in_features * m.out_features
     return (bits / weights if weights else float("nan")), weights
 
@@ -83,7 +75,7 @@ def scheme_lines(model: nn.Module) -> list[str]:
     """'int4 g64 sym: 180 linears (q_proj, ...)' per weight scheme of the model's quantized linears."""
     by_scheme: dict[str, list[str]] = {}
     for name, m in model.named_modules():
-        if isinstance(m, (QuantLinear, KQuantLinear)):
+        if isinstance(m, QUANTIZED_LINEARS):
             ragged = " ragged" if not m.scheme.divides(m.in_features) else ""
             by_scheme.setdefault(m.scheme.describe() + ragged, []).append(name)
     return [f"{scheme}: {len(names)} linears ({layer_kinds(names)})" for scheme, names in by_scheme.items()]
@@ -106,10 +98,11 @@ class SizeOnDisk:
 
 
 def quantization_summary(model, recipe, source, out: Path, before: SizeOnDisk, after: SizeOnDisk,
-                         seconds: float, kind: str = "checkpoint") -> str:
-    """kind: what was written, "checkpoint" (after.dtype: its float dtype) or "GGUF file" (fp16 block scales)."""
-    bpw, n = quantized_bits_per_weight(model, getattr(torch, after.dtype, torch.float16))
-    layers = sum(isinstance(m, (QuantLinear, KQuantLinear)) for m in model.modules())
+                         seconds: float, kind: str = "checkpoint", scale_dtype: torch.dtype | None = None) -> str:
+    """kind: what was written, "checkpoint" or "GGUF file"; scale_dtype: the dtype its scales are stored
+    in (default: after.dtype, a checkpoint's float dtype)."""
+    bpw, n = quantized_bits_per_weight(model, scale_dtype or getattr(torch, after.dtype))
+    layers = sum(isinstance(m, QUANTIZED_LINEARS) for m in model.modules())
     ratio = f", {before.bytes / after.bytes:.2f}x smaller" if before.bytes and after.bytes else ""
     quantized = (f"{layers} ({n / 1e6:.2f}M weights, {bpw:.3f} bits/weight stored)" if layers
                  else "none (weights kept as they are)")

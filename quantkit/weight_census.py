@@ -15,8 +15,17 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from .modules.quant_experts import QuantExperts
+from .modules import kquant_linear, quant_linear
 from .modules.kquant_linear import KQuantLinear
 from .modules.quant_linear import QuantLinear
+
+#: the layers that hold a quantized weight
+QUANTIZED_LINEARS = (QuantLinear, KQuantLinear)
+
+
+def module_packed_weight(module: nn.Module) -> str:
+    """The name of the tensor that holds a quantized layer's weight itself."""
+    return (quant_linear if isinstance(module, QuantLinear) else kquant_linear).PACKED_WEIGHT
 from .moe import router_names
 from .targets import matches
 
@@ -60,8 +69,8 @@ def _owned_parameters(model: nn.Module):
     seen = set()
     for mname, module in model.named_modules():
         tensors = list(module.named_parameters(recurse=False))
-        if isinstance(module, (QuantLinear, KQuantLinear)):
-            packed = "weight_packed" if isinstance(module, QuantLinear) else "weight_blocks"
+        if isinstance(module, QUANTIZED_LINEARS):
+            packed = module_packed_weight(module)
             tensors = [(packed, getattr(module, packed))] + ([("bias", module.bias)] if module.bias is not None else [])
         for pname, t in tensors:
             if t is None or id(t) in seen:
@@ -75,7 +84,7 @@ def weight_census(model: nn.Module) -> WeightCensus:
     routers = set(router_names(model))
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     for mname, module, pname, t in _owned_parameters(model):
-        if isinstance(module, (QuantLinear, KQuantLinear)) and pname in ("weight_packed", "weight_blocks"):
+        if isinstance(module, QUANTIZED_LINEARS) and pname == module_packed_weight(module):
             census.quantized += module.in_features * module.out_features
             continue
         n = t.numel()
@@ -107,7 +116,7 @@ def unquantizable_weights(model: nn.Module, ignore: Iterable[str]) -> list[str]:
     found = []
     for mname, module, pname, t in _owned_parameters(model):
         if (t.dim() < 2 or t.numel() < LARGE_MATRIX or module is head or mname in routers
-                or isinstance(module, (nn.Linear, nn.Embedding, QuantLinear, KQuantLinear, QuantExperts))):
+                or isinstance(module, (nn.Linear, nn.Embedding, *QUANTIZED_LINEARS, QuantExperts))):
             continue
         full = f"{mname}.{pname}" if mname else pname
         if any(matches(mname, module, p) or matches(full, module, p) for p in ignore):

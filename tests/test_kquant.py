@@ -59,8 +59,9 @@ def test_fields_lie_on_the_grid_and_dequantize_as_ggml(n, k, seed, scheme):
     assert ((kw.u.float() - exact).abs()[inside] <= 0.5 + 1e-4).all()
     rel = ((kw.dequantize() - w).pow(2).sum() / w.pow(2).sum()).item()
     assert rel < 1.05 * ((rtn_quantize(w, UNIFORM).dequantize() - w).pow(2).sum() / w.pow(2).sum()).item()
-    searched = rtn_quantize(w, scheme)  # the recipes' observer: llama.cpp's search for Q4_K
-    assert (searched.dequantize() - w).pow(2).sum() <= (kw.dequantize() - w).pow(2).sum() * (1.0 if scheme is Q4K else 1 + 1e-6)
+    if scheme is Q4K:  # the recipes' observer, llama.cpp's search, is no worse than min-max (Q4_1 has no search)
+        searched = rtn_quantize(w, scheme)
+        assert (searched.dequantize() - w).pow(2).sum() <= (kw.dequantize() - w).pow(2).sum()
 
 
 def test_a_zero_super_block_stays_zero():

@@ -91,17 +91,16 @@ def run(args: argparse.Namespace) -> int:
                          f"whose float group minimums only a GGUF file holds: give --out a file name ending in .gguf")
     if args.float_type != "auto" and not gguf_out:
         raise UsageError("--float-type is for GGUF output: give --out a file name ending in .gguf")
-    source_folder = resolve_model_source(args.model)
+    source = resolve_model_source(args.model)
     if gguf_out:
-        if not Path(source_folder).is_dir():
+        if not Path(source).is_dir():
             raise UsageError(f"{args.model}: GGUF output reads the model's local folder (config.json, tokenizer); "
                              f"download it first")
         from quantkit.formats.gguf import check_exportable
 
-        check_exportable(source_folder)
+        check_exportable(source)
     calibrated = recipe.needs_calibration
     calibration = calibration_config(args) if calibrated else None
-    source = source_folder
     start = time.perf_counter()
     dtype = torch_dtype(args.dtype)
     model = load_float_model(source, dtype=dtype, device=args.device, trust_remote_code=args.trust_remote_code,
@@ -140,16 +139,18 @@ def run(args: argparse.Namespace) -> int:
 
 def _write_gguf(model, recipe, args, source, size_before, start, inputs) -> int:
     """Write the quantized model as the GGUF file args.out, then print the summary."""
+    import torch
+
     from quantkit.formats.gguf import export_gguf
     from quantkit.outputs import atomic_output_file
-    from quantkit.summaries import SizeOnDisk, dtype_name, quantization_summary
+    from quantkit.summaries import SizeOnDisk, quantization_summary
 
     with atomic_output_file(args.out, force=args.force, inputs=inputs) as tmp:
         result = export_gguf(model, source, tmp, float_type=args.float_type)
     result.path = Path(args.out).expanduser().resolve()
     size_after = SizeOnDisk(result.bytes, result.file_type, "on disk")
     print(quantization_summary(model, recipe, source, result.path, size_before, size_after,
-                               time.perf_counter() - start, kind="GGUF file"))
+                               time.perf_counter() - start, kind="GGUF file", scale_dtype=torch.float16))
     print("  " + result.describe().replace("\n", "\n  "))
     return 0
 

@@ -12,6 +12,7 @@ from ..scheme import QuantScheme
 
 #: a scheme's grid -> the GGUF block type its layers hold
 GGUF_TYPES = {"q4_k": "Q4_K", "q4_1": "Q4_1"}
+PACKED_WEIGHT = "weight_blocks"  # the tensor that holds the weight itself (what a weight census counts)
 
 
 class KQuantLinear(nn.Module):
@@ -52,6 +53,10 @@ class KQuantLinear(nn.Module):
     def dequantized_weight(self) -> torch.Tensor:
         """fp32 [N, K], as ggml's dequantize_row_* computes it."""
         return gguf_blocks.dequantize_blocks(self.weight_blocks, self.gguf_type)
+
+    def stored_bits(self, scale_dtype: torch.dtype | None = None) -> int:
+        """Bits the weight takes stored: its blocks (their fp16 / 6-bit fields whatever scale_dtype)."""
+        return self.weight_blocks.numel() * 8
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., K] -> [..., N]."""

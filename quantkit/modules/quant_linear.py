@@ -12,6 +12,7 @@ from ..quantized_weight import QuantizedWeight
 from ..scheme import QuantScheme
 
 CHECKPOINT_TENSORS = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point")
+PACKED_WEIGHT = "weight_packed"  # the tensor that holds the weight itself (what a weight census counts)
 
 
 class QuantLinear(nn.Module):
@@ -142,6 +143,16 @@ class QuantLinear(nn.Module):
             self.weight_packed, self.weight_scale.float(), self.weight_zero_point, self.scheme.num_bits, self.in_features,
             self.group_size,
         )
+
+    def stored_bits(self, scale_dtype: torch.dtype | None = None) -> int:
+        """Bits the weight takes stored: packed weight, scales and zero points (floating tensors counted in
+        scale_dtype when given, e.g. the dtype a checkpoint will write them in)."""
+        bits = 0
+        for t in (self.weight_packed, self.weight_scale, self.weight_zero_point):
+            if t is not None:
+                size = scale_dtype.itemsize if scale_dtype is not None and t.is_floating_point() else t.element_size()
+                bits += t.numel() * size * 8
+        return bits
 
     @property
     def group_size(self) -> int | None:
