@@ -67,6 +67,9 @@ def test_cpu_probe_measures_the_faster_dtype(monkeypatch):
     seen = []
     monkeypatch.setattr(cpu_features, "probe_dtype_rates", lambda **kw: (dict(AVX2_MATMUL), dict(AVX2_GEMV)))
     monkeypatch.setattr(hardware, "measure_matmul_flops", lambda device, n, dtype: seen.append(dtype) or 100e9)
+    # a fixed bandwidth too: a real copy of 8 MiB stays in cache and can exceed 100e9 bytes/s, which the
+    # roofline check would then (rightly) flag, making the test depend on this machine's speed
+    monkeypatch.setattr(hardware, "measure_copy_bandwidth", lambda device, nbytes, repeats=5: 20e9)
     spec = hardware.probe_device("cpu", copy_bytes=8 << 20, matmul_n=64)
     assert seen == [torch.float32] and "float32 matmul" in spec.notes and spec.roofline_problem is None
     # the emulated bf16 figure would be no roofline at all
