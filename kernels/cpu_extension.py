@@ -1,6 +1,7 @@
 """The C++ CPU kernels (``csrc/*.cpp``), compiled on first use and cached per user and machine.
 
-``load_cpu_kernels()`` builds ``csrc/wna16_q8dot.cpp`` with ``torch.utils.cpp_extension.load`` the first
+``load_cpu_kernels()`` builds ``csrc/wna16_q8dot.cpp`` and ``csrc/decode_step.cpp`` (the C++ decode loop,
+``torch.classes.quantkit.CpuDecoder``: quantkit.cpu_decoder) with ``torch.utils.cpp_extension.load`` the first
 time a process needs it and registers its ops (``torch.ops.quantkit.wna16_cpu_q8dot`` and friends);
 later processes load the cached library in milliseconds. Returns ``CpuKernels`` (``available`` and, if
 not, the one-line ``reason``): callers fall back to PyTorch's own kernels when the build is impossible.
@@ -36,7 +37,8 @@ from pathlib import Path
 
 import torch
 
-SOURCES = ("wna16_q8dot.cpp",)
+SOURCES = ("wna16_q8dot.cpp", "decode_step.cpp")
+HEADERS = ("q8dot.h",)
 CFLAGS = ("-O3", "-std=c++17", "-fopenmp")  # -fopenmp: at::parallel_for is inline OpenMP, sequential without it
 LDFLAGS = ("-fopenmp",)
 ENV_SWITCH = "QUANTKIT_CPU_KERNELS"
@@ -94,7 +96,7 @@ def _ninja_on_path() -> bool:
 
 def build_key() -> str:
     h = hashlib.sha256()
-    for name in SOURCES:
+    for name in SOURCES + HEADERS:
         h.update((_csrc() / name).read_bytes())
     h.update(" ".join(CFLAGS + LDFLAGS).encode())
     h.update(str(compiler()).encode())

@@ -4,6 +4,7 @@
     model = quantkit.quantize(model, "w4a16-rtn")   # in place, any transformers causal LM
     quantkit.save(model, "out/my-model-w4")         # compressed-tensors checkpoint (vLLM, transformers)
     model = quantkit.load("out/my-model-w4")        # ready model on quantkit kernels
+    quantkit.CpuDecoder(model).generate(ids, 64)    # CPU decode in quantkit's C++ loop
 
 The names below are imported on first use, so that ``import quantkit`` (and ``quantkit --help``)
 does not load torch and transformers.
@@ -19,9 +20,10 @@ _LAZY = {
     "CheckpointError": ".errors", "ConfigError": ".errors", "QuantizationError": ".errors",
     "Recipe": ".recipe", "load_recipe": ".recipe",
     "QuantScheme": ".scheme",
+    "CpuDecoder": ".cpu_decoder",
 }
 
-__all__ = ["CheckpointError", "ConfigError", "QuantScheme", "QuantizationError", "Recipe", "load", "load_recipe",
+__all__ = ["CheckpointError", "ConfigError", "CpuDecoder", "QuantScheme", "QuantizationError", "Recipe", "load", "load_recipe",
            "quantize", "save"]
 
 

@@ -28,6 +28,8 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include "q8dot.h"
+
 #include <immintrin.h>
 
 #include <algorithm>
@@ -431,6 +433,10 @@ const T* typed(const at::Tensor& t) {
   return t.data_ptr<T>();
 }
 
+}  // namespace
+
+namespace quantkit {
+
 at::Tensor wna16_cpu_q8dot(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
                            const c10::optional<at::Tensor>& zero, const c10::optional<at::Tensor>& bias) {
   const char* op = "quantkit::wna16_cpu_q8dot";
@@ -532,6 +538,10 @@ at::Tensor wna16_cpu_q8dot(const at::Tensor& x, const at::Tensor& weight, const 
   return out;
 }
 
+}  // namespace quantkit
+
+namespace {
+
 // One weight row of the q8dot layout dequantized into fp32 (dst: K values, padded to a superblock).
 // Compiled for AVX-512, AVX2 and baseline x86-64 (chosen by the loader from the CPU), so the loops
 // vectorize on the CPU that runs them.
@@ -608,6 +618,6 @@ TORCH_LIBRARY_FRAGMENT(quantkit, m) {
 }
 
 TORCH_LIBRARY_IMPL(quantkit, CPU, m) {
-  m.impl("wna16_cpu_q8dot", &wna16_cpu_q8dot);
+  m.impl("wna16_cpu_q8dot", &quantkit::wna16_cpu_q8dot);
   m.impl("wna16_cpu_q8dot_unpack", &wna16_cpu_q8dot_unpack);
 }
