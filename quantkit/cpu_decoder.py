@@ -41,11 +41,13 @@ ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
-def _available() -> str | None:
+def decoder_unavailable(model: nn.Module) -> str | None:
+    """Why ``CpuDecoder(model)`` cannot run here (the C++ kernels did not build, or the model is not
+    supported), or None."""
     from .kernels.cpu_extension import load_cpu_kernels
 
     kernels = load_cpu_kernels()
-    return None if kernels.available else kernels.reason
+    return unsupported_reason(model) if kernels.available else kernels.reason
 
 
 def unsupported_reason(model: nn.Module) -> str | None:
@@ -98,7 +100,7 @@ class CpuDecoder:
     once) and its own fp32 KV cache of ``max_len`` positions per sequence."""
 
     def __init__(self, model: nn.Module, max_len: int | None = None) -> None:
-        reason = _available() or unsupported_reason(model)
+        reason = decoder_unavailable(model)
         if reason:
             raise UsageError(f"quantkit's CPU decoder cannot run this model: {reason}. Run it in transformers "
                              f"(model.generate) instead")

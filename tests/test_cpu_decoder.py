@@ -144,3 +144,31 @@ def test_cache_limits_are_errors():
     with pytest.raises(RuntimeError, match="2 tokens for a cache of 1"):
         decoder.position = 6
         decoder.step(torch.tensor([1, 2]))
+
+
+def test_bench_times_every_variant_in_the_loop():
+    """--decode-loop quantkit: baseline and variants decode in the C++ loop; the roofline prices its fp32 cache."""
+    from quantkit.commands.bench import benchmark
+
+    data = benchmark("ref:tiny", variants=["w4a16-rtn"], device="cpu", dtype="bf16", prompt_lens=[8],
+                     context_lens=[16], batch_sizes=[1, 2], warmup=0, repeats=1, quiet=True, decode_loop="quantkit")
+    assert len(data["decode"]) == 4 and {r["mode"] for r in data["decode"]} == {"quantkit C++ decode loop"}
+    model = quantkit.load("ref:tiny")
+    c = model.config
+    head_dim = c.hidden_size // c.num_attention_heads
+    per_position = 4 * 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim  # fp32 K and V, every layer
+    for r in data["decode"]:  # 17 positions: 16 cached + the step's
+        assert r["memory"]["kv_cache_bytes"] == per_position * r["batch"] * 17
+        assert r["roofline"]["bytes_breakdown"]["kv_read"] == per_position * r["batch"] * 17  # the roofline reads the new one too
+    assert "--decode-loop quantkit" in data["command"]
+
+
+def test_bench_refuses_the_loop_where_it_cannot_run():
+    from quantkit.harness.timing import BenchSettings, decode_run
+
+    with pytest.raises(UsageError, match="drop --compile"):
+        BenchSettings(decode_loop="quantkit", compile_backend="inductor")
+    with pytest.raises(UsageError, match="choose one of transformers, quantkit"):
+        BenchSettings(decode_loop="vllm")
+    with pytest.raises(UsageError, match="runs on the CPU"):  # a GPU run is refused before any model is touched
+        decode_run(None, None, 1, 8, BenchSettings(decode_loop="quantkit"), torch.device("cuda"))

@@ -68,6 +68,10 @@ def register(subparsers) -> None:
                         "CUDA graph")
     p.add_argument("--compile-backend", default=None,
                    help="torch.compile backend for --compile (default inductor; aot_eager/eager only trace)")
+    p.add_argument("--decode-loop", choices=("transformers", "quantkit"), default="transformers",
+                   help="how decode steps run: the model's transformers forward (default), or quantkit's C++ loop "
+                        "(quantkit.CpuDecoder: CPU, Llama/Mistral/Qwen2/Qwen3; every variant, baseline included); "
+                        "prefill always runs in transformers")
     p.add_argument("--threads", type=int_at_least(1), help="CPU threads (torch.set_num_threads)")
     p.add_argument("--seed", type=int, default=0, help="seed of random models, prompts and caches")
     p.add_argument("--quiet", action="store_true", help="no progress lines (by default each step and each "
@@ -85,7 +89,7 @@ def _split(values: list[str]) -> list[str]:
 def _command_line(model: str, baseline: str | None, variants: list[str], device, settings, *, dtype: str,
                   backend: str, gpu: str, seed: int, max_cache_gb: float | None, cuda_graphs: bool,
                   compile: str | None, compile_backend: str, threads: int | None, json_out: str | None,
-                  allow_source_mismatch: bool = False, allow_other_baseline: bool = False) -> str:
+                  decode_loop: str = "transformers", allow_source_mismatch: bool = False, allow_other_baseline: bool = False) -> str:
     """The command that repeats this measurement (every setting spelled out)."""
     import shlex
 
@@ -110,6 +114,8 @@ def _command_line(model: str, baseline: str | None, variants: list[str], device,
         parts += ["--compile", compile]
         if compile_backend != "inductor":
             parts += ["--compile-backend", compile_backend]
+    if decode_loop != "transformers":
+        parts += ["--decode-loop", decode_loop]
     if threads:
         parts += ["--threads", str(threads)]
     if json_out:
@@ -140,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
         context_lens=args.context_lens, batch_sizes=args.batch_sizes, prefill_batch_sizes=args.prefill_batch_sizes,
         warmup=args.warmup, repeats=args.repeats, gpu=args.gpu, max_cache_gb=args.max_cache_gb,
         cuda_graphs=not args.no_cuda_graphs, compile=args.compile, compile_backend=args.compile_backend or "inductor",
-        threads=args.threads, seed=args.seed, quiet=args.quiet, allow_source_mismatch=args.allow_source_mismatch,
+        threads=args.threads, seed=args.seed, quiet=args.quiet, decode_loop=args.decode_loop,
+        allow_source_mismatch=args.allow_source_mismatch,
         allow_other_baseline=args.allow_other_baseline,
     )
     return 0
@@ -166,6 +173,7 @@ def benchmark(
     cuda_graphs: bool = True,
     compile: str | None = None,
     compile_backend: str = "inductor",
+    decode_loop: str = "transformers",
     threads: int | None = None,
     seed: int = 0,
     quiet: bool = False,
@@ -216,7 +224,7 @@ def benchmark(
         prefill_batch_sizes=list(prefill_batch_sizes), warmup=warmup, repeats=repeats,
         cuda_graphs=cuda_graphs, seed=seed,
         compile_backend=compile_backend if compile else None,
-        compile_prefill=compile == "all",
+        compile_prefill=compile == "all", decode_loop=decode_loop,
     )
     features = None
     if device.type == "cpu":
@@ -275,8 +283,17 @@ def benchmark(
                 _check_baseline(built[-1].model, base, s, allow_other_baseline)
         return built
 
+    if decode_loop == "quantkit" and device.type != "cpu":
+        raise UsageError(f"--decode-loop quantkit runs on the CPU, not {device}: drop it on a GPU")
     label = model_label or str(base_source or model)
     built = build(phase_dtypes["prefill"])
+    if decode_loop == "quantkit":  # before any timing: every variant must run in the loop
+        from quantkit.cpu_decoder import decoder_unavailable
+
+        for v in built:
+            if reason := decoder_unavailable(v.model):
+                raise UsageError(f"--decode-loop quantkit cannot run {v.name}: {reason}; drop the option to time "
+                                 f"decode in transformers")
     names = [v.name for v in built]
     if len(set(names)) != len(names):
         raise UsageError(f"variant names collide: {names}; give each variant a distinct recipe or folder name")
@@ -296,7 +313,7 @@ def benchmark(
         model, baseline, variant_specs if not model_is_checkpoint else variant_specs[1:], device, settings,
         dtype=dtype, backend=backend, gpu=gpu, seed=seed, max_cache_gb=max_cache_gb, cuda_graphs=cuda_graphs,
         compile=compile, compile_backend=compile_backend, threads=threads, json_out=json_out,
-        allow_source_mismatch=allow_source_mismatch, allow_other_baseline=allow_other_baseline)
+        decode_loop=decode_loop, allow_source_mismatch=allow_source_mismatch, allow_other_baseline=allow_other_baseline)
     shown = sys.stderr if output_stream(json_out) == 1 else sys.stdout  # the JSON alone on a standard output
     print("\n".join(summary_lines(results)), file=shown)
     if json_out is not None:

@@ -109,15 +109,18 @@ def _bench(model: str, recipes: list[str], tmp: Path, out: Path) -> tuple[dict, 
     each phase in the dtype fastest here; short settings (two lengths, five repeats). Returns the
     results and a paragraph saying what was timed and why."""
     from quantkit.commands.bench import benchmark
+    from quantkit.kernels.cpu_extension import load_cpu_kernels
     from quantkit.harness.speed_model import (CACHE_MULTIPLE, MAX_FLOAT32_BYTES, bandwidth_bound_config,
                                               last_level_cache)
 
     cache = last_level_cache()
     config = bandwidth_bound_config(cache.bytes)
     (tmp / SPEED_MODEL).write_text(json.dumps(config, indent=1) + "\n")
+    kernels = load_cpu_kernels()
+    loop = "quantkit" if kernels.available else "transformers"
     bench = benchmark(str(tmp / SPEED_MODEL), variants=recipes, device="cpu", dtype="auto", prompt_lens=[16, 64],
                       context_lens=[128, 512], batch_sizes=[1, 4], warmup=1, repeats=5, quiet=True,
-                      model_label=str(out / SPEED_MODEL))
+                      model_label=str(out / SPEED_MODEL), decode_loop=loop)
     bench["bench_command"] = bench["command"].replace(str(tmp), str(out))
     weights = {v["name"]: v["weight_bytes"] for v in bench["variants"]}
     smallest = min(weights, key=weights.get)
@@ -130,7 +133,12 @@ def _bench(model: str, recipes: list[str], tmp: Path, out: Path) -> tuple[dict, 
             f"weights to be {CACHE_MULTIPLE:g}x it (float32 weights capped at {_mib(MAX_FLOAT32_BYTES)}). Weights in memory: {bench['baseline']} {_mib(weights[bench['baseline']])} "
             f"({weights[bench['baseline']] / cache.bytes:.1f}x the cache), {smallest} {_mib(weights[smallest])} "
             f"({weights[smallest] / cache.bytes:.1f}x). Random weights take the same time as trained ones; the "
-            f"quality above is measured on the trained reference model.")
+            f"quality above is measured on the trained reference model. " + (
+                "Decode steps run in quantkit's C++ decode loop (quantkit.CpuDecoder) for every variant, the float "
+                "model included, so the variants differ only in their linears; prefill runs in transformers."
+                if loop == "quantkit" else
+                f"Decode steps run in transformers (quantkit's C++ decode loop is unavailable: {kernels.reason}), "
+                f"whose per-op cost on a CPU can hide the gain from fewer bytes."))
     return bench, note
 
 

@@ -33,7 +33,7 @@ import sys
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from torch import nn
@@ -46,6 +46,9 @@ from .variants import Variant, model_tensor_bytes
 
 SCHEMA = "quantkit.bench/1"
 
+
+#: how decode steps run: the model's transformers forward, or quantkit.CpuDecoder's C++ loop (CPU, Llama family)
+DECODE_LOOPS = ("transformers", "quantkit")
 
 #: the seeds BenchSettings takes: the signed 64-bit integers whose successor is one too
 SEED_RANGE = (-2**63, 2**63 - 2)
@@ -66,6 +69,7 @@ class BenchSettings:
     seed: int = 0
     compile_backend: str | None = None  # torch.compile backend ("inductor"); None: eager forward
     compile_prefill: bool = True  # with compile_backend: compile prefill too (else decode only)
+    decode_loop: str = "transformers"  # or "quantkit": decode steps in quantkit.CpuDecoder's C++ loop (CPU)
 
     def __post_init__(self):
         for name in ("prompt_lens", "context_lens", "batch_sizes", "prefill_batch_sizes"):
@@ -78,6 +82,10 @@ class BenchSettings:
         if not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:  # decode seeds its tokens with seed + 1
             raise UsageError(f"seed {self.seed} is outside the range of torch's generators; give an integer from "
                              f"-2**63 to 2**63 - 2")
+        if self.decode_loop not in DECODE_LOOPS:
+            raise UsageError(f"decode loop {self.decode_loop!r}: choose one of {', '.join(DECODE_LOOPS)}")
+        if self.decode_loop == "quantkit" and self.compile_backend is not None:
+            raise UsageError("the quantkit decode loop is C++ already: drop --compile, or time decode in transformers")
         if self.compile_backend is not None and (
                 self.compile_backend not in torch.compiler.list_backends(exclude_tags=())):
             raise UsageError(f"{self.compile_backend!r} is not a torch.compile backend; choose inductor (the default), "
@@ -149,7 +157,10 @@ class MemoryMeter:
 # -- caches ---------------------------------------------------------------------------------------
 
 def cache_tensor_bytes(cache) -> int:
-    """Bytes of the tensors a transformers Cache holds (keys, values and any per-layer scales)."""
+    """Bytes of the tensors a transformers Cache holds (keys, values and any per-layer scales), or of a
+    quantkit.CpuDecoder's cache."""
+    if hasattr(cache, "cache_bytes"):
+        return cache.cache_bytes()
     total, seen = 0, set()
     for layer in getattr(cache, "layers", []):
         for value in vars(layer).values():
@@ -343,6 +354,8 @@ def prefill_run(variant: Variant, shape: ModelShape, batch: int, prompt_len: int
 def decode_run(variant: Variant, shape: ModelShape, batch: int, context_len: int, settings: BenchSettings,
                device: torch.device) -> TimedRun:
     """One decode step of ``batch`` sequences at ``context_len`` cached positions (random K/V)."""
+    if settings.decode_loop == "quantkit":
+        return _cpu_decoder_run(variant, shape, batch, context_len, settings, device)
     model = variant.model
     dtype = next(model.parameters()).dtype
     cache = make_decode_cache(variant, context_len + 1)
@@ -372,6 +385,29 @@ def decode_run(variant: Variant, shape: ModelShape, batch: int, context_len: int
         info["graph_breaks"] = graph_break_count() - breaks
     return TimedRun(variant, device, run, cache=lambda: cache, cache_allocated_before=True,
                     info=info, context_len=context_len)
+
+
+def _cpu_decoder_run(variant: Variant, shape: ModelShape, batch: int, context_len: int, settings: BenchSettings,
+                     device: torch.device) -> TimedRun:
+    """The decode step in quantkit.CpuDecoder's C++ loop: its own fp32 cache of ``context_len + 1``
+    positions holds random K/V; each call decodes at position ``context_len`` (overwriting it)."""
+    from quantkit.cpu_decoder import CpuDecoder
+
+    if device.type != "cpu":
+        raise UsageError("the quantkit decode loop runs on the CPU: time decode on CUDA in transformers")
+    decoder = CpuDecoder(variant.model, max_len=context_len + 1)
+    g = torch.Generator().manual_seed(settings.seed)
+    size = (batch, shape.kv_heads, context_len, shape.head_dim)
+    decoder.load_cache([torch.randn(size, generator=g) for _ in range(shape.layers)],
+                       [torch.randn(size, generator=g) for _ in range(shape.layers)])
+    tokens = _random_ids(shape.vocab, batch, 1, device, settings.seed + 1)[:, 0]  # [B]
+
+    def step():
+        decoder.position = context_len
+        decoder.step(tokens)
+
+    return TimedRun(variant, device, step, cache=lambda: decoder, cache_allocated_before=True,
+                    info={"mode": "quantkit C++ decode loop", "cache": "CpuDecoder (fp32)"})
 
 
 def measure(runs: Sequence[TimedRun], settings: BenchSettings) -> list[dict]:
@@ -484,7 +520,8 @@ def run_bench(variants: Sequence[Variant], spec: DeviceSpec, settings: BenchSett
     for c, b in _announced(decode_shapes, "decode", variants, settings, len(prefill_shapes), total, enabled=progress):
         measured = _measure_variants(variants, lambda v: decode_run(v, shape, b, c, settings, device), settings, device)
         for v, m in zip(variants, measured):
-            rec = _record(v, shape, spec, decode_cost(shape, v.scheme, c, b), m, batch=b, context_len=c)
+            scheme = v.scheme if settings.decode_loop == "transformers" else replace(v.scheme, kv_bytes=4)  # fp32 cache
+            rec = _record(v, shape, spec, decode_cost(shape, scheme, c, b), m, batch=b, context_len=c)
             rec["tokens_per_s"] = b / rec["median_s"]
             rec["dtype"] = dtype
             decode.append(rec)
