@@ -158,6 +158,7 @@ def quantize(
 
         quantize_kv_cache(model, calibration_batches(calibration_data, model, tokenizer), progress=progress)
         enable_fp8_kv_cache(model)  # generate() and forward passes now run with the calibrated FP8 cache
+    _untie_quantized_lm_head(model)
     model.config.quantization_config = build_quantization_config(model, recipe.kv_cache)
     from .calibration.data import describe_calibration
 
@@ -225,6 +226,15 @@ def save(
             (tmp / provenance.RECIPE_FILE).write_text(
                 provenance.recipe_file_text(made, source, Path(os.path.expanduser(out_dir)).resolve()))
     return Path(os.path.expanduser(out_dir)).resolve()
+
+
+def _untie_quantized_lm_head(model) -> None:
+    """A quantized lm_head of a model with tied embeddings is its own tensor now (the embedding stays float
+    for the lookup): the config says so, or readers that tie by the config (transformers, vLLM) look for
+    an lm_head.weight that the checkpoint no longer has, or replace the quantized head by the embedding."""
+    head = model.get_output_embeddings()
+    if getattr(model.config, "tie_word_embeddings", False) and head is not None and not isinstance(head, nn.Linear):
+        model.config.tie_word_embeddings = False
 
 
 def _round_scale(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -64,3 +64,25 @@ def test_transformers_reads_separate_config_groups(tmp_path):
     with torch.no_grad():
         a, b = quantkit.load(path)(ids).logits, theirs(ids).logits
     assert ((a - b).norm() / b.norm()).item() < 0.02
+
+
+def test_a_quantized_lm_head_of_a_tied_model_is_untied(tmp_path):
+    """ignore: [] quantizes lm_head too; with tied embeddings the embedding stays float for the lookup, and the
+    config must stop saying "tied" or transformers looks for an lm_head.weight the checkpoint does not have."""
+    from transformers import AutoModelForCausalLM
+
+    from quantkit.recipe import Recipe
+    from quantkit.scheme import QuantScheme
+
+    model = make_random_model("llama", tied=True)
+    recipe = Recipe(weights=QuantScheme(num_bits=8, strategy="channel"), ignore=())
+    quantkit.quantize(model, recipe, progress=False)
+    assert isinstance(model.lm_head, QuantLinear) and model.config.tie_word_embeddings is False
+    quantkit.save(model, tmp_path / "q")
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "q", dtype=torch.float32)
+    ours = quantkit.load(tmp_path / "q", dtype=torch.float32, backend="reference")
+    ids = torch.randint(0, 512, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(ids).logits, ours(ids).logits, rtol=1e-5, atol=1e-5)
+    float_model = make_random_model("llama", tied=True)  # the embedding itself is unchanged
+    assert torch.equal(ours.model.embed_tokens.weight, float_model.model.embed_tokens.weight)
