@@ -35,7 +35,7 @@ from .modules.fused_linear import FusedPart
 from .modules.kv_scales import cache_keyword, read_kv_scales
 from .modules.quant_linear import QuantLinear
 
-#: model_type -> what the loop needs of that architecture beyond Llama's (for the error messages)
+#: the model types (config.model_type) the loop runs
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 #: rotary types whose cos / sin tables depend on the position only (not on the sequence length)
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")

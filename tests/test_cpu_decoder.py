@@ -172,3 +172,11 @@ def test_bench_refuses_the_loop_where_it_cannot_run():
         BenchSettings(decode_loop="vllm")
     with pytest.raises(UsageError, match="runs on the CPU"):  # a GPU run is refused before any model is touched
         decode_run(None, None, 1, 8, BenchSettings(decode_loop="quantkit"), torch.device("cuda"))
+
+
+def test_the_demo_decodes_in_the_loop_unless_a_recipe_needs_transformers():
+    from quantkit.commands.demo import _decode_loop
+
+    assert _decode_loop([quantkit.load_recipe("w8a16-rtn"), quantkit.load_recipe("w4a16-rtn")]) == ("quantkit", "")
+    loop, why = _decode_loop([quantkit.load_recipe("w4a16-rtn"), quantkit.load_recipe("w4a16-gptq-kv-fp8")])
+    assert loop == "transformers" and "w4a16-gptq-kv-fp8" in why

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         bench, speed_note = None, None
         if not args.no_bench:
             print(f"[4/{steps}] time prefill and decode of each variant, on a model sized from this CPU's cache")
-            bench, speed_note = _bench(args.model, [r.name for r in recipes], tmp, out)
+            bench, speed_note = _bench(args.model, recipes, tmp, out)
             bench["command"] = _demo_command(args)
             (tmp / "bench.json").write_text(json.dumps(bench, indent=1) + "\n")
         on_disk = folder_size_bytes(Path(source)) if Path(source).is_dir() else None  # a hub model: unknown here
@@ -103,22 +103,34 @@ def _demo_command(args: argparse.Namespace) -> str:
                        "--max-tokens", str(args.max_tokens)])
 
 
-def _bench(model: str, recipes: list[str], tmp: Path, out: Path) -> tuple[dict, str]:
+def _decode_loop(recipes) -> tuple[str, str]:
+    """("quantkit", "") where quantkit's C++ decode loop runs every recipe's model on this machine, else
+    ("transformers", why not)."""
+    from quantkit.kernels.cpu_extension import load_cpu_kernels
+
+    kernels = load_cpu_kernels()
+    if not kernels.available:
+        return "transformers", kernels.reason
+    other = [r.name for r in recipes if r.kv_cache is not None or (r.weights and r.weights.grid != "uniform")]
+    if other:
+        return "transformers", f"the loop runs uniform-grid weights with a float KV cache, not {', '.join(other)}"
+    return "quantkit", ""
+
+
+def _bench(model: str, recipes, tmp: Path, out: Path) -> tuple[dict, str]:
     """TTFT and TPOT of the float model and each recipe on a random-weight Llama whose weights exceed
     this CPU's last-level cache (its config written to ``tmp`` / SPEED_MODEL, ``tmp`` becoming ``out``),
     each phase in the dtype fastest here; short settings (two lengths, five repeats). Returns the
     results and a paragraph saying what was timed and why."""
     from quantkit.commands.bench import benchmark
-    from quantkit.kernels.cpu_extension import load_cpu_kernels
     from quantkit.harness.speed_model import (CACHE_MULTIPLE, MAX_FLOAT32_BYTES, bandwidth_bound_config,
                                               last_level_cache)
 
     cache = last_level_cache()
     config = bandwidth_bound_config(cache.bytes)
     (tmp / SPEED_MODEL).write_text(json.dumps(config, indent=1) + "\n")
-    kernels = load_cpu_kernels()
-    loop = "quantkit" if kernels.available else "transformers"
-    bench = benchmark(str(tmp / SPEED_MODEL), variants=recipes, device="cpu", dtype="auto", prompt_lens=[16, 64],
+    loop, why_not = _decode_loop(recipes)
+    bench = benchmark(str(tmp / SPEED_MODEL), variants=[r.name for r in recipes], device="cpu", dtype="auto", prompt_lens=[16, 64],
                       context_lens=[128, 512], batch_sizes=[1, 4], warmup=1, repeats=5, quiet=True,
                       model_label=str(out / SPEED_MODEL), decode_loop=loop)
     bench["bench_command"] = bench["command"].replace(str(tmp), str(out))
@@ -137,7 +149,7 @@ def _bench(model: str, recipes: list[str], tmp: Path, out: Path) -> tuple[dict, 
                 "Decode steps run in quantkit's C++ decode loop (quantkit.CpuDecoder) for every variant, the float "
                 "model included, so the variants differ only in their linears; prefill runs in transformers."
                 if loop == "quantkit" else
-                f"Decode steps run in transformers (quantkit's C++ decode loop is unavailable: {kernels.reason}), "
+                f"Decode steps run in transformers (quantkit's C++ decode loop does not run here: {why_not}), "
                 f"whose per-op cost on a CPU can hide the gain from fewer bytes."))
     return bench, note
 
