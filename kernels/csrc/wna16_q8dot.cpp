@@ -129,6 +129,25 @@ struct RowArgs {
 
 inline float scale_of(const RowArgs& a, int64_t b) { return a.s[a.group[b]]; }
 
+// Software prefetch, one block of rows ahead: the weight rows after the ones being read are the next
+// bytes of the weight, so while superblock t of these rows is read, the same share of the next rows is
+// fetched into the cache. Measured on a Zen 5 EPYC, batch 1 from DRAM: 1.5-2x the GB/s of the hardware
+// prefetchers alone (evals/kernels/cpu_decoder/README.md).
+inline void prefetch_bytes(const char* p, int64_t bytes) {
+#if defined(__x86_64__) || defined(__i386__)
+  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+#else
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
+#endif
+}
+
+// One row, superblock t: the same share of the row after it.
+template <int BITS>
+inline void prefetch_next_row(const RowArgs& a, int64_t t) {
+  constexpr int64_t step = BITS == 4 ? 32 : SUPER;
+  prefetch_bytes(reinterpret_cast<const char*>(a.w) + a.nsb * step + t * step, step);
+}
+
 template <int BITS, int MB>
 void row_scalar(const RowArgs& a, float* raw) {
   float acc[MB] = {};
@@ -192,6 +211,7 @@ QK_AVX2 void row_avx2(const RowArgs& a, float* raw) {
   for (int mi = 0; mi < MB; ++mi) acc0[mi] = acc1[mi] = _mm256_setzero_ps();
   const __m256i mask = _mm256_set1_epi8(0x0F);
   for (int64_t t = 0; t < a.nsb; ++t) {
+    prefetch_next_row<BITS>(a, t);
     __m256i lo, hi;
     if (BITS == 4) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.w + t * 32));
@@ -235,6 +255,8 @@ QK_AVX512 void row_avx512(const RowArgs& a, float* raw) {
   for (int mi = 0; mi < MB; ++mi) acc0[mi] = acc1[mi] = _mm512_setzero_ps();
   int64_t t = 0;
   for (; t + 1 < a.nsb; t += 2) {
+    prefetch_next_row<BITS>(a, t);
+    prefetch_next_row<BITS>(a, t + 1);
     super_avx512<BITS, MB>(a, t, acc0);
     super_avx512<BITS, MB>(a, t + 1, acc1);
   }
@@ -261,6 +283,12 @@ struct Rows {
   int64_t kp, nb;
 };
 
+template <int BITS, int NR>
+inline void prefetch_next_rows(const Rows& a, int64_t t) {
+  constexpr int64_t step = NR * (BITS == 4 ? 32 : SUPER);
+  prefetch_bytes(reinterpret_cast<const char*>(a.w) + NR * a.row_bytes + t * step, step);
+}
+
 template <int BITS, int MB, int NR>
 QK_AVX512 void rows_avx512(const Rows& a, float* raw) {
   __m512 acc[NR][MB];
@@ -274,6 +302,7 @@ QK_AVX512 void rows_avx512(const Rows& a, float* raw) {
     for (int r = 0; r < NR; ++r)
       for (int mi = 0; mi < MB; ++mi) accg[r][mi] = _mm512_setzero_ps();
     for (int64_t t = t0; t < t1; ++t) {
+      prefetch_next_rows<BITS, NR>(a, t);
       __m512i x[MB];
       __m512 de[MB];
       for (int mi = 0; mi < MB; ++mi) {
@@ -318,6 +347,7 @@ QK_AVX2 void rows_avx2(const Rows& a, float* raw) {
     for (int r = 0; r < NR; ++r)
       for (int mi = 0; mi < MB; ++mi) accg[r][mi] = _mm256_setzero_ps();
     for (int64_t t = t0; t < t1; ++t) {
+      prefetch_next_rows<BITS, NR>(a, t);
       for (int r = 0; r < NR; ++r) {
         __m256i half[2];
         if (BITS == 4) {
