@@ -154,6 +154,16 @@ def test_why_paragraph_says_when_quantized_decode_falls_short_of_the_roofline(tm
     assert "not the bytes they read" not in md
 
 
+def test_why_paragraph_says_when_quantized_decode_gains_more_than_the_roofline(tmp_path, no_plots):
+    slow_baseline = {"bf16": {"prefill": 1.0, "decode": 2.5}, "w4a16-rtn": {"prefill": 1.0, "decode": 1.0}}
+    md = render_report(synthetic_bench(CPU, slow_baseline), [], tmp_path).read_text()
+    why = next(line for line in md.splitlines() if line.startswith("Why:"))
+    assert "w4a16-rtn gains" in why and "more than the roofline predicts: the baseline reaches only 40% of the" in why
+    assert "not the bytes they read" not in why
+    md = render_report(synthetic_bench(CPU, SAME), [], tmp_path / "b").read_text()
+    assert "more than the roofline predicts" not in md
+
+
 def test_roofline_title_only_claims_what_the_points_show():
     bench = synthetic_bench(CPU, SAME)
     assert "left of the ridge" in plots._roofline_title(bench)  # ridge 10: decode ~1, prefill >> 10
