@@ -131,7 +131,7 @@ inline float scale_of(const RowArgs& a, int64_t b) { return a.s[a.group[b]]; }
 
 // Software prefetch, one block of rows ahead: the weight rows after the ones being read are the next
 // bytes of the weight, so while superblock t of these rows is read, the same share of the next rows is
-// fetched into the cache. Measured on a Zen 5 EPYC, batch 1 from DRAM: 1.5-2x the GB/s of the hardware
+// fetched into the cache. Measured on a Zen 5 EPYC, batch 1 from DRAM: 1.2-2.3x the GB/s of the hardware
 // prefetchers alone (evals/kernels/cpu_decoder/README.md).
 inline void prefetch_bytes(const char* p, int64_t bytes) {
 #if defined(__x86_64__) || defined(__i386__)
