@@ -106,7 +106,7 @@ class CpuDecoder:
                              f"(model.generate) instead")
         config, inner = model.config, model.model
         self.model = model
-        self.max_len = int(max_len or config.max_position_embeddings)
+        self.max_len = int(config.max_position_embeddings if max_len is None else max_len)
         if self.max_len < 1:
             raise UsageError(f"max_len must be a positive number of positions, got {max_len}")
         attn0 = inner.layers[0].self_attn
@@ -135,7 +135,7 @@ class CpuDecoder:
 
     def _add(self, layer: int, slot: str, module: nn.Module) -> None:
         if isinstance(module, QuantLinear):
-            prepared = {key: getattr(module, attr) for key, attr in module._kernel_keys.items()}
+            prepared = module.prepared_tensors()
             self._native.add_linear(layer, slot, True, prepared["cpu_q8_weight"], prepared["cpu_q8_scale"],
                                     prepared.get("cpu_q8_zero"), module.bias)
         else:
@@ -148,12 +148,9 @@ class CpuDecoder:
                 p.index for p in parts] == list(range(len(parts))) and len(parts[0]._group.sizes) == len(parts):
             self._add(layer, slot, parts[0]._group.fused)
         elif all(type(p) is nn.Linear for p in parts) and len({p.weight.dtype for p in parts}) == 1:
-            fused = nn.Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=False)
-            fused.weight = nn.Parameter(torch.cat([p.weight for p in parts]), requires_grad=False)
-            if any(p.bias is not None for p in parts):
-                fused.bias = nn.Parameter(torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.out_features)
-                                                     for p in parts]), requires_grad=False)
-            self._add(layer, slot, fused)
+            bias = None if all(p.bias is None for p in parts) else torch.cat(
+                [p.weight.new_zeros(p.out_features) if p.bias is None else p.bias for p in parts])
+            self._native.add_linear(layer, slot, False, torch.cat([p.weight for p in parts]), None, None, bias)
         else:
             for p in parts:
                 self._add(layer, slot, p._group.fused if isinstance(p, FusedPart) else p)

@@ -35,7 +35,6 @@ struct Linear {
   bool quantized = false;  // true: cpu_q8 layout (weight, scale, zero); false: float weight [N, K]
   at::Tensor weight, scale;
   c10::optional<at::Tensor> zero, bias;
-  int64_t out_features = 0;
 };
 
 // x fp32 [B, K] -> fp32 [B, N].
@@ -43,7 +42,7 @@ at::Tensor run_linear(const Linear& l, const at::Tensor& x) {
   if (l.quantized) return quantkit::wna16_cpu_q8dot(x, l.weight, l.scale, l.zero, l.bias);
   const at::Tensor xin = x.scalar_type() == l.weight.scalar_type() ? x : x.to(l.weight.scalar_type());
   at::Tensor y = l.bias.has_value() ? at::linear(xin, l.weight, *l.bias) : at::linear(xin, l.weight);
-  return y.scalar_type() == at::kFloat ? y.contiguous() : y.to(at::kFloat).contiguous();
+  return y.scalar_type() == at::kFloat ? y : y.to(at::kFloat);
 }
 
 // Parts that read the same x, outputs side by side: fp32 [B, sum N].
@@ -118,7 +117,6 @@ struct CpuDecoder : torch::CustomClassHolder {
     Linear l;
     l.quantized = quantized;
     l.weight = weight.contiguous();
-    l.out_features = weight.size(0);
     if (quantized) {
       TORCH_CHECK(scale.has_value(), "CpuDecoder.add_linear: a quantized linear needs its scale");
       l.scale = scale->contiguous();

@@ -105,9 +105,13 @@ class QuantLinear(nn.Module):
                     self.checkpoint_tensors_released = True
         return concrete
 
+    def prepared_tensors(self) -> dict[str, torch.Tensor]:
+        """The tensors of the prepared layout the kernel reads (``kernel_layout``), by their layout keys."""
+        return {key: getattr(self, attr) for key, attr in self._kernel_keys.items()}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., K] -> [..., N]."""
-        prepared = {key: getattr(self, attr) for key, attr in self._kernel_keys.items()}
+        prepared = self.prepared_tensors()
         return kernels.wna16_linear(
             x, prepared, bits=self.scheme.num_bits, in_features=self.in_features,
             out_features=self.out_features, backend=self.backend, bias=self.bias,
@@ -132,8 +136,7 @@ class QuantLinear(nn.Module):
         grouped MoE op holds these per expert; bias-free layers only)."""
         if self.bias is not None:
             raise ValueError("kernel_inputs: a layer with a bias is not an expert projection")
-        prepared = {key: getattr(self, attr) for key, attr in self._kernel_keys.items()}
-        return prepared, self.scheme.num_bits, self.in_features, self.out_features, self.backend
+        return self.prepared_tensors(), self.scheme.num_bits, self.in_features, self.out_features, self.backend
 
     def dequantized_weight(self) -> torch.Tensor:
         """fp32 [N, K] from the checkpoint tensors (the reference dequantization)."""
