@@ -1,5 +1,5 @@
-"""GGUF (ggml) block layouts Q4_0, Q4_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K: the only home of their byte
-and nibble orders in quantkit.
+"""GGUF (ggml) block layouts Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K: the only home
+of their byte and nibble orders in quantkit.
 
 ggml stores a row of K weights as K / 32 blocks of 32 (ggml-common.h), little-endian:
 
@@ -7,6 +7,9 @@ ggml stores a row of K weights as K / 32 blocks of 32 (ggml-common.h), little-en
   the high nibble; y = d * (nibble - 8). (Not the compressed-tensors order of kernels/packing.py, which
   puts consecutive weights in consecutive nibbles.)
 - Q4_1, 20 bytes: fp16 d, fp16 m, 16 bytes qs in the Q4_0 nibble order; y = d * nibble + m.
+- Q5_0, 22 bytes: fp16 d, 4 bytes qh (a little-endian uint32), 16 bytes qs; u in 0..31, its low 4 bits in
+  qs in the Q4_0 nibble order, bit 4 of weight j in bit j of qh; y = d * (u - 16).
+- Q5_1, 24 bytes: fp16 d, fp16 m, then qh and qs as Q5_0; y = d * u + m.
 - Q8_0, 34 bytes: fp16 d, then 32 int8 qs; y = d * q.
 
 The K-quants store a row as K / 256 super-blocks (ggml-common.h block_q4_K / block_q5_K / block_q6_K,
@@ -36,10 +39,10 @@ BLOCK = 32  # weights per block of Q4_0, Q4_1, Q8_0 (and per sub-block of Q4_K /
 SUPER_BLOCK = 256  # weights per block of the K-quants (ggml's QK_K)
 K_SCALE_BYTES = 12  # the packed 6-bit scales and mins of a Q4_K / Q5_K super-block
 #: bytes per block of each type
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 #: weights per block of each type
-BLOCK_WEIGHTS = {"Q4_0": BLOCK, "Q4_1": BLOCK, "Q8_0": BLOCK, "Q4_K": SUPER_BLOCK, "Q5_K": SUPER_BLOCK,
-                 "Q6_K": SUPER_BLOCK}
+BLOCK_WEIGHTS = {"Q4_0": BLOCK, "Q4_1": BLOCK, "Q5_0": BLOCK, "Q5_1": BLOCK, "Q8_0": BLOCK, "Q4_K": SUPER_BLOCK,
+                 "Q5_K": SUPER_BLOCK, "Q6_K": SUPER_BLOCK}
 
 
 def _check(q: torch.Tensor, name: str, lo: int, hi: int, block: int = BLOCK) -> tuple[int, int]:
@@ -95,6 +98,34 @@ def pack_q4_1(u: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor
     u = u.to(torch.int16).reshape(n, g, BLOCK)
     return torch.cat([_half_bytes(d, n, g, "Q4_1 d"), _half_bytes(m, n, g, "Q4_1 m"), _nibbles(u)],
                      dim=-1).reshape(n, -1)
+
+
+def _high_bits(u: torch.Tensor) -> torch.Tensor:
+    """uint [N, G, 32] in 0..31 -> uint8 [N, G, 4]: bit 4 of weight j in bit j of a little-endian uint32."""
+    bits = (u.to(torch.int64) >> 4) << torch.arange(BLOCK, dtype=torch.int64, device=u.device)
+    qh = bits.sum(dim=-1, keepdim=True)  # [N, G, 1]
+    return ((qh >> torch.arange(0, 32, 8, dtype=torch.int64, device=u.device)) & 0xFF).to(torch.uint8)
+
+
+def _unhigh_bits(qh: torch.Tensor) -> torch.Tensor:
+    """Inverse of _high_bits: uint8 [N, G, 4] -> int16 [N, G, 32] in {0, 16}."""
+    word = (qh.to(torch.int64) << torch.arange(0, 32, 8, dtype=torch.int64, device=qh.device)).sum(dim=-1, keepdim=True)
+    return (((word >> torch.arange(BLOCK, dtype=torch.int64, device=qh.device)) & 1) << 4).to(torch.int16)
+
+
+def pack_q5_0(u: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """u: int [N, K] in [0, 31]; d: fp16 [N, K/32]. returns uint8 [N, K/32*22] Q5_0 blocks (y = d*(u - 16))."""
+    n, g = _check(u, "Q5_0", 0, 31)
+    u = u.to(torch.int16).reshape(n, g, BLOCK)
+    return torch.cat([_half_bytes(d, n, g, "Q5_0 d"), _high_bits(u), _nibbles(u & 0xF)], dim=-1).reshape(n, -1)
+
+
+def pack_q5_1(u: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """u: int [N, K] in [0, 31]; d, m: fp16 [N, K/32]. returns uint8 [N, K/32*24] Q5_1 blocks (y = d*u + m)."""
+    n, g = _check(u, "Q5_1", 0, 31)
+    u = u.to(torch.int16).reshape(n, g, BLOCK)
+    return torch.cat([_half_bytes(d, n, g, "Q5_1 d"), _half_bytes(m, n, g, "Q5_1 m"), _high_bits(u),
+                      _nibbles(u & 0xF)], dim=-1).reshape(n, -1)
 
 
 def pack_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
@@ -201,6 +232,20 @@ def unpack_q4_1(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return _unnibbles(b[..., 4:]).to(torch.uint8).reshape(b.shape[0], -1), _half(b[..., :2]), _half(b[..., 2:4])
 
 
+def unpack_q5_0(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of pack_q5_0: uint8 [N, G*22] -> (u uint8 [N, G*32] in [0, 31], d fp16 [N, G])."""
+    b = _blocks(data, "Q5_0")
+    u = _unnibbles(b[..., 6:]) | _unhigh_bits(b[..., 2:6])
+    return u.to(torch.uint8).reshape(b.shape[0], -1), _half(b[..., :2])
+
+
+def unpack_q5_1(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse of pack_q5_1: uint8 [N, G*24] -> (u uint8 [N, G*32] in [0, 31], d fp16 [N, G], m fp16 [N, G])."""
+    b = _blocks(data, "Q5_1")
+    u = _unnibbles(b[..., 8:]) | _unhigh_bits(b[..., 4:8])
+    return u.to(torch.uint8).reshape(b.shape[0], -1), _half(b[..., :2]), _half(b[..., 2:4])
+
+
 def unpack_q8_0(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Inverse of pack_q8_0: uint8 [N, G*34] -> (q int8 [N, G*32], d fp16 [N, G])."""
     b = _blocks(data, "Q8_0")
@@ -261,11 +306,15 @@ def dequantize_blocks(data: torch.Tensor, kind: str) -> torch.Tensor:
         n, g = d.shape
         scale = (d.float().unsqueeze(-1) * sc.float().reshape(n, g, 16)).unsqueeze(-1)
         return (scale * q.float().reshape(n, g, 16, 16)).reshape(n, g * SUPER_BLOCK)
-    if kind == "Q4_1":
-        u, d, m = unpack_q4_1(data)
+    if kind in ("Q4_1", "Q5_1"):
+        u, d, m = unpack_q4_1(data) if kind == "Q4_1" else unpack_q5_1(data)
         n = u.shape[0]
         return (u.float().reshape(n, -1, BLOCK) * d.float().unsqueeze(-1) + m.float().unsqueeze(-1)).reshape(n, -1)
-    q, d = unpack_q4_0(data) if kind == "Q4_0" else unpack_q8_0(data) if kind == "Q8_0" else (None, None)
+    if kind == "Q5_0":
+        u, d = unpack_q5_0(data)
+        q = u.to(torch.int16) - 16
+    else:
+        q, d = unpack_q4_0(data) if kind == "Q4_0" else unpack_q8_0(data) if kind == "Q8_0" else (None, None)
     if q is None:
         raise ValueError(f"unknown block type {kind!r}; one of {sorted(BLOCK_BYTES)}")
     n = q.shape[0]

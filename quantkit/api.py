@@ -53,15 +53,11 @@ def _check_finite(model: nn.Module) -> None:
 
 
 def _layer_schemes(model: nn.Module, names: list[str], recipe: Recipe) -> dict[str, QuantScheme]:
-    """Each targeted linear's weight scheme (the recipe's `indivisible` rule applied), checked before any work."""
-    schemes = {}
-    for name in names:
-        linear = model.get_submodule(name)
-        try:
-            schemes[name] = recipe.weights_for(linear.in_features)
-        except ValueError as e:
-            raise QuantizationError(f"{name} (in_features={linear.in_features}): {e}; or add it to the recipe's ignore list") from None
-    return schemes
+    """Each targeted linear's weight scheme (the recipe's `indivisible` rule and mix applied), checked before any work."""
+    try:
+        return recipe.schemes_for(model, names)
+    except ValueError as e:
+        raise QuantizationError(f"{e}; or add it to the recipe's ignore list") from None
 
 
 def _warn_refitted(schemes: dict[str, QuantScheme], model: nn.Module, recipe: Recipe) -> None:
@@ -137,7 +133,7 @@ def quantize(
 
             names = quantize_blockwise(
                 model, recipe, names, calibration_data, tokenizer=tokenizer, device=device, progress=progress,
-                scale_dtype=scale_dtype,
+                scale_dtype=scale_dtype, schemes=schemes,
             )
             if names:
                 warnings.warn(

@@ -1,25 +1,29 @@
-"""Weights on llama.cpp's Q4_K grid (QuantScheme grid "q4_k"), and on GGUF's Q4_1 grid with a float minimum
-(grid "q4_1", what a q4_k recipe gives a linear whose inputs are no whole super-block): the fields, their
-search and their rounding.
+"""Weights on llama.cpp's block types as grids (QuantScheme grid "q4_k", "q5_k", "q6_k", "q4_1", "q5_1",
+"q5_0", "q8_0"; scheme.GGUF_GRIDS): the fields, their search and their rounding.
 
-A row of K inputs is K / 256 super-blocks of eight groups of 32. Group j of a super-block dequantizes as
+The K-quants: a row of K inputs is K / 256 super-blocks. Q4_K and Q5_K have eight groups of 32; group j
+dequantizes as
 
-    y = (d * sc_j) * u - (dmin * mn_j),   u in 0..15, sc_j and mn_j in 0..63, d and dmin fp16,
+    y = (d * sc_j) * u - (dmin * mn_j),   u in 0..15 (Q5_K: 0..31), sc_j and mn_j in 0..63, d and dmin fp16,
 
 each product in fp32 first (ggml's dequantize_row_q4_K). The group's scale s_j = d * sc_j and minimum
 m_j = dmin * mn_j (>= 0: the lowest level -m_j is <= 0) are floats, not an integer zero point, which is
 why compressed-tensors cannot hold them and such weights are written as GGUF (kernels/gguf_blocks.py has
-the byte layout). Every algorithm quantizes onto this grid directly, so the GGUF file holds exactly the
-weights quantkit scored: the fields are chosen first (`grid_fields`), then each weight is rounded to its
-group's levels (`quantize_onto`; GPTQ does this column by column, pushing the error onward).
+the byte layouts). Q6_K has sixteen groups of 16, symmetric: y = (d * sc_j) * (u - 32), u in 0..63, sc_j int8.
 
-Q4_1 (blocks of 32): y = d * u + m with fp16 d and m per group, u in 0..15: a float minimum too (the group's
-step s = d, minimum -m), without the super-block's 6-bit rounding.
+The blocks of 32: Q4_1 / Q5_1 y = d * u + m (fp16 d and m per group, u in 0..15 / 0..31: a float minimum
+without the super-block's 6-bit rounding); Q5_0 y = d * (u - 16) and Q8_0 y = d * (u - 128) (fp16 d; llama.cpp's
+signed scales: the extreme of either sign may take the lowest level).
 
-Each grid is a class (KQuantWeight, Q41Weight) with the same verbs: `choose_fields(w, ...)` -> fields,
-`steps(*fields)` -> (scale, minimum) fp32 [N, K/32], `round(w, fields, scheme)` -> the weight, and on the
-weight `dequantize()` and `blocks()` (the GGUF blocks, kernels/gguf_blocks.py). GRID_WEIGHTS maps a
-scheme's grid to its class. All math is fp32 on [N, K] weights.
+Every algorithm quantizes onto these grids directly, so the GGUF file holds exactly the weights quantkit
+scored: the fields are chosen first (`choose_fields`), then each weight is rounded to its group's levels
+(`quantize_onto`; GPTQ does this column by column, pushing the error onward).
+
+Each grid is a class with the same verbs: `choose_fields(w, search=, importance=, clip_ratio=)` -> fields,
+`steps(*fields)` -> (scale, minimum) fp32 [N, K/group] (y = scale * u - minimum), `quantize_onto(w, scale,
+minimum)` -> levels, `round(w, fields, scheme)` -> the weight, and on the weight `dequantize()` (as ggml
+computes it) and `blocks()` (the GGUF blocks). GRID_WEIGHTS maps a scheme's grid to its class. All math
+is fp32 on [N, K] weights.
 """
 
 from __future__ import annotations
@@ -31,31 +35,13 @@ import torch
 from .kernels import gguf_blocks
 
 SUPER_BLOCK = 256  # inputs per super-block
-GROUP = 32  # inputs per group (sub-block)
-LEVELS = 15  # u in 0..LEVELS
+GROUP = 32  # inputs per group (sub-block) of every grid but Q6_K's 16
 FIELD_MAX = 63  # 6-bit sub-block scales and minimums
 
 
-def _groups(x: torch.Tensor) -> torch.Tensor:
-    """[N, K] -> [N, K/32, 32]."""
-    return x.reshape(x.shape[0], -1, GROUP)
-
-
-def dequantize(u: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
-    """u [N, K] levels, scale / minimum fp32 [N, K/32] -> fp32 [N, K] = scale * u - minimum."""
-    y = _groups(u.float()) * scale.unsqueeze(-1) - minimum.unsqueeze(-1)
-    return y.reshape(u.shape)
-
-
-def quantize_onto(w: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
-    """The nearest level of each weight: w [N, K] with scale / minimum fp32 [N, K/32] (or one column: w,
-    scale, minimum [N]) -> fp32 levels in 0..15, round((w + m) / s) clamped; 0 where a group's scale is 0."""
-    column = w.dim() == 1
-    x = w.float().unsqueeze(-1) if column else _groups(w.float())
-    s, m = scale.unsqueeze(-1), minimum.unsqueeze(-1)
-    u = torch.round((x + m) / torch.where(s > 0, s, torch.ones_like(s))).clamp_(0, LEVELS)
-    u = torch.where(s > 0, u, torch.zeros_like(u))
-    return u.squeeze(-1) if column else u.reshape(w.shape)
+def _groups(x: torch.Tensor, group: int = GROUP) -> torch.Tensor:
+    """[N, K] -> [N, K/group, group]."""
+    return x.reshape(x.shape[0], -1, group)
 
 
 def _check_fields(n: int, k: int, block: int, fields) -> None:
@@ -67,10 +53,10 @@ def _check_fields(n: int, k: int, block: int, fields) -> None:
             raise ValueError(f"{name}: expected {dtype} [{n}, {cols}], got {t.dtype} {tuple(t.shape)}")
 
 
-def _ranges(w: torch.Tensor, clip_ratio, include_zero: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each group's (lo, hi) fp32 [N, K/32], stretched to include 0 if include_zero, shrunk by clip_ratio
-    (a scalar or [N, K/32], as AWQ's clip search does)."""
-    g = _groups(w.float())
+def _ranges(w: torch.Tensor, clip_ratio, include_zero: bool, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each group's (lo, hi) fp32 [N, K/group], stretched to include 0 if include_zero, shrunk by clip_ratio
+    (a scalar or [N, K/group], as AWQ's clip search does)."""
+    g = _groups(w.float(), group)
     lo, hi = g.amin(dim=-1), g.amax(dim=-1)
     if include_zero:
         lo, hi = lo.clamp(max=0.0), hi.clamp(min=0.0)
@@ -79,10 +65,33 @@ def _ranges(w: torch.Tensor, clip_ratio, include_zero: bool) -> tuple[torch.Tens
     return lo, hi
 
 
+def _signed_extremes(w: torch.Tensor, clip_ratio, group: int) -> torch.Tensor:
+    """Each group's weight of largest magnitude, its sign kept (the first such one, as ggml's loops take it),
+    shrunk by clip_ratio: fp32 [N, K/group]."""
+    g = _groups(w.float(), group)
+    idx = g.abs().argmax(dim=-1, keepdim=True)
+    top = g.gather(-1, idx).squeeze(-1)
+    return top if clip_ratio is None else top * clip_ratio
+
+
+def _fp16(x: torch.Tensor, what: str) -> torch.Tensor:
+    out = x.to(torch.float16)
+    if not torch.isfinite(out).all():
+        raise ValueError(f"{what} does not fit in fp16 (weights too large in magnitude)")
+    return out
+
+
 class _OnGrid:
-    """What both grids' weights share: levels `u` uint8 [N, K], the fields FIELDS, and a scheme."""
+    """What every grid's weights share: levels `u` uint8 [N, K] in 0..LEVELS, the fields FIELDS (each
+    [N, K / COLUMNS_PER[field]]), and a scheme. OFFSET: for a symmetric grid, the level of 0
+    (y = scale * (u - OFFSET)); None for a grid with a float minimum (y = scale * u - minimum)."""
 
     FIELDS: tuple[str, ...] = ()
+    LEVELS = 15
+    GROUP = GROUP
+    OFFSET: int | None = None
+    BLOCK = GROUP  # inputs per GGUF block
+    GGUF_TYPE = ""
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -91,14 +100,42 @@ class _OnGrid:
     def fields(self) -> tuple[torch.Tensor, ...]:
         return tuple(getattr(self, name) for name in self.FIELDS)
 
+    def _check(self, fields) -> None:
+        n, k = self.u.shape
+        _check_fields(n, k, self.BLOCK, [(name, getattr(self, name), k // per, dtype) for name, per, dtype in fields])
+
+    @classmethod
+    def quantize_onto(cls, w: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
+        """The nearest level of each weight: w [N, K] with scale / minimum fp32 [N, K/GROUP] (or one column: w,
+        scale, minimum [N]) -> fp32 levels in 0..LEVELS: round((w + m) / s), or round(w / s) + OFFSET on a
+        symmetric grid (ggml's nearest_int of the same quotient), clamped; 0 where a group's scale is 0."""
+        column = w.dim() == 1
+        x = w.float().unsqueeze(-1) if column else _groups(w.float(), cls.GROUP)
+        s, m = scale.unsqueeze(-1), minimum.unsqueeze(-1)
+        safe = torch.where(s != 0, s, torch.ones_like(s))
+        u = torch.round(x / safe) + cls.OFFSET if cls.OFFSET is not None else torch.round((x + m) / safe)
+        u = torch.where(s != 0, u.clamp_(0, cls.LEVELS), torch.zeros_like(u))
+        return u.squeeze(-1) if column else u.reshape(w.shape)
+
     @classmethod
     def round(cls, w: torch.Tensor, fields, scheme):
         """Round-to-nearest of w [N, K] onto the grid of `fields`."""
-        return cls(quantize_onto(w, *cls.steps(*fields)).to(torch.uint8), *fields, scheme=scheme)
+        return cls(cls.quantize_onto(w, *cls.steps(*fields)).to(torch.uint8), *fields, scheme=scheme)
 
     def dequantize(self) -> torch.Tensor:
-        """fp32 [N, K], as ggml's dequantize_row_* computes it."""
-        return dequantize(self.u, *self.steps(*self.fields()))
+        """fp32 [N, K], as ggml's dequantize_row_* computes it (for the symmetric grids scale * (u - OFFSET),
+        an exact integer times the scale)."""
+        scale, minimum = self.steps(*self.fields())
+        u = _groups(self.u.float(), self.GROUP)
+        if self.OFFSET is not None:
+            y = (u - self.OFFSET) * scale.unsqueeze(-1)
+        else:
+            y = u * scale.unsqueeze(-1) - minimum.unsqueeze(-1)
+        return y.reshape(self.u.shape)
+
+    def blocks(self) -> torch.Tensor:
+        """uint8 [N, K / BLOCK * block bytes]: the GGUF blocks of GGUF_TYPE."""
+        raise NotImplementedError
 
 
 @dataclass
@@ -110,6 +147,8 @@ class KQuantWeight(_OnGrid):
     """
 
     FIELDS = ("d", "dmin", "sc", "mn")
+    BLOCK = SUPER_BLOCK
+    GGUF_TYPE = "Q4_K"
 
     u: torch.Tensor
     d: torch.Tensor
@@ -119,33 +158,95 @@ class KQuantWeight(_OnGrid):
     scheme: object
 
     def __post_init__(self) -> None:
-        n, k = self.u.shape
-        _check_fields(n, k, SUPER_BLOCK, (
-            ("d", self.d, k // SUPER_BLOCK, torch.float16), ("dmin", self.dmin, k // SUPER_BLOCK, torch.float16),
-            ("sc", self.sc, k // GROUP, torch.uint8), ("mn", self.mn, k // GROUP, torch.uint8)))
+        self._check((("d", SUPER_BLOCK, torch.float16), ("dmin", SUPER_BLOCK, torch.float16),
+                     ("sc", GROUP, torch.uint8), ("mn", GROUP, torch.uint8)))
 
     @staticmethod
     def steps(d, dmin, sc, mn) -> tuple[torch.Tensor, torch.Tensor]:
         """(d * sc_j, dmin * mn_j) fp32 [N, K/32]: each group's step and minimum (its lowest level is minus it)."""
         return group_scale(d, sc), group_scale(dmin, mn)
 
-    @staticmethod
-    def choose_fields(w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
+    @classmethod
+    def choose_fields(cls, w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
                       clip_ratio=None) -> tuple[torch.Tensor, ...]:
         """(d, dmin, sc, mn) of w [N, K] (K % 256 == 0): with search, llama.cpp's own (searched_fields, weighted
         by `importance` [K] where given); else each group's min-max range (shrunk by clip_ratio), rounded
         to the 6-bit grid (super_block_fields)."""
-        if w.dim() != 2 or w.shape[1] % SUPER_BLOCK:
-            raise ValueError(f"Q4_K weights need [N, K] with K in whole super-blocks of {SUPER_BLOCK}, "
-                             f"got {tuple(w.shape)}")
+        _need_blocks(w, cls)
         if search:
-            return searched_fields(w, importance)
+            return searched_fields(w, importance, cls.GGUF_TYPE)
         lo, hi = _ranges(w, clip_ratio, include_zero=True)
-        return super_block_fields((hi - lo) / LEVELS, -lo)
+        return super_block_fields((hi - lo) / cls.LEVELS, -lo)
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/256 * 144]: the Q4_K blocks."""
         return gguf_blocks.pack_q4_k(self.u, self.d, self.dmin, self.sc, self.mn)
+
+
+@dataclass
+class Q5KWeight(KQuantWeight):
+    """A weight on the Q5_K grid: as KQuantWeight with u in 0..31 (grid "q5_k")."""
+
+    LEVELS = 31
+    GGUF_TYPE = "Q5_K"
+
+    def blocks(self) -> torch.Tensor:
+        """uint8 [N, K/256 * 176]: the Q5_K blocks."""
+        return gguf_blocks.pack_q5_k(self.u, self.d, self.dmin, self.sc, self.mn)
+
+
+@dataclass
+class Q6KWeight(_OnGrid):
+    """A weight on the Q6_K grid (grid "q6_k"): u uint8 [N, K] in 0..63 (q = u - 32); d fp16 [N, K/256];
+    sc int8 [N, K/16]: y = (d * sc_j) * (u - 32)."""
+
+    FIELDS = ("d", "sc")
+    LEVELS = 63
+    GROUP = 16
+    OFFSET = 32
+    BLOCK = SUPER_BLOCK
+    GGUF_TYPE = "Q6_K"
+
+    u: torch.Tensor
+    d: torch.Tensor
+    sc: torch.Tensor
+    scheme: object
+
+    def __post_init__(self) -> None:
+        self._check((("d", SUPER_BLOCK, torch.float16), ("sc", 16, torch.int8)))
+
+    @staticmethod
+    def steps(d, sc) -> tuple[torch.Tensor, torch.Tensor]:
+        """(d * sc_j, 32 * d * sc_j) fp32 [N, K/16]."""
+        s = d.float().repeat_interleave(SUPER_BLOCK // 16, dim=1) * sc.float()
+        return s, 32 * s
+
+    @classmethod
+    def choose_fields(cls, w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
+                      clip_ratio=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(d, sc) of w [N, K] (K % 256 == 0): with search, llama.cpp's own (quantize_row_q6_K_ref's
+        make_qx_quants, or its imatrix path with `importance` [K]); else each group's signed extreme on -32
+        (shrunk by clip_ratio), the scales rounded to int8 against the super-block's largest, as
+        quantize_row_q6_K_ref rounds them."""
+        _need_blocks(w, cls)
+        if search:
+            from .gguf_reference_quants import q6_k_fields
+
+            return q6_k_fields(w.float(), None if importance is None else importance.float())[1:]
+        scale = _signed_extremes(w, clip_ratio, 16) / -32  # [N, K/16]
+        n = scale.shape[0]
+        v = scale.reshape(n, -1, 16)
+        top = v.gather(-1, v.abs().argmax(dim=-1, keepdim=True))  # [N, S, 1] the scale of largest magnitude
+        zero = top.abs() < 1e-15
+        iscale = torch.where(zero, torch.zeros_like(top), -128 / torch.where(zero, torch.ones_like(top), top))
+        sc = torch.round(iscale * v).clamp_(-128, 127).to(torch.int8).reshape(n, -1)
+        d = _fp16(torch.where(zero, torch.zeros_like(top), 1 / torch.where(zero, torch.ones_like(top), iscale)),
+                  "a Q6_K super-block scale").squeeze(-1)
+        return d, sc
+
+    def blocks(self) -> torch.Tensor:
+        """uint8 [N, K/256 * 210]: the Q6_K blocks."""
+        return gguf_blocks.pack_q6_k(self.u.to(torch.int16) - 32, self.d, self.sc)
 
 
 @dataclass
@@ -154,6 +255,7 @@ class Q41Weight(_OnGrid):
     the QuantScheme (grid "q4_1")."""
 
     FIELDS = ("d", "m")
+    GGUF_TYPE = "Q4_1"
 
     u: torch.Tensor
     d: torch.Tensor
@@ -161,36 +263,114 @@ class Q41Weight(_OnGrid):
     scheme: object
 
     def __post_init__(self) -> None:
-        n, k = self.u.shape
-        _check_fields(n, k, GROUP, (("d", self.d, k // GROUP, torch.float16), ("m", self.m, k // GROUP, torch.float16)))
+        self._check((("d", GROUP, torch.float16), ("m", GROUP, torch.float16)))
 
     @staticmethod
     def steps(d, m) -> tuple[torch.Tensor, torch.Tensor]:
         """(d, -m) fp32 [N, K/32]: each group's step and minimum."""
         return d.float(), -m.float()
 
-    @staticmethod
-    def choose_fields(w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
+    @classmethod
+    def choose_fields(cls, w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
                       clip_ratio=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(d, m) of w [N, K] (K % 32 == 0) from each group's min-max range (shrunk by clip_ratio), as
-        llama.cpp's quantize_row_q4_1_ref: d = fp16((max - min) / 15), m = fp16(min). search and importance:
-        accepted for the common interface; Q4_1's fields are its min-max range."""
-        if w.dim() != 2 or w.shape[1] % GROUP:
-            raise ValueError(f"Q4_1 weights need [N, K] with K in whole blocks of {GROUP}, got {tuple(w.shape)}")
+        llama.cpp's quantize_row_q4_1_ref: d = fp16((max - min) / LEVELS), m = fp16(min). search and
+        importance: accepted for the common interface; these fields are their min-max range."""
+        _need_blocks(w, cls)
         lo, hi = _ranges(w, clip_ratio, include_zero=False)
-        d, m = ((hi - lo) / LEVELS).to(torch.float16), lo.to(torch.float16)
-        if not (torch.isfinite(d).all() and torch.isfinite(m).all()):
-            raise ValueError("a Q4_1 block scale or minimum does not fit in fp16 (weights above ~6e4 in magnitude)")
-        return d, m
+        return (_fp16((hi - lo) / cls.LEVELS, f"a {cls.GGUF_TYPE} block scale"),
+                _fp16(lo, f"a {cls.GGUF_TYPE} block minimum"))
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/32 * 20]: the Q4_1 blocks."""
         return gguf_blocks.pack_q4_1(self.u, self.d, self.m)
 
 
+@dataclass
+class Q51Weight(Q41Weight):
+    """A weight on GGUF's Q5_1 grid: as Q41Weight with u in 0..31 (grid "q5_1")."""
+
+    LEVELS = 31
+    GGUF_TYPE = "Q5_1"
+
+    def blocks(self) -> torch.Tensor:
+        """uint8 [N, K/32 * 24]: the Q5_1 blocks."""
+        return gguf_blocks.pack_q5_1(self.u, self.d, self.m)
+
+
+@dataclass
+class Q50Weight(_OnGrid):
+    """A weight on GGUF's Q5_0 grid (grid "q5_0"): u uint8 [N, K] in 0..31; d fp16 [N, K/32] (negative where
+    a group's extreme is positive): y = d * (u - 16)."""
+
+    FIELDS = ("d",)
+    LEVELS = 31
+    OFFSET = 16
+    GGUF_TYPE = "Q5_0"
+
+    u: torch.Tensor
+    d: torch.Tensor
+    scheme: object
+
+    def __post_init__(self) -> None:
+        self._check((("d", GROUP, torch.float16),))
+
+    @classmethod
+    def steps(cls, d) -> tuple[torch.Tensor, torch.Tensor]:
+        """(d, OFFSET * d) fp32 [N, K/32]."""
+        return d.float(), cls.OFFSET * d.float()
+
+    @classmethod
+    def choose_fields(cls, w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
+                      clip_ratio=None) -> tuple[torch.Tensor]:
+        """(d,) of w [N, K] (K % 32 == 0): each group's signed extreme on the lowest level, d = extreme / -16
+        (llama.cpp's quantize_row_q5_0_ref; shrunk by clip_ratio); with search and an importance [K], llama.cpp's
+        imatrix path (make_qx_quants weighted by importance * sqrt(sigma^2 + x^2)); without importance llama.cpp
+        has no search for Q5_0, nor has this."""
+        _need_blocks(w, cls)
+        if search and importance is not None:
+            from .gguf_reference_quants import q5_0_scales
+
+            return (_fp16(q5_0_scales(w.float(), importance.float()), "a Q5_0 scale"),)
+        return (_fp16(_signed_extremes(w, clip_ratio, GROUP) / -cls.OFFSET, "a Q5_0 block scale"),)
+
+    def blocks(self) -> torch.Tensor:
+        """uint8 [N, K/32 * 22]: the Q5_0 blocks."""
+        return gguf_blocks.pack_q5_0(self.u, self.d)
+
+
+@dataclass
+class Q80Weight(Q50Weight):
+    """A weight on GGUF's Q8_0 grid (grid "q8_0"): u uint8 [N, K] (q = u - 128); d fp16 [N, K/32]: y = d * q,
+    d = absmax / 127 as llama.cpp's quantize_row_q8_0_ref (Q8_0 has no importance-matrix search)."""
+
+    LEVELS = 255
+    OFFSET = 128
+    GGUF_TYPE = "Q8_0"
+
+    @classmethod
+    def choose_fields(cls, w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
+                      clip_ratio=None) -> tuple[torch.Tensor]:
+        """(d,) = fp16(absmax / 127) per group of 32 (shrunk by clip_ratio)."""
+        _need_blocks(w, cls)
+        lo, hi = _ranges(w, clip_ratio, include_zero=True)
+        return (_fp16(torch.maximum(-lo, hi) / 127, "a Q8_0 block scale"),)
+
+    def blocks(self) -> torch.Tensor:
+        """uint8 [N, K/32 * 34]: the Q8_0 blocks."""
+        return gguf_blocks.pack_q8_0(self.u.to(torch.int16) - 128, self.d)
+
+
 #: a scheme's grid -> the class of its weights
-GRID_WEIGHTS = {"q4_k": KQuantWeight, "q4_1": Q41Weight}
-GridWeight = KQuantWeight | Q41Weight
+GRID_WEIGHTS = {"q4_k": KQuantWeight, "q5_k": Q5KWeight, "q6_k": Q6KWeight, "q4_1": Q41Weight, "q5_1": Q51Weight,
+                "q5_0": Q50Weight, "q8_0": Q80Weight}
+GridWeight = _OnGrid
+
+
+def _need_blocks(w: torch.Tensor, cls) -> None:
+    if w.dim() != 2 or w.shape[1] % cls.BLOCK:
+        raise ValueError(f"{cls.GGUF_TYPE} weights need [N, K] with K in whole blocks of {cls.BLOCK}, "
+                         f"got {tuple(w.shape)}")
 
 
 def group_scale(super_value: torch.Tensor, field: torch.Tensor) -> torch.Tensor:
@@ -210,20 +390,20 @@ def super_block_fields(scale: torch.Tensor, minimum: torch.Tensor) -> tuple[torc
         top = v.amax(dim=-1, keepdim=True)  # [N, S, 1]
         inv = torch.where(top > 0, FIELD_MAX / top.clamp(min=torch.finfo(torch.float32).tiny), torch.zeros_like(top))
         field = torch.round(inv * v).clamp_(0, FIELD_MAX).to(torch.uint8).reshape(n, -1)
-        out.append(((top / FIELD_MAX).squeeze(-1).to(torch.float16), field))
+        out.append((_fp16((top / FIELD_MAX).squeeze(-1), "a K-quant super-block scale"), field))
     (d, sc), (dmin, mn) = out
-    if not (torch.isfinite(d).all() and torch.isfinite(dmin).all()):
-        raise ValueError("a Q4_K super-block scale does not fit in fp16 (weights above ~4e6 in magnitude)")
     return d, dmin, sc, mn
 
 
-def searched_fields(w: torch.Tensor, importance: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-    """The Q4_K fields llama.cpp's own quantizer chooses (quantkit.gguf_reference_quants: make_qkx2_quants'
-    weighted least-squares search of each group's step and minimum, or with `importance` [K] the imatrix
-    path's make_qkx3_quants / make_qp_quants): (d, dmin, sc, mn)."""
-    from .gguf_reference_quants import q4_k_fields
+def searched_fields(w: torch.Tensor, importance: torch.Tensor | None = None,
+                    kind: str = "Q4_K") -> tuple[torch.Tensor, ...]:
+    """The Q4_K (or Q5_K) fields llama.cpp's own quantizer chooses (quantkit.gguf_reference_quants:
+    make_qkx2_quants' weighted least-squares search of each group's step and minimum, or with `importance`
+    [K] the imatrix path's make_qkx3_quants / make_qp_quants): (d, dmin, sc, mn)."""
+    from .gguf_reference_quants import q4_k_fields, q5_k_fields
 
-    return q4_k_fields(w.float(), None if importance is None else importance.float())[1:]
+    fields = q4_k_fields if kind == "Q4_K" else q5_k_fields
+    return fields(w.float(), None if importance is None else importance.float())[1:]
 
 
 def grid_weight(w: torch.Tensor, scheme, **field_options) -> GridWeight:

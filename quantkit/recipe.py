@@ -13,6 +13,8 @@ named by the stem of a file in the built-in `recipes/` folder (e.g. "w4a16-rtn")
                                # smaller-group | channel | ragged | error (scheme.INDIVISIBLE)
     algorithm: {name: rtn}     # rtn | gptq | awq, with that algorithm's options
     kv_cache: null             # or {num_bits: 8, type: float, strategy: tensor}
+    mix: null                  # with weights on grid q4_k: q4_k_m | q4_k_s, llama-quantize's per-tensor
+                               # mixes (quantkit.gguf_mix: Q6_K / Q5_K for some v_proj and down_proj)
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class Recipe:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     kv_cache: QuantScheme | None = None
     indivisible: str = "smaller-group"
+    mix: str | None = None
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -96,6 +99,14 @@ class Recipe:
             raise ConfigError("weights: strategy must be 'channel' or 'group' (per-tensor int weights are unsupported)")
         if self.kv_cache is not None and (self.kv_cache.type != "float" or self.kv_cache.strategy not in ("tensor",)):
             raise ConfigError("kv_cache: only fp8 per-tensor is supported: {num_bits: 8, type: float, strategy: tensor}")
+        if self.mix is not None:
+            from .gguf_mix import MIXES
+
+            if self.mix not in MIXES:
+                raise ConfigError(f"mix must be one of {', '.join(MIXES)} (or null), got {_shown(self.mix)}")
+            if self.weights is None or self.weights.grid != "q4_k":
+                raise ConfigError(f"mix {self.mix} is llama.cpp's per-tensor mix around Q4_K: it needs weights on grid "
+                                  f"q4_k ({{num_bits: 4, symmetric: false, strategy: group, group_size: 32, grid: q4_k}})")
 
     def _check_types(self) -> None:
         """ConfigError for a field of the wrong type, wherever the Recipe is built (YAML, a dict, Python): a
@@ -105,6 +116,8 @@ class Recipe:
         for key in ("name", "description", "indivisible"):
             if not isinstance(getattr(self, key), str):
                 raise ConfigError(f"{key} must be a string, got {_shown(getattr(self, key))}")
+        if self.mix is not None and not isinstance(self.mix, str):
+            raise ConfigError(f"mix must be a string or null, got {_shown(self.mix)}")
         for key in ("weights", "kv_cache"):
             if getattr(self, key) is not None and not isinstance(getattr(self, key), QuantScheme):
                 raise ConfigError(f"{key} must be a QuantScheme or None, got {_shown(getattr(self, key))}")
@@ -121,11 +134,35 @@ class Recipe:
             hint = f" (e.g. AlgorithmConfig({self.algorithm!r}))" if isinstance(self.algorithm, str) else ""
             raise ConfigError(f"algorithm must be an AlgorithmConfig{hint}, got {_shown(self.algorithm)}")
 
-    def weights_for(self, in_features: int) -> QuantScheme:
+    def weights_for(self, in_features: int, name: str | None = None, model=None) -> QuantScheme:
         """The weight scheme of a targeted linear with `in_features` inputs (the `indivisible` rule applied);
-        ValueError when the rule is "error" and the group size does not divide in_features."""
+        ValueError when the rule is "error" and the group size does not divide in_features. With a `mix`,
+        the linear's module path `name` and the model (gguf_mix.MixModel) choose its grid first."""
         assert self.weights is not None
+        if self.mix is not None:
+            from .gguf_mix import mix_scheme
+
+            if name is None or model is None:
+                raise ValueError(f"recipe {self.name}: mix {self.mix} chooses each linear's grid by its name and layer")
+            return mix_scheme(self.mix, name, in_features, model, self.indivisible)
         return self.weights.fitted(in_features, self.indivisible)
+
+    def schemes_for(self, model, names) -> dict[str, QuantScheme]:
+        """Module path -> weight scheme of each of `model`'s linears `names` (weights_for of each; the mix
+        reads the model's config). ValueError naming the linear a scheme cannot be fitted to."""
+        mix_model = None
+        if self.mix is not None:
+            from .gguf_mix import MixModel
+
+            mix_model = MixModel.of(model.config)
+        schemes = {}
+        for name in names:
+            k = model.get_submodule(name).in_features
+            try:
+                schemes[name] = self.weights_for(k, name, mix_model)
+            except ValueError as e:
+                raise ValueError(f"{name} (in_features={k}): {e}") from None
+        return schemes
 
     @property
     def needs_calibration(self) -> bool:
@@ -149,6 +186,7 @@ class Recipe:
             "algorithm": self.algorithm.to_dict(),
             "kv_cache": scheme(self.kv_cache),
             "indivisible": self.indivisible,
+            **({"mix": self.mix} if self.mix is not None else {}),
         }
 
     def to_yaml(self) -> str:
@@ -185,7 +223,7 @@ def recipe_from_dict(data: Any, name: str = "custom") -> Recipe:
         # Reuse from_dict's message (with suggestions) for the unknown keys.
         from_dict(Recipe, {k: data[k] for k in unknown}, where)
     kwargs: dict[str, Any] = {"name": name}
-    for key in ("version", "description", "indivisible"):
+    for key in ("version", "description", "indivisible", "mix"):
         if key in data:
             kwargs[key] = data[key]
     for key in ("weights", "kv_cache"):

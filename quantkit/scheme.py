@@ -17,13 +17,50 @@ GROUP_SIZES = (32, 64, 128)
 INDIVISIBLE = ("smaller-group", "channel", "ragged", "error")
 
 FP8_E4M3_MAX = 448.0
+
+
+@dataclass(frozen=True)
+class GGUFGrid:
+    """One of llama.cpp's block types as a weight grid (quantkit.kquant): what a QuantScheme on it must say
+    (num_bits, symmetric, group_size: a group is a sub-block with its own scale), its ggml type and the
+    inputs one of its blocks spans (256 for the K-quants' super-blocks, else 32), and its stored bits per
+    weight."""
+
+    num_bits: int
+    symmetric: bool
+    group_size: int
+    ggml_type: str
+    block: int
+    bits_per_weight: float
+
+
 #: Where a scheme's scales and minimums may lie: "uniform" (any stored scale, integer zero points: the
-#: compressed-tensors grid) or "q4_k" (llama.cpp's Q4_K: int4 in groups of 32, eight groups to a super-block
-#: of 256 inputs; y = d*sc*u - dmin*mn, u in 0..15, sc and mn 6-bit, d and dmin fp16 per super-block:
-#: a float minimum per group, which compressed-tensors cannot hold, so such weights are written as GGUF), or
-#: "q4_1" (GGUF's Q4_1: int4 in groups of 32 with fp16 step and float minimum; what a q4_k recipe gives a
-#: linear whose inputs are no whole super-block).
-GRIDS = ("uniform", "q4_k", "q4_1")
+#: compressed-tensors grid), or one of llama.cpp's block types (quantkit.kquant), whose scales are fp16 or
+#: 6-bit / 8-bit multiples of a super-block's fp16 scale and whose minimums (Q4_K, Q5_K, Q4_1, Q5_1) are
+#: floats, which compressed-tensors cannot hold: such weights are written as GGUF.
+GGUF_GRIDS = {
+    "q4_k": GGUFGrid(4, False, 32, "Q4_K", 256, 4.5),  # y = d*sc*u - dmin*mn, 6-bit sc / mn per 32
+    "q5_k": GGUFGrid(5, False, 32, "Q5_K", 256, 5.5),
+    "q6_k": GGUFGrid(6, True, 16, "Q6_K", 256, 6.5625),  # y = d*sc*(u - 32), int8 sc per 16
+    "q4_1": GGUFGrid(4, False, 32, "Q4_1", 32, 5.0),  # y = d*u + m, fp16 d and m per 32
+    "q5_1": GGUFGrid(5, False, 32, "Q5_1", 32, 6.0),
+    "q5_0": GGUFGrid(5, True, 32, "Q5_0", 32, 5.5),  # y = d*(u - 16), fp16 d per 32
+    "q8_0": GGUFGrid(8, True, 32, "Q8_0", 32, 8.5),  # y = d*(u - 128)
+}
+GRIDS = ("uniform", *GGUF_GRIDS)
+#: the grid a linear whose inputs are no whole block of its grid gets: quantkit's Q4_K recipes keep 4 bits
+#: with a float minimum (Q4_1); the others go where llama.cpp's llama-quantize sends them (LLAMA_CPP_FALLBACK);
+#: a 32-block grid goes to the uniform grid.
+GRID_FALLBACK = {"q4_k": "q4_1", "q5_k": "q5_1", "q6_k": "q8_0"}
+#: llama-quantize's tensor_type_fallback (what its Q4_K_M / Q4_K_S mixes write for such a linear)
+LLAMA_CPP_FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
+
+
+def grid_scheme(grid: str) -> "QuantScheme":
+    """The QuantScheme of weights on the GGUF grid `grid` (a key of GGUF_GRIDS)."""
+    g = GGUF_GRIDS[grid]
+    return QuantScheme(num_bits=g.num_bits, symmetric=g.symmetric, strategy="group", group_size=g.group_size,
+                       grid=grid)
 
 
 def _shown(value: Any) -> str:
@@ -42,8 +79,8 @@ class QuantScheme:
     actorder: how the weights were calibrated, as compressed-tensors records it: None, or "weight"
       (GPTQ visited the columns by activation order with static groups: the layout and the
       inference are unchanged, no g_idx). Set by the algorithm, not by recipes.
-    grid: one of GRIDS; "q4_k" and "q4_1" require int4, asymmetric, strategy group, group_size 32, and
-      inputs in whole super-blocks of 256 (q4_k) or blocks of 32 (q4_1) (quantkit.kquant).
+    grid: one of GRIDS; a GGUF grid fixes num_bits, symmetric and group_size (GGUF_GRIDS: e.g. q4_k int4
+      asymmetric g32, q6_k int6 symmetric g16), strategy group, and inputs in whole blocks of it (quantkit.kquant).
     """
 
     num_bits: int = 4
@@ -52,7 +89,7 @@ class QuantScheme:
     strategy: Literal["channel", "group", "tensor"] = "group"
     group_size: int | None = None
     actorder: Literal["weight"] | None = None
-    grid: Literal["uniform", "q4_k", "q4_1"] = "uniform"
+    grid: str = "uniform"
 
     def __post_init__(self) -> None:
         if self.group_size is not None and (isinstance(self.group_size, bool) or not isinstance(self.group_size, int)):
@@ -68,6 +105,16 @@ class QuantScheme:
             raise ValueError(f"type must be one of {TYPES}, got {self.type!r}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if not isinstance(self.grid, str) or self.grid not in GRIDS:
+            raise ValueError(f"grid must be one of {GRIDS}, got {_shown(self.grid)}")
+        if self.grid != "uniform":
+            spec = GGUF_GRIDS[self.grid]
+            if (self.type, self.num_bits, self.symmetric, self.strategy, self.group_size) != (
+                    "int", spec.num_bits, spec.symmetric, "group", spec.group_size):
+                raise ValueError(f"grid {self.grid!r} is llama.cpp's {spec.ggml_type}: it needs num_bits: "
+                                 f"{spec.num_bits}, symmetric: {str(spec.symmetric).lower()}, strategy: group, "
+                                 f"group_size: {spec.group_size}")
+            return
         if self.type == "int" and self.num_bits not in INT_BITS:
             raise ValueError(f"int num_bits must be one of {INT_BITS}, got {self.num_bits}")
         if self.type == "float":
@@ -90,12 +137,6 @@ class QuantScheme:
         if self.actorder is not None and self.strategy != "group":
             # compressed-tensors < 0.16 refuses any actorder without strategy 'group'
             raise ValueError(f"actorder {self.actorder!r} is only recorded with strategy 'group'")
-        if self.grid not in GRIDS:
-            raise ValueError(f"grid must be one of {GRIDS}, got {_shown(self.grid)}")
-        if self.grid != "uniform" and (self.type, self.num_bits, self.symmetric, self.strategy, self.group_size) != (
-                "int", 4, False, "group", 32):
-            raise ValueError(f"grid {self.grid!r} is llama.cpp's {self.grid.upper()}: it needs num_bits: 4, symmetric: "
-                             f"false, strategy: group, group_size: 32")
 
     # -- integer range ---------------------------------------------------------------------------
     @property
@@ -115,30 +156,35 @@ class QuantScheme:
         return 1
 
     def divides(self, in_features: int) -> bool:
-        """Whether every group of a weight with `in_features` inputs is whole (always true per channel); on the
-        q4_k grid, every super-block of 256."""
-        if self.grid == "q4_k":
-            return in_features % 256 == 0
-        if self.grid == "q4_1":
-            return in_features % 32 == 0
+        """Whether every group of a weight with `in_features` inputs is whole (always true per channel); on a
+        GGUF grid, every block of it (256 inputs for the K-quants)."""
+        if self.grid != "uniform":
+            return in_features % GGUF_GRIDS[self.grid].block == 0
         return self.strategy != "group" or in_features % self.group_size == 0
 
-    def fitted(self, in_features: int, indivisible: str = "error") -> "QuantScheme":
+    def fitted(self, in_features: int, indivisible: str = "error",
+               fallback: dict[str, str] = GRID_FALLBACK) -> "QuantScheme":
         """The scheme a linear with `in_features` inputs gets under the `indivisible` rule (INDIVISIBLE):
         this scheme when its group size divides in_features (or with "ragged"), else a smaller group, per
-        channel, or a ValueError for "error". On the q4_k grid, in_features not in whole super-blocks of 256
-        get the q4_1 grid (fitted again), as llama.cpp falls back from K-quants; on q4_1, the uniform grid."""
+        channel, or a ValueError for "error". On a K-quant grid, in_features not in whole super-blocks of 256
+        get the grid `fallback` names (fitted again), as llama.cpp falls back from K-quants; on a grid of
+        blocks of 32, the uniform grid at 4 or 8 bits."""
         if indivisible not in INDIVISIBLE:
             raise ValueError(f"indivisible must be one of {INDIVISIBLE}, got {indivisible!r}")
-        if self.grid != "uniform":  # as llama.cpp falls back from K-quants: Q4_K -> Q4_1 -> the uniform grid
+        if self.grid != "uniform":  # as llama.cpp falls back from K-quants: e.g. Q4_K -> Q4_1 -> the uniform grid
             if self.divides(in_features):
                 return self
+            spec = GGUF_GRIDS[self.grid]
             if indivisible == "error":
-                raise ValueError(f"grid {self.grid} needs in_features in whole blocks of "
-                                 f"{256 if self.grid == 'q4_k' else 32}, got {in_features}; use the recipe's "
-                                 f"`indivisible:` rule (smaller-group: Q4_K falls back to Q4_1) or ignore that linear")
-            fallback = "q4_1" if self.grid == "q4_k" else "uniform"
-            return replace(self, grid=fallback).fitted(in_features, indivisible)
+                raise ValueError(f"grid {self.grid} needs in_features in whole blocks of {spec.block}, got "
+                                 f"{in_features}; use the recipe's `indivisible:` rule (smaller-group: "
+                                 f"{self.grid.upper()} falls back to {fallback.get(self.grid, 'the uniform grid').upper()})"
+                                 f" or ignore that linear")
+            if self.grid in fallback:
+                return grid_scheme(fallback[self.grid]).fitted(in_features, indivisible, fallback)
+            bits = 4 if spec.num_bits <= 4 else 8
+            return QuantScheme(num_bits=bits, symmetric=spec.symmetric, strategy="group",
+                               group_size=spec.group_size).fitted(in_features, indivisible)
         if self.divides(in_features) or indivisible == "ragged":
             return self
         if indivisible == "smaller-group":
@@ -155,10 +201,8 @@ class QuantScheme:
     @property
     def bits_per_weight(self) -> float:
         """Nominal storage bits per weight incl. 16-bit scales (and packed zero points)."""
-        if self.grid == "q4_k":
-            return 4.5  # 144 bytes per 256 weights: d, dmin, 8 x (6-bit scale, 6-bit min), 128 bytes of nibbles
-        if self.grid == "q4_1":
-            return 5.0  # 20 bytes per 32: fp16 d and m, 16 bytes of nibbles
+        if self.grid != "uniform":
+            return GGUF_GRIDS[self.grid].bits_per_weight  # the block's bytes * 8 / its weights
         if self.strategy != "group":
             return float(self.num_bits)
         assert self.group_size is not None
@@ -203,6 +247,7 @@ class QuantScheme:
         if self.type == "float":
             return f"fp8-e4m3 per-{self.strategy}"
         if self.grid != "uniform":
-            return f"int4 g32 asym on the {self.grid.upper()} grid"
+            return (f"int{self.num_bits} g{self.group_size} {'sym' if self.symmetric else 'asym'} on the "
+                    f"{GGUF_GRIDS[self.grid].ggml_type} grid")
         where = f"g{self.group_size}" if self.strategy == "group" else f"per-{self.strategy}"
         return f"int{self.num_bits} {where} {'sym' if self.symmetric else 'asym'}"

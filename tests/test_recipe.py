@@ -64,7 +64,7 @@ def test_algorithm_registry_answers_what_callers_ask():
         assert isinstance(recipe.algorithm.options, algorithm.options)
         assert recipe.needs_calibration == algorithm.needs_calibration == (algorithm.processor is not None)
         if algorithm.needs_calibration:
-            processor = make_processor(recipe)
+            processor = make_processor(recipe, {})
             assert type(processor).__name__ == algorithm.processor.rsplit(":", 1)[1]
             assert processor.options is recipe.algorithm.options and callable(processor.process_block)
     assert load_recipe("kv-fp8").needs_calibration and not load_recipe("w4a16-rtn").needs_calibration

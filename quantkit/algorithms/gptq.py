@@ -183,10 +183,11 @@ def gptq_quantize(
     scale_dtype: dtype the scales are stored in (the model dtype); scales are rounded to it before use.
     Math runs in fp32 (fp64 if weight and hessian are fp64). Inputs are not modified.
     returns: QuantizedWeight (q int8 [N, K], scale fp32 [N, G], zero_point int32 [N, G] | None), columns in
-    the original order whatever act_order. On a GGUF grid (q4_k, q4_1) a kquant.GridWeight: its fields are
-    chosen up front from the whole weight (a Q4_K super-block spans eight groups), each column is rounded
-    onto them; with the "mse" observer, Q4_K's come from llama.cpp's importance-weighted search with diag(H)
-    as the importance (llama.cpp's importance matrix is the same mean of x^2 per input).
+    the original order whatever act_order. On a GGUF grid (scheme.GGUF_GRIDS) a kquant.GridWeight: its fields
+    are chosen up front from the whole weight (a K-quant super-block spans 8 or 16 groups), each column is
+    rounded onto them; with the "mse" observer, the K-quants' and Q5_0's come from llama.cpp's
+    importance-weighted search with diag(H) as the importance (llama.cpp's importance matrix is the same
+    mean of x^2 per input).
     """
     if weight.dim() != 2:
         raise ValueError(f"{name}: expected a 2-D weight [out, in], got shape {tuple(weight.shape)}")
@@ -251,7 +252,7 @@ def gptq_quantize(
                 if zeros is not None:
                     zeros[:, g] = z[:, 0]
             if grid is not None:
-                q = kquant.quantize_onto(w1[:, i], scales[:, g].float(), minimums[:, g].float()).to(dtype)
+                q = grid.quantize_onto(w1[:, i], scales[:, g].float(), minimums[:, g].float()).to(dtype)
                 deq = q * scales[:, g] - minimums[:, g]
             else:
                 zero = zeros[:, g] if zeros is not None else None

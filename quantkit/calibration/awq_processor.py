@@ -63,8 +63,8 @@ def fold_scales(prev: nn.Module, linears: list[nn.Module], s: torch.Tensor) -> N
 class AWQProcessor:
     """Quantizes a block's targeted linears with AWQ (scale search and folding, clipping search, rounding)."""
 
-    def __init__(self, scheme_for: Callable[[int], QuantScheme], options: AWQOptions, scale_dtype=None) -> None:
-        """scheme_for: in_features -> the weight scheme of a linear that wide (Recipe.weights_for).
+    def __init__(self, scheme_for: Callable[[str], QuantScheme], options: AWQOptions, scale_dtype=None) -> None:
+        """scheme_for: a targeted linear's module path -> its weight scheme (Recipe.schemes_for).
         scale_dtype: the dtype the checkpoint stores scales in (default: each weight's dtype)."""
         self.scheme_for, self.options, self.scale_dtype = scheme_for, options, scale_dtype
         self.rtn_fallback: list[str] = []  # MoE expert linears no calibration token reached
@@ -113,7 +113,7 @@ class AWQProcessor:
         if not can_fold(prev, linears):
             return
         quantized = set(targets)
-        scheme = self.scheme_for(linears[0].in_features)  # can_fold: the linears share one input width
+        schemes = {n: self.scheme_for(f"{ctx.name}.{n}") for n in quantized}  # a mix may give each its own grid
         x_mean, x = self._capture(ctx, group.input_of or group.linears[0], self.options.max_search_tokens,
                                   with_mean=True)
         reference = self._group_output(ctx, group, linears, x)
@@ -123,7 +123,7 @@ class AWQProcessor:
             try:
                 for n in quantized:
                     w = originals[n]
-                    ctx.module(n).weight.data = scaled_effective_weight(w, s, scheme, w.dtype).to(w.dtype)
+                    ctx.module(n).weight.data = scaled_effective_weight(w, s, schemes[n], w.dtype).to(w.dtype)
                 out = self._group_output(ctx, group, linears, x)
             finally:
                 for n in quantized:
@@ -132,7 +132,7 @@ class AWQProcessor:
 
         w_mean = None
         if self.options.duo_scaling:
-            w_mean = weight_channel_mean([lin.weight for lin in linears], scheme.group_size)
+            w_mean = weight_channel_mean([lin.weight for lin in linears], schemes[targets[0]].group_size)
         s, _ratio, _losses = search_scales(x_mean, loss, self.options.grid, w_mean)
         fold_scales(prev, linears + [ctx.module(n) for n in group.also_scale], s)
 
@@ -152,7 +152,7 @@ class AWQProcessor:
                 _, x = self._capture(ctx, step.targets[0], self.options.clip_tokens, with_mean=False)
             for name in step.targets:
                 linear = ctx.module(name)
-                scheme = self.scheme_for(linear.in_features)
+                scheme = self.scheme_for(f"{ctx.name}.{name}")
                 w = linear.weight.data
                 if not torch.isfinite(w).all():
                     raise QuantizationError(f"{ctx.name}.{name}: AWQ scaling produced non-finite weights")
@@ -189,7 +189,7 @@ class AWQProcessor:
             x = sample.rows if sample.parts else None
             for name in names:
                 linear = ctx.module(name)
-                scheme = self.scheme_for(linear.in_features)
+                scheme = self.scheme_for(f"{ctx.name}.{name}")
                 w = linear.weight.data
                 ratio = None
                 if x is None or not x.shape[0]:

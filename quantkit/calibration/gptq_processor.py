@@ -17,8 +17,8 @@ class GPTQProcessor:
     on the compute device at a time.
     """
 
-    def __init__(self, scheme_for: Callable[[int], QuantScheme], options: GPTQOptions, scale_dtype=None) -> None:
-        """scheme_for: in_features -> the weight scheme of a linear that wide (Recipe.weights_for).
+    def __init__(self, scheme_for: Callable[[str], QuantScheme], options: GPTQOptions, scale_dtype=None) -> None:
+        """scheme_for: a targeted linear's module path -> its weight scheme (Recipe.schemes_for).
         scale_dtype: the dtype the checkpoint stores scales in (default: each weight's dtype)."""
         self.scheme_for, self.options, self.scale_dtype = scheme_for, options, scale_dtype
         self.rtn_fallback: list[str] = []  # MoE expert linears no calibration token reached
@@ -40,7 +40,7 @@ class GPTQProcessor:
             for name in step.targets:
                 linear = ctx.module(name)
                 qweight = gptq_quantize(
-                    linear.weight, acc["h"], self.scheme_for(linear.in_features), self.options,
+                    linear.weight, acc["h"], self.scheme_for(f"{ctx.name}.{name}"), self.options,
                     scale_dtype=self.scale_dtype or linear.weight.dtype, name=f"{ctx.name}.{name}",
                 )
                 ctx.set_quantized(name, qweight)
@@ -68,7 +68,7 @@ class GPTQProcessor:
             a = acc.pop(parent)
             for name in names:
                 linear = ctx.module(name)
-                scheme = self.scheme_for(linear.in_features)
+                scheme = self.scheme_for(f"{ctx.name}.{name}")
                 if a["count"] == 0:
                     self.rtn_fallback.append(f"{ctx.name}.{name}")
                     qweight = rtn_quantize(linear.weight.detach().float(), scheme)

@@ -15,14 +15,18 @@ from ..errors import QuantizationError
 from ..loading import source_dtype
 from ..modules.quant_experts import QuantExperts
 from ..recipe import Recipe
+from ..scheme import QuantScheme
 from .adapters import adapter_for
 from .data import calibration_batches
 from .runner import BlockProcessor, run_blockwise
 
 
-def make_processor(recipe: Recipe, scale_dtype: torch.dtype | None = None) -> BlockProcessor:
-    """The block processor running `recipe`'s calibrated algorithm on its weight scheme.
+def make_processor(recipe: Recipe, schemes: dict[str, QuantScheme],
+                   scale_dtype: torch.dtype | None = None) -> BlockProcessor:
+    """The block processor running `recipe`'s calibrated algorithm, each linear on its scheme.
 
+    schemes: module path -> the weight scheme of every targeted linear (Recipe.weights_for, as quantize
+    computes them before any work).
     scale_dtype: the dtype the checkpoint will store scales in; the algorithms round scales to it
     before use, so the error they compensate is the one the checkpoint has.
     """
@@ -32,24 +36,27 @@ def make_processor(recipe: Recipe, scale_dtype: torch.dtype | None = None) -> Bl
         raise QuantizationError(f"algorithm {algorithm.name!r} does not use calibration")
     module_name, class_name = algorithm.processor.split(":")
     processor_cls = getattr(importlib.import_module(module_name), class_name)
-    return processor_cls(recipe.weights_for, recipe.algorithm.options or algorithm.options(), scale_dtype)
+    return processor_cls(schemes.__getitem__, recipe.algorithm.options or algorithm.options(), scale_dtype)
 
 
 def quantize_blockwise(
     model: nn.Module, recipe: Recipe, targets: Sequence[str], calibration_data: Any = None, *,
     tokenizer=None, device: torch.device | str | None = None, progress: bool = True,
-    scale_dtype: torch.dtype | None = None,
+    scale_dtype: torch.dtype | None = None, schemes: dict | None = None,
 ) -> list[str]:
     """Quantize the targeted linears inside `model`'s decoder blocks with the recipe's calibrated algorithm.
 
     scale_dtype: the dtype the output stores scales in (default: the source's, quantkit.loading.source_dtype).
+    schemes: module path -> weight scheme of each target (default: Recipe.weights_for of each).
 
     Returns the targeted names outside the decoder blocks (left for the caller to quantize without
     calibration). Raises QuantizationError for an unsupported family before loading any data.
     """
     adapter_for(model)
     batches = calibration_batches(calibration_data, model, tokenizer)
-    processor = make_processor(recipe, scale_dtype or source_dtype(model))
+    if schemes is None:
+        schemes = recipe.schemes_for(model, targets)
+    processor = make_processor(recipe, schemes, scale_dtype or source_dtype(model))
     experts = [m for m in model.modules() if isinstance(m, QuantExperts)]
     all_tokens = getattr(recipe.algorithm.options, "moe_calibrate_all_experts", True)
     for m in experts:  # every expert is called (0 rows when no token is routed to it) and routing is counted

@@ -146,7 +146,7 @@ def _write_gguf(model, recipe, args, source, size_before, start, inputs) -> int:
     from quantkit.summaries import SizeOnDisk, quantization_summary
 
     with atomic_output_file(args.out, force=args.force, inputs=inputs) as tmp:
-        result = export_gguf(model, source, tmp, float_type=args.float_type)
+        result = export_gguf(model, source, tmp, float_type=args.float_type, mix=recipe.mix)
     result.path = Path(args.out).expanduser().resolve()
     size_after = SizeOnDisk(result.bytes, result.file_type, "on disk")
     print(quantization_summary(model, recipe, source, result.path, size_before, size_after,

@@ -9,14 +9,15 @@ What is exact (a weight of quantkit's [N, K] int q, fp32 scale [N, G], int zero 
 - symmetric int8, same groups -> Q8_0 (y = d * q);
 - asymmetric int4 -> Q4_1 with d = s and m = -s * (zp + 8) (quantkit's q + 8 is the nibble): exact up to
   the fp16 rounding of m, which `GGUFExport.q4_1_min_shift` reports (in units of the block's step d);
-- weights on a GGUF grid (quantkit.kquant, a KQuantLinear: Q4_K, or Q4_1 with float minimums) -> that type:
-  the layer holds the blocks themselves;
+- weights on a GGUF grid (quantkit.kquant, a KQuantLinear: Q4_K, Q5_K, Q6_K, Q4_1, Q5_1, Q5_0, Q8_0) -> that
+  type: the layer holds the blocks themselves (a recipe's `mix` puts its linears on several);
 - the scale must be an fp16 value (a bf16 or fp16 checkpoint's scales are, in fp16's normal range); an
   fp32 checkpoint's are refused unless round_scales, which rounds d to fp16 and reports the change.
 
 Everything else (asymmetric int8, K not a multiple of 32, ragged groups) is refused with the recipe to use.
 Norms and biases are F32 (as llama.cpp's converter writes every 1-D tensor); the embedding, the output
-head and any linear the recipe left in float get `float_type`.
+head and any linear the recipe left in float get `float_type` ("auto" for a mix: llama-quantize's types for
+it, quantkit.gguf_mix.FLOAT_TYPES).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ..kernels import gguf_blocks
 from ..kernels.packing import unpack_int32, unpack_zero_point
 from ..modules.kquant_linear import KQuantLinear
 from ..modules.quant_linear import QuantLinear
+from ..scheme import LLAMA_CPP_FALLBACK
 from .gguf_choices import FLOAT_TYPES, RECIPES_FOR
 from .gguf_pretokenizers import CHECK_TEXT, PRE_TOKENIZERS
 
@@ -262,17 +264,17 @@ def _set_vocab(writer, folder: Path, vocab_size: int) -> None:
 
 
 def _float_tensor(t: torch.Tensor, float_type: str):
-    """(numpy data, ggml type) for a float tensor written in float_type (FLOAT_TYPES but auto). q8_0 is
-    the gguf package's rounding, q6_k / q4_k llama.cpp's (quantkit.gguf_reference_quants); as llama-quantize
-    falls back, a width that is no multiple of 32 gets F16, one that is no multiple of 256 gets Q8_0 for
-    q6_k / q4_k (llama-quantize: Q8_0 / Q5_0)."""
+    """(numpy data, ggml type) for a float tensor written in float_type (FLOAT_TYPES but auto). q8_0 and
+    q5_0 are the gguf package's rounding, q6_k / q4_k llama.cpp's (quantkit.gguf_reference_quants); as
+    llama-quantize falls back, a width that is no multiple of 256 gets Q8_0 for q6_k and Q5_0 for q4_k, one
+    that is no multiple of 32 F16."""
     import gguf
 
     data = t.detach().float().cpu()
     width = data.shape[-1]
     if float_type in ("q6_k", "q4_k") and width % gguf_blocks.SUPER_BLOCK:
-        float_type = "q8_0"
-    if float_type == "q8_0" and width % gguf_blocks.BLOCK:
+        float_type = LLAMA_CPP_FALLBACK[float_type]
+    if float_type in ("q8_0", "q5_0") and width % gguf_blocks.BLOCK:
         float_type = "f16"
     qtype = getattr(gguf.GGMLQuantizationType, float_type.upper())
     if float_type == "f32":
@@ -286,22 +288,30 @@ def _float_tensor(t: torch.Tensor, float_type: str):
 
 
 def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float_type: str = "auto",
-                round_scales: bool = False, name: str | None = None) -> GGUFExport:
+                round_scales: bool = False, name: str | None = None, mix: str | None = None) -> GGUFExport:
     """Write `model` (a quantkit checkpoint loaded from `folder`, whose tokenizer and config.json are read)
-    to the file `out` (overwritten: the caller writes to a temporary path). returns what was written."""
+    to the file `out` (overwritten: the caller writes to a temporary path). returns what was written.
+    mix: the recipe's mix (quantkit.gguf_mix), which names the file type and, with float_type "auto", the
+    types of the embedding and output head."""
     import gguf
+
+    from ..gguf_mix import FILE_TYPES, FLOAT_TYPES as MIX_FLOAT_TYPES
 
     folder = Path(folder)
     hparams = _hparams(folder)
     arch, permute = architecture_of(hparams)
     if float_type not in FLOAT_TYPES:
         raise UsageError(f"float type must be one of {', '.join(FLOAT_TYPES)}, got {float_type!r}")
+    tied = bool(hparams.get("tie_word_embeddings", False))
+    float_types = {}  # gguf name -> its type where a mix's defaults choose it
+    if float_type == "auto" and mix is not None:
+        float_types = {"output.weight": MIX_FLOAT_TYPES["output"],
+                       "token_embd.weight": MIX_FLOAT_TYPES["output" if tied else "token_embd"]}
     if float_type == "auto":
         float_type = "bf16" if source_dtype(model) == torch.bfloat16 else "f16"  # as stored, not as loaded
     n_blocks = hparams["num_hidden_layers"]
     names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, arch), n_blocks)
     n_head, n_kv = hparams["num_attention_heads"], hparams.get("num_key_value_heads") or hparams["num_attention_heads"]
-    tied = bool(hparams.get("tie_word_embeddings", False))
 
     def order(hf_name: str, rows: int) -> torch.Tensor | None:
         if not permute:
@@ -350,12 +360,12 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
         if t.dim() <= 1 or gname.endswith("_norm.weight"):
             data, qtype = t.detach().float().cpu().numpy(), gguf.GGMLQuantizationType.F32
         else:
-            data, qtype = _float_tensor(t, float_type)
+            data, qtype = _float_tensor(t, float_types.get(gname, float_type))
         pending.append((gname, data, qtype))
     if shift_max is not None:
         result.q4_1_min_shift, result.q4_1_min_shift_rms = shift_max, math.sqrt(shift_sq / max(shift_n, 1))
     main = max(kinds, key=kinds.get) if kinds else float_type.upper()  # the type most weights have
-    main = {"Q4_K": "Q4_K_S"}.get(main, main)  # llama.cpp names its K-quant file types by their mix
+    main = FILE_TYPES[mix] if mix is not None else {"Q4_K": "Q4_K_S", "Q5_K": "Q5_K_S"}.get(main, main)  # by mix
     result.file_type = main
     file_type = gguf.LlamaFileType.ALL_F32 if main == "F32" else getattr(gguf.LlamaFileType, "MOSTLY_" + main)
 

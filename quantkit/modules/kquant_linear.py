@@ -1,5 +1,5 @@
-"""KQuantLinear: a linear whose weight lies on a GGUF grid (Q4_K, or Q4_1 with float minimums), held as
-the GGUF blocks themselves."""
+"""KQuantLinear: a linear whose weight lies on a GGUF grid (scheme.GGUF_GRIDS: Q4_K, Q5_K, Q6_K, Q4_1, Q5_1,
+Q5_0, Q8_0), held as the GGUF blocks themselves."""
 
 from __future__ import annotations
 
@@ -8,10 +8,8 @@ from torch import nn
 
 from ..kernels import gguf_blocks
 from ..kquant import GridWeight
-from ..scheme import QuantScheme
+from ..scheme import GGUF_GRIDS, QuantScheme
 
-#: a scheme's grid -> the GGUF block type its layers hold
-GGUF_TYPES = {"q4_k": "Q4_K", "q4_1": "Q4_1"}
 PACKED_WEIGHT = "weight_blocks"  # the tensor that holds the weight itself (what a weight census counts)
 
 
@@ -19,7 +17,7 @@ class KQuantLinear(nn.Module):
     """y = x @ W.T + b with W on a GGUF grid (quantkit.kquant), stored as the blocks a GGUF file holds.
 
     Buffers: weight_blocks uint8 [N, K / block * block bytes] (kernels/gguf_blocks.py's layout of
-    `gguf_type`: Q4_K 144 bytes per 256 inputs, Q4_1 20 per 32); bias [N] in the model dtype or None.
+    `gguf_type`: e.g. Q4_K 144 bytes per 256 inputs, Q4_1 20 per 32); bias [N] in the model dtype or None.
     forward dequantizes the blocks on each call (pure torch): quantkit scores these weights and writes
     them as GGUF, which llama.cpp runs with its own kernels; compressed-tensors (and so quantkit.save and
     vLLM's WNA16 path) cannot hold their float group minimums.
@@ -28,9 +26,9 @@ class KQuantLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, scheme: QuantScheme, *, bias: bool = False,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
         super().__init__()
-        if scheme.grid not in GGUF_TYPES:
+        if scheme.grid not in GGUF_GRIDS:
             raise ValueError(f"KQuantLinear holds GGUF-grid weights; got {scheme.describe()}")
-        self.gguf_type = GGUF_TYPES[scheme.grid]
+        self.gguf_type = GGUF_GRIDS[scheme.grid].ggml_type
         block = gguf_blocks.BLOCK_WEIGHTS[self.gguf_type]
         if in_features % block:
             raise ValueError(f"{self.gguf_type} weights need in_features in whole blocks of {block}, got {in_features}")

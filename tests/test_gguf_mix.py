@@ -1,0 +1,212 @@
+"""llama.cpp's other block types as weight grids (Q5_K, Q6_K, Q5_0, Q5_1, Q8_0: quantkit.kquant) and the
+Q4_K_M / Q4_K_S mixes built on them (quantkit.gguf_mix): each grid dequantizes as the gguf package's own
+code reads its blocks, RTN with llama.cpp's search writes llama.cpp's bytes, GPTQ onto each grid beats
+RTN, and a mix recipe writes llama-quantize's type tensor by tensor, read back bit for bit."""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+
+import quantkit  # noqa: E402
+from quantkit import gguf_reference_quants as ref  # noqa: E402
+from quantkit.algorithms.gptq import GPTQOptions, gptq_quantize, hessian_update  # noqa: E402
+from quantkit.algorithms.rtn import RTNOptions, rtn_quantize  # noqa: E402
+from quantkit.cli import main  # noqa: E402
+from quantkit.config_utils import ConfigError  # noqa: E402
+from quantkit.formats.gguf import rope_permutation  # noqa: E402
+from quantkit.gguf_mix import MixModel, mix_grid, use_more_bits  # noqa: E402
+from quantkit.modules.kquant_linear import KQuantLinear  # noqa: E402
+from quantkit.refmodels import resolve_model_name  # noqa: E402
+from quantkit.scheme import GGUF_GRIDS, LLAMA_CPP_FALLBACK, QuantScheme, grid_scheme  # noqa: E402
+
+from .conftest import make_random_model  # noqa: E402
+
+T = gguf.GGMLQuantizationType
+NEW_GRIDS = ("q5_k", "q6_k", "q5_1", "q5_0", "q8_0")
+
+
+def _weight(n, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g).add(0.1) * 0.05
+    w[torch.rand(n, k, generator=g) < 0.01] *= 8
+    return w
+
+
+@pytest.mark.parametrize("grid", NEW_GRIDS)
+@pytest.mark.parametrize("n,k,seed", [(8, 256, 0), (5, 768, 1)])
+def test_each_grid_dequantizes_as_the_gguf_package_reads_its_blocks(grid, n, k, seed):
+    w = _weight(n, k, seed)
+    w[1, :256] = 0  # a zero (super-)block stays zero
+    spec = GGUF_GRIDS[grid]
+    scheme = grid_scheme(grid)
+    levels = (1 << spec.num_bits) - 1
+    for observer in ("minmax", "mse"):
+        kw = rtn_quantize(w, scheme, RTNOptions(observer=observer))
+        assert int(kw.u.max()) <= levels
+        blocks = KQuantLinear.from_grid_weight(kw).weight_blocks
+        assert blocks.shape == (n, k // spec.block * gguf.GGML_QUANT_SIZES[getattr(T, spec.ggml_type)][1])
+        theirs = gguf.quants.dequantize(blocks.numpy(), getattr(T, spec.ggml_type))  # llama.cpp's own Python
+        assert np.array_equal(theirs, kw.dequantize().numpy()), observer
+        assert torch.equal(kw.dequantize()[1, :256], torch.zeros(256))
+        # every weight within half a step of its value, where the clamp does not bind
+        step, minimum = kw.steps(*kw.fields())
+        s, m = step.repeat_interleave(spec.group_size, 1), minimum.repeat_interleave(spec.group_size, 1)
+        level = torch.where(s != 0, (w + m) / torch.where(s != 0, s, torch.ones_like(s)), torch.zeros_like(s))
+        inside = (level > 0.5) & (level < levels - 0.5)
+        assert ((kw.u.float() - level).abs()[inside] <= 0.5 + 1e-3).all()
+    # more bits, less error: every one of these grids beats both 4-bit ones
+    rel = {g: ((rtn_quantize(w, grid_scheme(g)).dequantize() - w).pow(2).sum() / w.pow(2).sum()).item()
+           for g in ("q4_k", "q4_1", grid)}
+    assert rel[grid] < 0.7 * min(rel["q4_k"], rel["q4_1"])
+
+
+@pytest.mark.parametrize("grid,port", [("q4_k", ref.quantize_q4_k), ("q5_k", ref.quantize_q5_k),
+                                       ("q6_k", ref.quantize_q6_k)])
+def test_rtn_with_llama_cpps_search_writes_llama_cpps_bytes(grid, port):
+    """The K-quant recipes' RTN (observer mse) is llama.cpp's own quantizer: the same bytes as the port of
+    ggml's quantize_row_*_ref (itself checked against ggml in test_gguf_reference_quants.py)."""
+    w = _weight(12, 512, 2)
+    assert torch.equal(rtn_quantize(w, grid_scheme(grid), RTNOptions(observer="mse")).blocks(), port(w))
+
+
+@pytest.mark.parametrize("grid", NEW_GRIDS)
+def test_gptq_onto_each_grid_beats_round_to_nearest(grid):
+    g = torch.Generator().manual_seed(4)
+    k = 512
+    w = _weight(32, k, 5)
+    mix = torch.randn(k, k, generator=g) / k**0.5
+    x = (torch.randn(4096, k, generator=g) @ mix) * torch.rand(k, generator=g).mul(3).add(0.1)
+    h, _ = hessian_update(None, 0, x)
+    scheme = grid_scheme(grid)
+
+    def out_err(wq):
+        return (x @ (wq - w).T).pow(2).mean().item()
+
+    rtn = rtn_quantize(w, scheme, RTNOptions(observer="mse"))
+    for options in (GPTQOptions(), GPTQOptions(observer="mse")):
+        q = gptq_quantize(w, h, scheme, options)
+        assert type(q) is type(rtn) and q.scheme == scheme
+        assert out_err(q.dequantize()) < 0.9 * out_err(rtn.dequantize()), options
+
+
+def test_grid_schemes_fallbacks_and_mix_validation():
+    with pytest.raises(ValueError, match="Q6_K: it needs num_bits: 6, symmetric: true, strategy: group, group_size: 16"):
+        QuantScheme(num_bits=4, symmetric=True, strategy="group", group_size=32, grid="q6_k")
+    for grid, spec in GGUF_GRIDS.items():
+        scheme = grid_scheme(grid)
+        assert scheme.divides(spec.block) and not scheme.divides(spec.block + 16)
+        assert scheme.bits_per_weight == gguf.GGML_QUANT_SIZES[getattr(T, spec.ggml_type)][1] * 8 / spec.block
+    # llama-quantize's fallbacks for a width that is no multiple of 256, and quantkit's own for q4_k recipes
+    for grid, fallback in LLAMA_CPP_FALLBACK.items():
+        assert grid_scheme(grid).fitted(320, "smaller-group", LLAMA_CPP_FALLBACK) == grid_scheme(fallback)
+    assert grid_scheme("q4_k").fitted(320, "smaller-group") == grid_scheme("q4_1")
+    assert grid_scheme("q5_0").fitted(48, "smaller-group").grid == "uniform"  # no block of 32 at all
+    with pytest.raises(ValueError, match="whole blocks of 256"):
+        grid_scheme("q6_k").fitted(320, "error", LLAMA_CPP_FALLBACK)
+    base = {"weights": {"num_bits": 4, "symmetric": False, "strategy": "group", "group_size": 32, "grid": "q4_k"}}
+    with pytest.raises(ConfigError, match="mix must be one of q4_k_m, q4_k_s"):
+        quantkit.load_recipe({**base, "mix": "q3_k_m"})
+    with pytest.raises(ConfigError, match="needs weights on grid q4_k"):
+        quantkit.load_recipe({"weights": {"num_bits": 4, "strategy": "group", "group_size": 32}, "mix": "q4_k_m"})
+    recipe = quantkit.load_recipe("w4a16-gptq-q4km")
+    assert recipe.mix == "q4_k_m" and recipe.to_dict()["mix"] == "q4_k_m"
+    with pytest.raises(ValueError, match="by its name and layer"):
+        recipe.weights_for(256)
+
+
+def test_the_mix_rules_are_llama_cpps():
+    # use_more_bits(i, 30) by llama.cpp's formula, written out: i < 3, i >= 26, (i - 3) % 3 == 2
+    assert [i for i in range(30) if use_more_bits(i, 30)] == [0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 26, 27, 28, 29]
+    model = MixModel(30)
+    v = [mix_grid("q4_k_m", f"model.layers.{i}.self_attn.v_proj", model) for i in range(30)]
+    down = [mix_grid("q4_k_m", f"model.layers.{i}.mlp.down_proj", model) for i in range(30)]
+    assert v == down and v.count("q6_k") == 14 and v[3] == "q4_k"
+    assert {mix_grid("q4_k_m", f"model.layers.0.{n}", model) for n in
+            ("self_attn.q_proj", "self_attn.k_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj")} == {"q4_k"}
+    s_v = [mix_grid("q4_k_s", f"model.layers.{i}.self_attn.v_proj", model) for i in range(30)]
+    s_down = [mix_grid("q4_k_s", f"model.layers.{i}.mlp.down_proj", model) for i in range(30)]
+    assert s_v == ["q5_k"] * 4 + ["q4_k"] * 26 and s_down == ["q5_k"] * 3 + ["q4_k"] * 27
+    seventy = MixModel(80, llama_70b=True)  # llama.cpp's 70B type: attn_v at least Q5_K
+    assert mix_grid("q4_k_m", "model.layers.40.self_attn.v_proj", seventy) == "q5_k"
+    assert mix_grid("q4_k_m", "model.layers.0.self_attn.v_proj", seventy) == "q6_k"
+
+
+def _source(tmp_path, hidden, intermediate, tied=False, family="llama"):
+    tiny = resolve_model_name("ref:tiny")
+    model = make_random_model(family, seed=7, vocab=4160, tied=tied, layers=8, hidden=hidden,
+                              intermediate=intermediate).to(torch.bfloat16)
+    src = tmp_path / f"{family}-{hidden}"
+    model.save_pretrained(src)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(f"{tiny}/{name}", src / name)
+    return src
+
+
+def _expected_type(mix: str, name: str, k: int) -> str:
+    grid = mix_grid(mix, name, MixModel(8))
+    if k % 256:
+        grid = LLAMA_CPP_FALLBACK[grid]
+    return GGUF_GRIDS[grid].ggml_type
+
+
+@pytest.mark.parametrize("hidden,intermediate,mix", [(256, 512, "q4_k_m"), (320, 768, "q4_k_m"), (320, 768, "q4_k_s")])
+def test_a_mix_recipe_writes_llama_quantizes_types_read_back_bit_for_bit(tmp_path, capsys, hidden, intermediate, mix):
+    """8 layers: Q4_K_M puts Q6_K on v_proj / down_proj of layers 0, 3, 6, 7 (use_more_bits(i, 8): i < 1, i >= 7, (i - 1) % 3 == 2); 320-wide
+    inputs fall back as llama-quantize does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0); the output head is
+    Q6_K (Q8_0 at 320) and the untied embedding Q4_K (Q5_0 at 320), llama-quantize's defaults."""
+    src = _source(tmp_path, hidden, intermediate)
+    recipe = {"q4_k_m": "w4a16-rtn-q4km", "q4_k_s": "w4a16-rtn-q4ks"}[mix]
+    out = tmp_path / "mix.gguf"
+    assert main(["quantize", str(src), "--recipe", recipe, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"file type {mix.upper()}" in printed
+    reader = gguf.GGUFReader(str(out))
+    assert int(reader.fields["general.file_type"].parts[-1][0]) == getattr(gguf.LlamaFileType, "MOSTLY_" + mix.upper())
+    tensors = {t.name: t for t in reader.tensors}
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 8)
+    model = quantkit.load(src, dtype=torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallbacks are announced
+        quantkit.quantize(model, recipe, progress=False)
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, KQuantLinear)}
+    assert len(layers) == 7 * 8
+    for name, layer in layers.items():
+        t = tensors[names.get_name(name + ".weight", try_suffixes=(".weight",))]
+        assert t.tensor_type.name == layer.gguf_type == _expected_type(mix, name, layer.in_features), name
+        theirs = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy())
+        if ".q_proj" in name:
+            theirs = theirs[torch.argsort(rope_permutation(layer.out_features, 4))]
+        elif ".k_proj" in name:
+            theirs = theirs[torch.argsort(rope_permutation(layer.out_features, 2))]
+        assert torch.equal(theirs, layer.dequantized_weight()), name
+    if mix == "q4_k_m":
+        six = {n for n, m in layers.items() if m.gguf_type == ("Q6_K" if hidden == 256 else "Q8_0")}
+        assert six == {f"model.layers.{i}.{p}" for i in (0, 3, 6, 7) for p in ("self_attn.v_proj", "mlp.down_proj")
+                       if hidden == 256 or p == "self_attn.v_proj"}
+    assert tensors["output.weight"].tensor_type.name == ("Q6_K" if hidden == 256 else "Q8_0")
+    assert tensors["token_embd.weight"].tensor_type.name == ("Q4_K" if hidden == 256 else "Q5_0")
+
+
+def test_calibrated_mix_recipes_quantize_each_linear_onto_its_grid(tmp_path, capsys):
+    src = _source(tmp_path, 256, 512, tied=True, family="qwen3")
+    for recipe in ("w4a16-gptq-q4km", "w4a16-awq-q4ks"):
+        out = tmp_path / f"{recipe}.gguf"
+        assert main(["quantize", str(src), "--recipe", recipe, "--out", str(out), "--calib", "ref",
+                     "--calib-samples", "4", "--calib-seq-len", "64"]) == 0
+        reader = gguf.GGUFReader(str(out))
+        types = {t.name: t.tensor_type.name for t in reader.tensors}
+        mix = quantkit.load_recipe(recipe).mix
+        for name, kind in types.items():
+            if name.startswith("blk.") and name.endswith(".weight") and "norm" not in name:
+                i, role = int(name.split(".")[1]), name.split(".")[2]
+                hf = {"attn_v": "self_attn.v_proj", "ffn_down": "mlp.down_proj"}.get(role, "self_attn.q_proj")
+                assert kind == _expected_type(mix, f"model.layers.{i}.{hf}", 256), name
+        assert types["token_embd.weight"] == "Q6_K"  # tied: the output's type, as llama-quantize writes it
+    assert "file type Q4_K_S" in capsys.readouterr().out
