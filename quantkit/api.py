@@ -186,8 +186,8 @@ def save(
     dtype = source_dtype(model) if dtype is None else checkpoint_dtype(dtype)
     if any(isinstance(m, KQuantLinear) for m in model.modules()):
         raise QuantizationError(
-            "this model's weights are on a GGUF grid (Q4_K, or Q4_1 with float minimums), whose float group minimums "
-            "a compressed-tensors checkpoint cannot hold: write it as GGUF (quantkit quantize ... --out FILE.gguf, "
+            "this model's weights are on a GGUF grid (llama.cpp's block types: float group minimums or scales on "
+            "llama.cpp's 6- and 8-bit grids), which a compressed-tensors checkpoint cannot hold: write it as GGUF (quantkit quantize ... --out FILE.gguf, "
             "or quantkit.formats.gguf.export_gguf)")
     quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
     if not quantized and not getattr(model.config, "quantization_config", None):

@@ -398,18 +398,17 @@ def quantize_q6_k(w: torch.Tensor, importance: torch.Tensor | None = None) -> to
     return gguf_blocks.pack_q6_k(*q6_k_fields(w, importance))
 
 
-def q5_0_scales(w: torch.Tensor, importance: torch.Tensor | None = None) -> torch.Tensor:
-    """The scale per block of 32 that llama.cpp's imatrix path for Q5_0 searches (quantize_row_q5_0_impl:
-    make_qx_quants(32, 16, x, L, 1, weight) with weight = importance * sqrt(sigma^2 + x^2), sigma^2 the row's
-    mean x^2; importance None: the weights x^2 of make_qx_quants itself). w float [N, K], K % 32 == 0 ->
-    fp32 [N, K/32], before the fp16 rounding (the search itself; the row sum is not accumulated in the C's
-    order, so this is llama.cpp's search, not its bytes)."""
+def qx_scales(w: torch.Tensor, importance: torch.Tensor, nmax: int) -> torch.Tensor:
+    """The scale per block of 32 that llama.cpp's imatrix path for Q4_0 (nmax 8) or Q5_0 (nmax 16) searches
+    (quantize_row_q4_0_impl / quantize_row_q5_0_impl: make_qx_quants(32, nmax, x, L, 1, weight) with
+    weight = importance * sqrt(sigma^2 + x^2), sigma^2 the row's mean x^2). w float [N, K], K % 32 == 0,
+    importance [K] -> fp32 [N, K/32], before the fp16 rounding (the search itself; the row sum is not
+    accumulated in the C's order, so this is llama.cpp's search, not always its bytes)."""
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[1] % 32 or not bool(torch.isfinite(w).all()):
-        raise ValueError(f"Q5_0: expected a finite float tensor [N, K] with K % 32 == 0, got {tuple(w.shape)}")
+        raise ValueError(f"Q{4 if nmax == 8 else 5}_0: expected a finite float tensor [N, K] with K % 32 == 0, "
+                         f"got {tuple(w.shape)}")
     n, k = w.shape
     x = w.to(F32).reshape(n, k // 32, 32)
-    qw = None
-    if importance is not None:
-        sigma2 = (x * x).sum(dim=(1, 2)) / k  # [N]
-        qw = importance.to(F32).reshape(1, k // 32, 32) * _sqrtf(sigma2[:, None, None] + x * x)
-    return _make_qx_quants(x, 16, qw)[1]
+    sigma2 = (x * x).sum(dim=(1, 2)) / k  # [N]
+    qw = importance.to(F32).reshape(1, k // 32, 32) * _sqrtf(sigma2[:, None, None] + x * x)
+    return _make_qx_quants(x, nmax, qw)[1]

@@ -1,5 +1,5 @@
 """Weights on llama.cpp's block types as grids (QuantScheme grid "q4_k", "q5_k", "q6_k", "q4_1", "q5_1",
-"q5_0", "q8_0"; scheme.GGUF_GRIDS): the fields, their search and their rounding.
+"q4_0", "q5_0", "q8_0"; scheme.GGUF_GRIDS): the fields, their search and their rounding.
 
 The K-quants: a row of K inputs is K / 256 super-blocks. Q4_K and Q5_K have eight groups of 32; group j
 dequantizes as
@@ -12,8 +12,11 @@ why compressed-tensors cannot hold them and such weights are written as GGUF (ke
 the byte layouts). Q6_K has sixteen groups of 16, symmetric: y = (d * sc_j) * (u - 32), u in 0..63, sc_j int8.
 
 The blocks of 32: Q4_1 / Q5_1 y = d * u + m (fp16 d and m per group, u in 0..15 / 0..31: a float minimum
-without the super-block's 6-bit rounding); Q5_0 y = d * (u - 16) and Q8_0 y = d * (u - 128) (fp16 d; llama.cpp's
-signed scales: the extreme of either sign may take the lowest level).
+without the super-block's 6-bit rounding); Q4_0 y = d * (u - 8), Q5_0 y = d * (u - 16) and Q8_0 y = d * (u - 128)
+(fp16 d; llama.cpp's signed scales: the extreme of either sign may take the lowest level). Their fields are
+llama.cpp's (quantize_row_*_ref's, or its imatrix search); each weight then goes to the nearest level of the
+stored fp16 fields, where llama.cpp rounds against its fp32 ones before storing them: a weight in a few
+hundred to a thousand may sit one level apart, never farther from its value than llama.cpp's.
 
 Every algorithm quantizes onto these grids directly, so the GGUF file holds exactly the weights quantkit
 scored: the fields are chosen first (`choose_fields`), then each weight is rounded to its group's levels
@@ -323,20 +326,35 @@ class Q50Weight(_OnGrid):
     @classmethod
     def choose_fields(cls, w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
                       clip_ratio=None) -> tuple[torch.Tensor]:
-        """(d,) of w [N, K] (K % 32 == 0): each group's signed extreme on the lowest level, d = extreme / -16
-        (llama.cpp's quantize_row_q5_0_ref; shrunk by clip_ratio); with search and an importance [K], llama.cpp's
-        imatrix path (make_qx_quants weighted by importance * sqrt(sigma^2 + x^2)); without importance llama.cpp
-        has no search for Q5_0, nor has this."""
+        """(d,) of w [N, K] (K % 32 == 0): each group's signed extreme on the lowest level, d = extreme / -OFFSET
+        (llama.cpp's quantize_row_q{4,5}_0_ref; shrunk by clip_ratio); with search and an importance [K],
+        llama.cpp's imatrix path (make_qx_quants weighted by importance * sqrt(sigma^2 + x^2)); without
+        importance llama.cpp has no search for these types, nor has this."""
         _need_blocks(w, cls)
         if search and importance is not None:
-            from .gguf_reference_quants import q5_0_scales
+            from .gguf_reference_quants import qx_scales
 
-            return (_fp16(q5_0_scales(w.float(), importance.float()), "a Q5_0 scale"),)
-        return (_fp16(_signed_extremes(w, clip_ratio, GROUP) / -cls.OFFSET, "a Q5_0 block scale"),)
+            return (_fp16(qx_scales(w.float(), importance.float(), cls.OFFSET), f"a {cls.GGUF_TYPE} scale"),)
+        return (_fp16(_signed_extremes(w, clip_ratio, GROUP) / -cls.OFFSET, f"a {cls.GGUF_TYPE} block scale"),)
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/32 * 22]: the Q5_0 blocks."""
         return gguf_blocks.pack_q5_0(self.u, self.d)
+
+
+@dataclass
+class Q40Weight(Q50Weight):
+    """A weight on GGUF's Q4_0 grid with llama.cpp's signed scales (grid "q4_0"): u uint8 [N, K] in 0..15;
+    d fp16 [N, K/32]: y = d * (u - 8); the extreme of either sign may take -8 (a positive one through a
+    negative d), which a positive scale cannot do (the uniform grid's `symmetric_scale: signed`)."""
+
+    LEVELS = 15
+    OFFSET = 8
+    GGUF_TYPE = "Q4_0"
+
+    def blocks(self) -> torch.Tensor:
+        """uint8 [N, K/32 * 18]: the Q4_0 blocks."""
+        return gguf_blocks.pack_q4_0(self.u.to(torch.int16) - 8, self.d)
 
 
 @dataclass
@@ -363,7 +381,7 @@ class Q80Weight(Q50Weight):
 
 #: a scheme's grid -> the class of its weights
 GRID_WEIGHTS = {"q4_k": KQuantWeight, "q5_k": Q5KWeight, "q6_k": Q6KWeight, "q4_1": Q41Weight, "q5_1": Q51Weight,
-                "q5_0": Q50Weight, "q8_0": Q80Weight}
+                "q4_0": Q40Weight, "q5_0": Q50Weight, "q8_0": Q80Weight}
 GridWeight = _OnGrid
 
 

@@ -44,7 +44,8 @@ GGUF_GRIDS = {
     "q6_k": GGUFGrid(6, True, 16, "Q6_K", 256, 6.5625),  # y = d*sc*(u - 32), int8 sc per 16
     "q4_1": GGUFGrid(4, False, 32, "Q4_1", 32, 5.0),  # y = d*u + m, fp16 d and m per 32
     "q5_1": GGUFGrid(5, False, 32, "Q5_1", 32, 6.0),
-    "q5_0": GGUFGrid(5, True, 32, "Q5_0", 32, 5.5),  # y = d*(u - 16), fp16 d per 32
+    "q4_0": GGUFGrid(4, True, 32, "Q4_0", 32, 4.5),  # y = d*(u - 8), fp16 d per 32, either sign
+    "q5_0": GGUFGrid(5, True, 32, "Q5_0", 32, 5.5),  # y = d*(u - 16)
     "q8_0": GGUFGrid(8, True, 32, "Q8_0", 32, 8.5),  # y = d*(u - 128)
 }
 GRIDS = ("uniform", *GGUF_GRIDS)

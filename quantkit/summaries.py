@@ -106,8 +106,9 @@ def quantization_summary(model, recipe, source, out: Path, before: SizeOnDisk, a
     ratio = f", {before.bytes / after.bytes:.2f}x smaller" if before.bytes and after.bytes else ""
     quantized = (f"{layers} ({n / 1e6:.2f}M weights, {bpw:.3f} bits/weight stored)" if layers
                  else "none (weights kept as they are)")
+    mix = f", in llama.cpp's {recipe.mix.upper()} mix" if recipe.mix else ""
     return "\n".join([
-        f"quantized {source} with {recipe.name} ({recipe.weights.describe() if recipe.weights else 'no weights'}"
+        f"quantized {source} with {recipe.name} ({recipe.weights.describe() if recipe.weights else 'no weights'}{mix}"
         f"{', kv ' + recipe.kv_cache.describe() if recipe.kv_cache else ''})",
         f"  layers quantized : {quantized}",
         *(f"    {line}" for line in scheme_lines(model)),

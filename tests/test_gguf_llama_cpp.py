@@ -151,11 +151,15 @@ def test_llama_cpp_greedy_continuation_matches(exported):
     assert len(ours.strip()) > 8 and theirs.strip() == ours.strip()
 
 
-@pytest.mark.parametrize("model_name,kind", [("ref:small", "Q4_K"), ("ref:tiny", "Q4_1")])
-def test_llama_cpp_runs_q4_k_as_quantkit_scores_it(tmp_path, model_name, kind):
-    """A Q4_K-grid quantization written as GGUF (ref:small, hidden 256: whole super-blocks, Q4_K; ref:tiny,
-    hidden 128: the Q4_1 fallback with float minimums): llama.cpp's logits against the very model quantkit
-    quantized in memory (the file has no other form)."""
+@pytest.mark.parametrize("model_name,recipe,kinds", [
+    ("ref:small", "w4a16-rtn-q4k", {"Q4_K"}), ("ref:tiny", "w4a16-rtn-q4k", {"Q4_1"}),
+    ("ref:small", "w4a16-rtn-q4km", {"Q4_K", "Q6_K"}), ("ref:tiny", "w4a16-rtn-q4km", {"Q5_0", "Q8_0"}),
+    ("ref:small", "w4a16-rtn-q4ks", {"Q4_K", "Q5_K"}), ("ref:tiny", "w4a16-rtn-q4ks", {"Q5_0", "Q5_1"})])
+def test_llama_cpp_runs_grid_files_as_quantkit_scores_them(tmp_path, model_name, recipe, kinds):
+    """A GGUF-grid quantization written as GGUF (ref:small, hidden 256: whole super-blocks, Q4_K and in the
+    mixes Q6_K / Q5_K; ref:tiny, hidden 128: the fallbacks, Q4_1 for quantkit's Q4_K recipes, llama-quantize's
+    Q5_0 / Q8_0 / Q5_1 for the mixes): llama.cpp's logits against the very model quantkit quantized in memory
+    (the file has no other form)."""
     bins = _bin_dir()
     from quantkit.formats.gguf import export_gguf
     from quantkit.loading import resolve_model_source
@@ -166,15 +170,60 @@ def test_llama_cpp_runs_q4_k_as_quantkit_scores_it(tmp_path, model_name, kind):
     text.write_text(tokenizer.decode(read_eval_tokens(tokenizer, None, N_CTX * N_CHUNKS * 2).ids))
     model = quantkit.load(model_name, dtype=torch.float32)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # ref:tiny: the fallback to Q4_1 is announced
-        quantkit.quantize(model, "w4a16-rtn-q4k", progress=False)
+        warnings.simplefilter("ignore")  # ref:tiny: the fallbacks are announced
+        quantkit.quantize(model, recipe, progress=False)
     assert sum(isinstance(m, KQuantLinear) for m in model.modules()) == 7 * model.config.num_hidden_layers
-    path = tmp_path / "q4k.gguf"
-    result = export_gguf(model, resolve_model_source(model_name), path, float_type="f32")
-    assert set(t for n, t in result.tensors.items() if n.startswith("blk.") and "norm" not in n) == {kind}
-    tokens, theirs = _llama_cpp_logits(bins, path, text, tmp_path / "q4k.kld")
+    path = tmp_path / "grid.gguf"
+    result = export_gguf(model, resolve_model_source(model_name), path, float_type="f32",
+                         mix=quantkit.load_recipe(recipe).mix)
+    assert set(t for n, t in result.tensors.items() if n.startswith("blk.") and "norm" not in n) == kinds
+    tokens, theirs = _llama_cpp_logits(bins, path, text, tmp_path / "grid.kld")
     tokens[:, 0] = tokenizer.bos_token_id
     kl, top1 = _compare(_logits(model, tokens), theirs)
     kl_float, _ = _compare(_logits(quantkit.load(model_name, dtype=torch.float32), tokens), theirs)
-    print(f"{kind}: llama.cpp vs quantkit: KL {kl:.2e}, top-1 {top1:.3f}; vs the float model: KL {kl_float:.2e}")
+    print(f"{recipe} {sorted(kinds)}: llama.cpp vs quantkit: KL {kl:.2e}, top-1 {top1:.3f}; vs the float model: "
+          f"KL {kl_float:.2e}")
     assert kl < 2e-3 and top1 > 0.95 and kl < 0.25 * kl_float
+
+
+@pytest.mark.parametrize("mix", ["Q4_K_M", "Q4_K_S"])
+@pytest.mark.parametrize("model_name", ["ref:small", "ref:tiny"])
+def test_llama_quantize_writes_quantkits_mix_tensor_by_tensor(tmp_path, model_name, mix):
+    """llama-quantize's own Q4_K_M / Q4_K_S of the float model has the types of quantkit's mix recipe tensor by
+    tensor (its per-tensor rules and fallbacks, the output and embedding types), and where quantkit's RTN is
+    llama.cpp's own rounding (the K-quants, through the ported search) the very same bytes. Q5_0 / Q5_1 / Q8_0
+    fallback tensors: quantkit rounds with its fp16 scale, llama.cpp with the fp32 one, so a weight may sit
+    one level apart where the two roundings straddle a tie: those must agree on almost every weight."""
+    bins = _bin_dir()
+    quantize_tool = bins / "llama-quantize"
+    if not quantize_tool.is_file():
+        pytest.skip(f"no llama-quantize in {bins}")
+    from quantkit.formats.gguf import export_gguf
+    from quantkit.loading import resolve_model_source
+
+    source = resolve_model_source(model_name)
+    float_file = tmp_path / "float.gguf"
+    assert main(["export", source, "--format", "gguf", "--out", str(float_file), "--float-type", "f32"]) == 0
+    theirs_file = tmp_path / "theirs.gguf"
+    run = subprocess.run([str(quantize_tool), str(float_file), str(theirs_file), mix, "2"], capture_output=True,
+                         text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    model = quantkit.load(model_name, dtype=torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantkit.quantize(model, f"w4a16-rtn-{mix.lower().replace('_', '')}", progress=False)
+    ours_file = tmp_path / "ours.gguf"
+    export_gguf(model, source, ours_file, mix=mix.lower())
+    ours = {t.name: t for t in gguf.GGUFReader(str(ours_file)).tensors}
+    theirs = {t.name: t for t in gguf.GGUFReader(str(theirs_file)).tensors}
+    assert {n: t.tensor_type.name for n, t in ours.items()} == {n: t.tensor_type.name for n, t in theirs.items()}
+    for name, t in ours.items():
+        kind = t.tensor_type.name
+        if kind in ("Q4_K", "Q5_K", "Q6_K"):
+            assert np.array_equal(t.data, theirs[name].data), name
+        elif kind in ("Q5_0", "Q5_1", "Q8_0"):
+            a = gguf.quants.dequantize(t.data, t.tensor_type)
+            b = gguf.quants.dequantize(theirs[name].data, t.tensor_type)
+            assert np.mean(a == b) > 0.98 and np.abs(a - b).max() <= 1.01 * np.abs(b).max() / 15, name
+        else:
+            assert np.array_equal(t.data, theirs[name].data), name

@@ -1,12 +1,14 @@
 """quantkit's calibrated weights exported to GGUF beside llama.cpp's own quantizer, at the same block types.
 
-For one float model (SmolLM2-135M-Instruct as evals/quality/smollm2.py makes it, or ref:small):
+For one float model (SmolLM2-135M-Instruct as evals/quality/smollm2.py makes it; "smollm2-offgrid", that model
+moved off the Q4_1 grid it ships on by evals/gguf/offgrid.py's short fine-tune; or ref:small):
 - llama.cpp: the float model as GGUF (llama.cpp's convert_hf_to_gguf.py; for ref:small, whose tokenizer
   llama.cpp's converter does not know, quantkit's export of the float model), `llama-imatrix` on the
   calibration tokens, `llama-quantize` to Q4_0, Q4_1, Q8_0, with and without the importance matrix;
 - quantkit: RTN / GPTQ on the GGUF grids (the *-g32 recipes) from the same calibration tokens (the first
   4096 tokens of the calibration text: 16 windows of 256 for quantkit, the same text as 8 chunks of 512
-  for llama-imatrix), `quantkit export --format gguf`;
+  for llama-imatrix), `quantkit export --format gguf`; RTN / GPTQ / AWQ on the Q4_K grid and in
+  llama-quantize's Q4_K_M / Q4_K_S mixes (the *-q4k, *-q4km, *-q4ks recipes: the file is the only form);
 - every file scored by one harness: quantkit's eval (transformers + gguf dequantize the file) against
   the float model on the evaluation text (8 windows of 512 tokens): KL, top-1, perplexity; file sizes,
   bits per weight (file bits / parameters); `llama-bench -p 0 -n 32 -t 2` decode speed; and llama.cpp's own
@@ -42,6 +44,9 @@ QUANTKIT = (
     ("quantkit RTN absmax/7 (the rule before signed)", "Q4_0", "w4a16-rtn-g32", {"symmetric_scale": "qmax"}),
     ("quantkit GPTQ", "Q4_0", "w4a16-gptq-g32", {}),
     ("quantkit GPTQ absmax/7 start (the rule before signed)", "Q4_0", "w4a16-gptq-g32", {"symmetric_scale": "qmax"}),
+    # on llama.cpp's Q4_0 grid with its signed scales (GGUF only): RTN is llama.cpp's rule
+    ("quantkit RTN", "Q4_0", "w4a16-rtn-q40", {}),
+    ("quantkit GPTQ", "Q4_0", "w4a16-gptq-q40", {}),
     ("quantkit RTN", "Q4_1", "w4a16-rtn-asym-g32", {}),
     ("quantkit GPTQ", "Q4_1", "w4a16-gptq-asym-g32", {}),
     ("quantkit RTN", "Q8_0", "w8a16-rtn-g32", {}),
@@ -49,6 +54,11 @@ QUANTKIT = (
     ("quantkit RTN", "Q4_K", "w4a16-rtn-q4k", {}),
     ("quantkit GPTQ", "Q4_K", "w4a16-gptq-q4k", {}),
     ("quantkit AWQ", "Q4_K", "w4a16-awq-q4k", {}),
+    # llama-quantize's mixes, tensor by tensor the types of llama.cpp's own Q4_K_M / Q4_K_S file
+    ("quantkit RTN", "Q4_K_M", "w4a16-rtn-q4km", {}),
+    ("quantkit GPTQ", "Q4_K_M", "w4a16-gptq-q4km", {}),
+    ("quantkit AWQ", "Q4_K_M", "w4a16-awq-q4km", {}),
+    ("quantkit GPTQ", "Q4_K_S", "w4a16-gptq-q4ks", {}),
 )
 LLAMA_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K_S", "Q4_K_M")
 IMATRIX_TYPES = ("Q4_0", "Q4_1", "Q4_K_S", "Q4_K_M")  # llama.cpp's Q8_0 ignores an importance matrix
@@ -68,7 +78,7 @@ def sh(cmd: list[str], logfile: Path) -> None:
 
 def float_model(args, work: Path) -> tuple[Path, Path, Path]:
     """(float model folder, calibration text, evaluation text)."""
-    if args.model == "smollm2":
+    if args.model.startswith("smollm2"):
         sys.path.insert(0, str(REPO / "evals" / "quality"))
         import smollm2
 
@@ -78,6 +88,14 @@ def float_model(args, work: Path) -> tuple[Path, Path, Path]:
         calib, evaluation = work / "calibration.txt", work / "evaluation.txt"
         if not evaluation.is_file():
             smollm2.write_texts(work)
+        if args.model == "smollm2-offgrid":
+            sys.path.insert(0, str(REPO / "evals" / "gguf"))
+            import offgrid
+
+            moved = work / "smollm2-offgrid"
+            if not (moved / "offgrid.json").is_file():
+                offgrid.fine_tune(folder, moved)
+            folder = moved
         return folder, calib, evaluation
     from quantkit.refmodels import corpus, resolve_model_name
 
@@ -106,7 +124,7 @@ def llama_cpp_files(args, work: Path, folder: Path, calib_text: Path) -> dict[st
     files = {}
     src_gguf = work / "float.gguf"
     if not src_gguf.is_file():
-        if args.model == "smollm2":
+        if args.model.startswith("smollm2"):
             sh([sys.executable, str(Path(args.llama_src) / "convert_hf_to_gguf.py"), str(folder), "--outfile",
                 str(src_gguf), "--outtype", "bf16"], work / "convert.log")
         else:
@@ -125,7 +143,7 @@ def llama_cpp_files(args, work: Path, folder: Path, calib_text: Path) -> dict[st
             if not out.is_file():
                 sh([str(bins / "llama-quantize")] + (["--imatrix", str(imatrix)] if with_imatrix else []) +
                    [str(src_gguf), str(out), kind, "2"], work / f"{out.stem}.log")
-            files[name] = ("Q4_K" if kind.startswith("Q4_K") else kind, out)
+            files[name] = (kind, out)
     # Q4_K laid out as quantkit's export is: every linear Q4_K (--pure: no mix), Q4_1 where the inputs are no
     # whole super-block (quantkit's fallback; llama-quantize's own is Q5_0), the embedding Q8_0 / Q6_K as
     # quantkit's --embedding rows: the same types tensor by tensor
@@ -167,6 +185,9 @@ def quantkit_files(args, work: Path, folder: Path, calib_ids: torch.Tensor) -> d
         if float_type != "auto" and args.no_ablations and recipe_name not in (
                 "w4a16-gptq-g32", "w8a16-rtn-g32", "w4a16-gptq-q4k"):
             continue  # the embedding as Q8_0 only for the rows the speed comparison reads
+        mix = quantkit.load_recipe(recipe_name).mix
+        if mix is not None and float_type != "auto":
+            continue  # a mix's "auto" is llama-quantize's own embedding and output types
         slug = recipe_name + "".join(f"-{k}-{v}" for k, v in overrides.items())
         ckpt = work / "checkpoints" / slug
         out = work / f"quantkit-{slug}{'' if float_type == 'auto' else '-emb-' + float_type}.gguf"
@@ -181,7 +202,7 @@ def quantkit_files(args, work: Path, folder: Path, calib_ids: torch.Tensor) -> d
                 quantkit.quantize(model, r, calib_ids if r.needs_calibration else None, progress=False)
                 info.write_text(json.dumps({"quantize_seconds": round(time.perf_counter() - start, 1)}))
                 in_memory[slug] = model
-            export_gguf(in_memory[slug], folder, out, float_type=float_type)
+            export_gguf(in_memory[slug], folder, out, float_type=float_type, mix=mix)
         if not out.is_file():
             if not (ckpt / "config.json").is_file():
                 log(f"quantize {slug}")
@@ -193,13 +214,21 @@ def quantkit_files(args, work: Path, folder: Path, calib_ids: torch.Tensor) -> d
                         r.algorithm, options=dataclasses.replace(r.algorithm.options, **overrides)))
                 quantkit.quantize(model, r, calib_ids if r.needs_calibration else None, progress=False)
                 seconds = time.perf_counter() - start
-                quantkit.save(model, ckpt, force=True, dtype=torch.bfloat16 if args.model == "smollm2" else torch.float16)
+                quantkit.save(model, ckpt, force=True,
+                              dtype=torch.bfloat16 if args.model.startswith("smollm2") else torch.float16)
                 info.write_text(json.dumps({"quantize_seconds": round(seconds, 1)}))
             sh([QUANTKIT_CLI, "export", str(ckpt), "--format", "gguf", "--out", str(out), "--force", "--float-type",
                 float_type], work / f"export-{out.stem}.log")
         embedding = "" if float_type == "auto" else f", embedding {float_type}"
         files[f"{row} {kind} ({recipe_name}{embedding})"] = (kind, out, json.loads(info.read_text())["quantize_seconds"])
     return files
+
+
+def tensor_types(path: Path) -> dict[str, str]:
+    """GGUF tensor name -> its ggml type, as the gguf package reads the file."""
+    import gguf
+
+    return {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
 
 
 def bench(bins: Path, path: Path, work: Path) -> float | None:
@@ -236,7 +265,7 @@ def llama_kl(bins: Path, path: Path, work: Path, evaluation: Path) -> float | No
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="smollm2", help="smollm2 or ref:small")
+    p.add_argument("--model", default="smollm2", help="smollm2, smollm2-offgrid or ref:small")
     p.add_argument("--work", required=True)
     p.add_argument("--llama-bin", required=True)
     p.add_argument("--llama-src", default="/work/llama/src")
@@ -283,6 +312,8 @@ def main() -> None:
                          baseline_perplexity=r["baseline_perplexity"], quantize_seconds=seconds,
                          decode_tokens_per_s=None if args.no_bench else bench(Path(args.llama_bin), path, work),
                          llama_cpp_kl=llama_kl(Path(args.llama_bin), path, work, evaluation)))
+        if name.startswith("quantkit") and kind in ("Q4_K_M", "Q4_K_S"):  # a mix: llama.cpp's types tensor by tensor?
+            rows[-1]["same_types_as_llama_cpp"] = tensor_types(path) == tensor_types(variants[f"llama.cpp {kind}"][1])
         log(json.dumps(rows[-1]))
     meta = dict(model=args.model, float_folder=str(folder), eval_windows=int(windows.shape[0]), window=512,
                 calibration_tokens=CALIB_TOKENS, cpu=platform.processor() or platform.machine(), torch=torch.__version__)
