@@ -165,8 +165,13 @@ def architecture_of(hparams: dict) -> tuple[str, bool]:
 
 
 def check_exportable(folder: str | os.PathLike) -> None:
-    """UsageError now, before any quantization, when the model in `folder` has no GGUF architecture here."""
+    """UsageError now, before any quantization, when the model in `folder` has no GGUF architecture or
+    tokenizer here."""
     architecture_of(_hparams(Path(folder)))
+    if _tokenizer_kind(Path(folder)) == "sentencepiece":
+        from .gguf_sentencepiece import load_processor
+
+        load_processor(Path(folder) / "tokenizer.model")
 
 
 def _set_parameters(writer, hparams: dict, arch: str, file_type) -> None:
@@ -217,18 +222,35 @@ def pre_tokenizer_name(tokenizer, tokenizer_json: dict) -> str:
                      f"pre_tokenizer {json.dumps(pre)[:120]}); llama.cpp could not tokenize text as this model does")
 
 
-def _set_vocab(writer, folder: Path, vocab_size: int) -> None:
-    """Tokens, types, merges, special ids and chat template as convert_hf_to_gguf's _set_vocab_gpt2 writes them."""
+def _tokenizer_kind(folder: Path) -> str:
+    """"sentencepiece" for a folder with a tokenizer.model (llama.cpp's converter writes it before any
+    tokenizer.json for Llama, Mistral and Qwen2: LlamaModel / Qwen2Model.set_vocab), else "bpe" for a
+    tokenizer.json of model type BPE; UsageError for anything else."""
+    if (folder / "tokenizer.model").is_file():
+        return "sentencepiece"
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        raise UsageError(f"{folder} has neither tokenizer.model nor tokenizer.json: GGUF export writes SentencePiece "
+                         f"(tokenizer.model) and BPE (tokenizer.json) vocabularies")
+    kind = (json.loads(path.read_text(encoding="utf-8")).get("model") or {}).get("type")
+    if kind != "BPE":
+        raise UsageError(f"{path}: a {kind} tokenizer, and no SentencePiece tokenizer.model beside it; GGUF export "
+                         f"writes BPE tokenizer.json and SentencePiece tokenizer.model vocabularies only")
+    return "bpe"
+
+
+def _set_vocab(writer, folder: Path, vocab_size: int, arch: str) -> None:
+    """Tokens, types, merges, special ids and chat template as convert_hf_to_gguf's _set_vocab_gpt2 writes them,
+    or a SentencePiece vocabulary as its _set_vocab_sentencepiece does (gguf_sentencepiece.py)."""
     import gguf
     from transformers import AutoTokenizer
 
+    if _tokenizer_kind(folder) == "sentencepiece":
+        from .gguf_sentencepiece import set_vocab
+
+        return set_vocab(writer, folder, vocab_size, arch)
     path = folder / "tokenizer.json"
-    if not path.is_file():
-        raise UsageError(f"{folder} has no tokenizer.json: GGUF export writes BPE tokenizers (tokenizer.json) only")
     tokenizer_json = json.loads(path.read_text(encoding="utf-8"))
-    if (tokenizer_json.get("model") or {}).get("type") != "BPE":
-        raise UsageError(f"{path}: a {(tokenizer_json.get('model') or {}).get('type')} tokenizer; GGUF export "
-                         f"writes BPE tokenizers only (SentencePiece vocabularies are not written yet)")
     tokenizer = AutoTokenizer.from_pretrained(folder)
     reverse = {i: t for t, i in tokenizer.vocab.items()}
     if max(reverse) >= vocab_size:
@@ -374,7 +396,7 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
     writer.add_name(name or folder.name)
     _set_parameters(writer, hparams, arch, file_type)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    _set_vocab(writer, folder, hparams["vocab_size"])
+    _set_vocab(writer, folder, hparams["vocab_size"], arch)
     for gname, data, qtype in pending:
         writer.add_tensor(gname, data, raw_dtype=qtype)
         result.tensors[gname] = qtype.name
