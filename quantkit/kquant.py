@@ -85,9 +85,9 @@ def _fp16(x: torch.Tensor, what: str) -> torch.Tensor:
 
 
 class _OnGrid:
-    """What every grid's weights share: levels `u` uint8 [N, K] in 0..LEVELS, the fields FIELDS (each
-    [N, K / COLUMNS_PER[field]]), and a scheme. OFFSET: for a symmetric grid, the level of 0
-    (y = scale * (u - OFFSET)); None for a grid with a float minimum (y = scale * u - minimum)."""
+    """What every grid's weights share: levels `u` uint8 [N, K] in 0..LEVELS, the fields FIELDS (each one value
+    per group of GROUP or per block of BLOCK inputs of a row), and a scheme. OFFSET: for a symmetric grid, the
+    level of 0 (y = scale * (u - OFFSET)); None for a grid with a float minimum (y = scale * u - minimum)."""
 
     FIELDS: tuple[str, ...] = ()
     LEVELS = 15

@@ -183,7 +183,7 @@ def quantkit_files(args, work: Path, folder: Path, calib_ids: torch.Tensor) -> d
         if args.only_recipes and recipe_name not in args.only_recipes.split(","):
             continue
         if float_type != "auto" and args.no_ablations and recipe_name not in (
-                "w4a16-gptq-g32", "w8a16-rtn-g32", "w4a16-gptq-q4k"):
+                "w4a16-gptq-g32", "w8a16-rtn-g32", "w4a16-gptq-q4k", "w4a16-gptq-q40"):
             continue  # the embedding as Q8_0 only for the rows the speed comparison reads
         mix = quantkit.load_recipe(recipe_name).mix
         if mix is not None and float_type != "auto":
