@@ -13,7 +13,7 @@ architectures): every linear Q4_K, except
 and a linear whose inputs are no whole super-block of 256 falls back as llama-quantize's
 tensor_type_fallback does (scheme.LLAMA_CPP_FALLBACK: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0), so that a
 mix file has llama.cpp's bits tensor by tensor. The output head (or a tied embedding) is written in Q6_K and
-an untied embedding in Q4_K, each falling back the same way (FLOAT_TYPES: what `--float-type auto` means for
+an untied embedding in Q4_K, each falling back the same way (OUTPUT_TYPES: what `--float-type auto` means for
 a mix). quantkit's algorithms quantize each linear onto its grid directly.
 """
 
@@ -28,7 +28,7 @@ MIXES = ("q4_k_m", "q4_k_s")
 #: the GGUF file type llama.cpp names each mix by
 FILE_TYPES = {"q4_k_m": "Q4_K_M", "q4_k_s": "Q4_K_S"}
 #: the types of the output head and of an untied embedding in a mix file (llama-quantize's defaults)
-FLOAT_TYPES = {"output": "q6_k", "token_embd": "q4_k"}
+OUTPUT_TYPES = {"output": "q6_k", "token_embd": "q4_k"}
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 

@@ -20,13 +20,13 @@ from quantkit.algorithms.gptq import GPTQOptions, gptq_quantize, hessian_update 
 from quantkit.algorithms.rtn import RTNOptions, rtn_quantize  # noqa: E402
 from quantkit.cli import main  # noqa: E402
 from quantkit.config_utils import ConfigError  # noqa: E402
-from quantkit.formats.gguf import rope_permutation  # noqa: E402
 from quantkit.gguf_mix import MixModel, mix_grid, use_more_bits  # noqa: E402
 from quantkit.modules.kquant_linear import KQuantLinear  # noqa: E402
 from quantkit.refmodels import resolve_model_name  # noqa: E402
 from quantkit.scheme import GGUF_GRIDS, LLAMA_CPP_FALLBACK, QuantScheme, grid_scheme  # noqa: E402
 
 from .conftest import make_random_model  # noqa: E402
+from .test_kquant import read_back  # noqa: E402
 
 T = gguf.GGMLQuantizationType
 NEW_GRIDS = ("q5_k", "q6_k", "q5_1", "q4_0", "q5_0", "q8_0")
@@ -184,12 +184,7 @@ def test_a_mix_recipe_writes_llama_quantizes_types_read_back_bit_for_bit(tmp_pat
     for name, layer in layers.items():
         t = tensors[names.get_name(name + ".weight", try_suffixes=(".weight",))]
         assert t.tensor_type.name == layer.gguf_type == _expected_type(mix, name, layer.in_features), name
-        theirs = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy())
-        if ".q_proj" in name:
-            theirs = theirs[torch.argsort(rope_permutation(layer.out_features, 4))]
-        elif ".k_proj" in name:
-            theirs = theirs[torch.argsort(rope_permutation(layer.out_features, 2))]
-        assert torch.equal(theirs, layer.dequantized_weight()), name
+        assert torch.equal(read_back(t, name, layer.out_features), layer.dequantized_weight()), name
     if mix == "q4_k_m":
         six = {n for n, m in layers.items() if m.gguf_type == ("Q6_K" if hidden == 256 else "Q8_0")}
         assert six == {f"model.layers.{i}.{p}" for i in (0, 3, 6, 7) for p in ("self_attn.v_proj", "mlp.down_proj")

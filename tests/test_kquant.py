@@ -106,6 +106,17 @@ def test_scheme_and_recipe_validation():
     assert quantkit.load_recipe("w4a16-gptq-q4k").weights == Q4K
 
 
+def read_back(tensor, name: str, rows: int, n_head: int = 4, n_kv: int = 2) -> torch.Tensor:
+    """A GGUF tensor dequantized by the gguf package, q/k rows put back in the model's order (the test
+    models' 4 heads and 2 KV heads)."""
+    theirs = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).copy())
+    if ".q_proj" in name:
+        return theirs[torch.argsort(rope_permutation(rows, n_head))]
+    if ".k_proj" in name:
+        return theirs[torch.argsort(rope_permutation(rows, n_kv))]
+    return theirs
+
+
 def _source(tmp_path, family="llama", tied=True):
     tiny = resolve_model_name("ref:tiny")
     model = make_random_model(family, seed=7, vocab=4160, tied=tied, layers=1, hidden=256,
@@ -140,12 +151,7 @@ def test_quantize_to_gguf_reads_back_bit_for_bit(tmp_path, capsys, family, recip
         for name, layer in layers.items():
             t = tensors[names.get_name(name + ".weight", try_suffixes=(".weight",))]
             assert t.tensor_type == T.Q4_K
-            theirs = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy())
-            if ".q_proj" in name:
-                theirs = theirs[torch.argsort(rope_permutation(layer.out_features, 4))]
-            elif ".k_proj" in name:
-                theirs = theirs[torch.argsort(rope_permutation(layer.out_features, 2))]
-            assert torch.equal(theirs, layer.dequantized_weight()), name
+            assert torch.equal(read_back(t, name, layer.out_features), layer.dequantized_weight()), name
     else:
         for t in tensors.values():
             if t.name.startswith("blk.") and t.name.endswith(".weight") and "norm" not in t.name:

@@ -17,7 +17,7 @@ What is exact (a weight of quantkit's [N, K] int q, fp32 scale [N, G], int zero 
 Everything else (asymmetric int8, K not a multiple of 32, ragged groups) is refused with the recipe to use.
 Norms and biases are F32 (as llama.cpp's converter writes every 1-D tensor); the embedding, the output
 head and any linear the recipe left in float get `float_type` ("auto" for a mix: llama-quantize's types for
-it, quantkit.gguf_mix.FLOAT_TYPES).
+it, quantkit.gguf_mix.OUTPUT_TYPES).
 """
 
 from __future__ import annotations
@@ -317,7 +317,7 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
     types of the embedding and output head."""
     import gguf
 
-    from ..gguf_mix import FILE_TYPES, FLOAT_TYPES as MIX_FLOAT_TYPES
+    from ..gguf_mix import FILE_TYPES, OUTPUT_TYPES
 
     folder = Path(folder)
     hparams = _hparams(folder)
@@ -327,8 +327,8 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
     tied = bool(hparams.get("tie_word_embeddings", False))
     float_types = {}  # gguf name -> its type where a mix's defaults choose it
     if float_type == "auto" and mix is not None:
-        float_types = {"output.weight": MIX_FLOAT_TYPES["output"],
-                       "token_embd.weight": MIX_FLOAT_TYPES["output" if tied else "token_embd"]}
+        float_types = {"output.weight": OUTPUT_TYPES["output"],
+                       "token_embd.weight": OUTPUT_TYPES["output" if tied else "token_embd"]}
     if float_type == "auto":
         float_type = "bf16" if source_dtype(model) == torch.bfloat16 else "f16"  # as stored, not as loaded
     n_blocks = hparams["num_hidden_layers"]
