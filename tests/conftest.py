@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -36,3 +38,17 @@ def random_model_folder(tmp_path):
         return folder
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _no_vllm_engine_state_left():
+    """After each test, tear down what a vLLM engine built in this process left: its distributed groups.
+
+    vLLM builds them once per process and reuses them: an engine whose construction failed (the FP8-KV
+    refusal on a CPU without AVX-512) leaves a dense model's groups, which have no expert-parallel group,
+    and the next MoE engine stops on "expert parallel group is not initialized". Nothing is done where vLLM
+    was never imported."""
+    yield
+    state = sys.modules.get("vllm.distributed.parallel_state")
+    if state is not None and state.model_parallel_is_initialized():
+        state.cleanup_dist_env_and_memory()
