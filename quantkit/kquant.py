@@ -277,9 +277,16 @@ class Q41Weight(_OnGrid):
     def choose_fields(cls, w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
                       clip_ratio=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(d, m) of w [N, K] (K % 32 == 0) from each group's min-max range (shrunk by clip_ratio), as
-        llama.cpp's quantize_row_q4_1_ref: d = fp16((max - min) / LEVELS), m = fp16(min). search and
-        importance: accepted for the common interface; these fields are their min-max range."""
+        llama.cpp's quantize_row_q4_1_ref: d = fp16((max - min) / LEVELS), m = fp16(min); with search and an
+        importance [K], llama.cpp's imatrix path (make_qkx3_quants' weighted least-squares search of the step
+        and minimum, weights importance * sqrt(sigma^2 + x^2)); without importance llama.cpp has no search
+        for these types, nor has this."""
         _need_blocks(w, cls)
+        if search and importance is not None:
+            from .gguf_reference_quants import q1_fields
+
+            d, m = q1_fields(w.float(), importance.float(), cls.LEVELS)
+            return _fp16(d, f"a {cls.GGUF_TYPE} block scale"), _fp16(m, f"a {cls.GGUF_TYPE} block minimum")
         lo, hi = _ranges(w, clip_ratio, include_zero=False)
         return (_fp16((hi - lo) / cls.LEVELS, f"a {cls.GGUF_TYPE} block scale"),
                 _fp16(lo, f"a {cls.GGUF_TYPE} block minimum"))

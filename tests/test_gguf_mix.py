@@ -209,3 +209,34 @@ def test_calibrated_mix_recipes_quantize_each_linear_onto_its_grid(tmp_path, cap
                 assert kind == _expected_type(mix, f"model.layers.{i}.{hf}", 256), name
         assert types["token_embd.weight"] == "Q6_K"  # tied: the output's type, as llama-quantize writes it
     assert "file type Q4_K_S" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("grid", ["q4_1", "q5_1"])
+def test_q1_grids_search_their_fields_with_an_importance(grid):
+    """Q4_1 / Q5_1 with an importance (GPTQ's diag(H) under observer mse): llama.cpp's imatrix search of each
+    block's step and minimum, which lowers the importance-weighted error of rounding to nearest and GPTQ's
+    output error against the min-max fields; without one, the min-max fields (llama.cpp's _ref)."""
+    g = torch.Generator().manual_seed(11)
+    k = 512
+    w = _weight(48, k, 12)
+    x = (torch.randn(4096, k, generator=g) @ (torch.randn(k, k, generator=g) / k**0.5)) \
+        * torch.rand(k, generator=g).mul(3).add(0.1)
+    h, _ = hessian_update(None, 0, x)
+    importance = torch.diag(h)
+    scheme = grid_scheme(grid)
+    cls = type(rtn_quantize(w, scheme, RTNOptions()))
+    assert torch.equal(torch.stack(cls.choose_fields(w, search=True)), torch.stack(cls.choose_fields(w)))
+
+    def weighted(q):
+        return ((q.dequantize() - w).pow(2) * importance).sum().item()
+
+    def out_err(q):
+        return (x @ (q.dequantize() - w).T).pow(2).mean().item()
+
+    minmax = cls.round(w, cls.choose_fields(w), scheme)
+    searched = cls.round(w, cls.choose_fields(w, search=True, importance=importance), scheme)
+    assert weighted(searched) < 0.9 * weighted(minmax)
+    plain, mse = (gptq_quantize(w, h, scheme, GPTQOptions(observer=o)) for o in ("minmax", "mse"))
+    assert out_err(mse) < 0.97 * out_err(plain)
+    theirs = gguf.quants.dequantize(mse.blocks().numpy(), getattr(T, cls.GGUF_TYPE))  # llama.cpp's own Python
+    assert np.array_equal(theirs, mse.dequantize().numpy())

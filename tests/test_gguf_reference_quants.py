@@ -46,7 +46,7 @@ KINDS = ("Q4_K", "Q5_K", "Q6_K")
 QUANTIZE = {"Q4_K": R.quantize_q4_k, "Q5_K": R.quantize_q5_k, "Q6_K": R.quantize_q6_k}
 FIELDS = {"Q4_K": R.q4_k_fields, "Q5_K": R.q5_k_fields, "Q6_K": R.q6_k_fields}
 PACK = {"Q4_K": gguf_blocks.pack_q4_k, "Q5_K": gguf_blocks.pack_q5_k, "Q6_K": gguf_blocks.pack_q6_k}
-GGML_TYPE = {"Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # enum ggml_type (ggml.h)
+GGML_TYPE = {"Q4_1": 3, "Q5_1": 7, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # enum ggml_type (ggml.h)
 FIXTURE = Path(__file__).parent / "data" / "gguf_kquants_ggml.npz"
 DISTRIBUTIONS = ("gauss", "heavy", "mixed", "tiny")
 #: corner cases: rounding ties, mostly zeros, rare outliers, far from 1 in both directions, an integer grid
@@ -249,7 +249,8 @@ def ggml_quantizer(workdir: Path):
 
         def run(kind, w, importance=None):
             w = np.ascontiguousarray(w, np.float32)
-            out = np.zeros((w.shape[0], w.shape[1] // 256 * gguf_blocks.BLOCK_BYTES[kind]), np.uint8)
+            per_block = 256 if kind.endswith("_K") else 32
+            out = np.zeros((w.shape[0], w.shape[1] // per_block * gguf_blocks.BLOCK_BYTES[kind]), np.uint8)
             imp = None if importance is None else np.ascontiguousarray(importance, np.float32)
             written = lib.ggml_quantize_chunk(GGML_TYPE[kind], w.ctypes.data, out.ctypes.data, 0, w.shape[0],
                                               w.shape[1], None if imp is None else imp.ctypes.data)
@@ -323,6 +324,34 @@ def test_port_matches_llama_cpps_ggml_on_corner_cases(ggml, dist):
         for kind in KINDS:
             theirs = ggml(kind, w.numpy(), None if imp is None else imp.numpy())
             assert_same_blocks(kind, QUANTIZE[kind](w, imp).numpy(), theirs, f"{dist} importance {name}")
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q5_1"])
+def test_q1_field_search_is_llama_cpps_imatrix_search(ggml, kind):
+    """Q4_1 / Q5_1 with an importance matrix: quantkit's fields (kquant's choose_fields with search, the
+    make_qkx3_quants port) against the d and m of the blocks ggml wrote. The row's sigma^2 is not summed in
+    the C's order, so a rare block may take another candidate: nearly all blocks must be identical, and the
+    rest close."""
+    from quantkit.kquant import Q41Weight, Q51Weight
+
+    grid = {"Q4_1": Q41Weight, "Q5_1": Q51Weight}[kind]
+    g = torch.Generator().manual_seed(7)
+    same = total = 0
+    for dist in DISTRIBUTIONS:
+        w = sample(dist, 24, 512, g)
+        imp = sample_importance(512, g)
+        theirs = ggml(kind, w.numpy(), imp.numpy()).reshape(24, 16, gguf_blocks.BLOCK_BYTES[kind])
+        their_d = torch.from_numpy(theirs[..., 0:2].copy()).view(torch.float16).squeeze(-1)  # [N, K/32]
+        their_m = torch.from_numpy(theirs[..., 2:4].copy()).view(torch.float16).squeeze(-1)
+        d, m = grid.choose_fields(w, search=True, importance=imp)
+        hit = (d == their_d) & (m == their_m)
+        same += int(hit.sum())
+        total += hit.numel()
+        span = (w.reshape(24, 16, 32).amax(-1) - w.reshape(24, 16, 32).amin(-1)).float()
+        assert ((d.float() - their_d.float()).abs() <= 0.1 * span + 1e-6).all(), dist
+        minmax = grid.choose_fields(w)
+        assert not torch.equal(minmax[0], d), "the search chose the min-max fields everywhere"
+    assert same >= 0.98 * total, f"{kind}: {same}/{total} blocks with ggml's fields"
 
 
 def fixture_inputs() -> tuple[np.ndarray, np.ndarray]:
