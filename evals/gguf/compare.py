@@ -271,6 +271,7 @@ def main() -> None:
     p.add_argument("--llama-src", default="/work/llama/src")
     p.add_argument("--out", required=True, help="writes OUT.json and OUT.md")
     p.add_argument("--no-bench", action="store_true")
+    p.add_argument("--no-llama-kl", action="store_true", help="leave out llama-perplexity's KL column")
     p.add_argument("--embedding", default="q8_0", choices=("q8_0", "q6_k"),
                    help="the second embedding type of each quantkit row: llama-quantize's for the model (Q6_K when "
                         "its width is a multiple of 256, else Q8_0)")
@@ -311,7 +312,8 @@ def main() -> None:
                          kl=r["kl_divergence"], top1=r["top1_agreement"], perplexity=r["perplexity"],
                          baseline_perplexity=r["baseline_perplexity"], quantize_seconds=seconds,
                          decode_tokens_per_s=None if args.no_bench else bench(Path(args.llama_bin), path, work),
-                         llama_cpp_kl=llama_kl(Path(args.llama_bin), path, work, evaluation)))
+                         llama_cpp_kl=None if args.no_llama_kl else llama_kl(Path(args.llama_bin), path, work,
+                                                                             evaluation)))
         if name.startswith("quantkit") and kind in ("Q4_K_M", "Q4_K_S"):  # a mix: llama.cpp's types tensor by tensor?
             rows[-1]["same_types_as_llama_cpp"] = tensor_types(path) == tensor_types(variants[f"llama.cpp {kind}"][1])
         log(json.dumps(rows[-1]))
