@@ -404,14 +404,24 @@ def qx_scales(w: torch.Tensor, importance: torch.Tensor, nmax: int) -> torch.Ten
     weight = importance * sqrt(sigma^2 + x^2), sigma^2 the row's mean x^2). w float [N, K], K % 32 == 0,
     importance [K] -> fp32 [N, K/32], before the fp16 rounding (the search itself; the row sum is not
     accumulated in the C's order, so this is llama.cpp's search, not always its bytes)."""
+    _check_blocks_of_32(w, f"Q{4 if nmax == 8 else 5}_0")
+    x, qw = _imatrix_weights(w, importance)
+    return _make_qx_quants(x, nmax, qw)[1]
+
+
+def _check_blocks_of_32(w: torch.Tensor, name: str) -> None:
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[1] % 32 or not bool(torch.isfinite(w).all()):
-        raise ValueError(f"Q{4 if nmax == 8 else 5}_0: expected a finite float tensor [N, K] with K % 32 == 0, "
-                         f"got {tuple(w.shape)}")
+        raise ValueError(f"{name}: expected a finite float tensor [N, K] with K % 32 == 0, got "
+                         f"{tuple(getattr(w, 'shape', ()))}")
+
+
+def _imatrix_weights(w: torch.Tensor, importance: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weights llama.cpp's imatrix paths for the blocks of 32 give each position: importance * sqrt(sigma^2
+    + x^2), sigma^2 the row's mean x^2. w float [N, K], importance [K] -> (x, weights) fp32 [N, K/32, 32]."""
     n, k = w.shape
     x = w.to(F32).reshape(n, k // 32, 32)
     sigma2 = (x * x).sum(dim=(1, 2)) / k  # [N]
-    qw = importance.to(F32).reshape(1, k // 32, 32) * _sqrtf(sigma2[:, None, None] + x * x)
-    return _make_qx_quants(x, nmax, qw)[1]
+    return x, importance.to(F32).reshape(1, k // 32, 32) * _sqrtf(sigma2[:, None, None] + x * x)
 
 
 def q1_fields(w: torch.Tensor, importance: torch.Tensor, nmax: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -421,20 +431,11 @@ def q1_fields(w: torch.Tensor, importance: torch.Tensor, nmax: int) -> tuple[tor
     K % 32 == 0, importance [K] -> (d, m) fp32 [N, K/32] with y = d * u + m (m <= 0), before the fp16 rounding
     (the search itself; the row sum is not accumulated in the C's order, so this is llama.cpp's search, not
     always its bytes). Without an importance llama.cpp takes the min-max range (quantize_row_q4_1_ref)."""
-    name = f"Q{4 if nmax == 15 else 5}_1"
-    if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.shape[1] % 32 or not bool(torch.isfinite(w).all()):
-        raise ValueError(f"{name}: expected a finite float tensor [N, K] with K % 32 == 0, got "
-                         f"{tuple(getattr(w, 'shape', ()))}")
+    _check_blocks_of_32(w, f"Q{4 if nmax == 15 else 5}_1")
     n, k = w.shape
-    qw = importance.to(F32).reshape(1, k // 32, 32)
-    d, m = [], []
-    for rows in _chunks(n, k):
-        x = w[rows].to(F32).reshape(-1, k // 32, 32)
-        sigma2 = (x * x).sum(dim=(1, 2)) / k  # [rows]
-        weights = qw * _sqrtf(sigma2[:, None, None] + x * x)
-        _, scale, the_min = _make_qkx_quants(x, weights, nmax, -0.9, 0.05, 36, qkx3=True)
+    d, m = [torch.zeros(0, k // 32)], [torch.zeros(0, k // 32)]
+    for rows in _chunks(n, k):  # bounds the search's temporaries
+        _, scale, the_min = _make_qkx_quants(*_imatrix_weights(w[rows], importance), nmax, -0.9, 0.05, 36, qkx3=True)
         d.append(scale)
         m.append(-the_min)
-    if not d:
-        return torch.zeros(0, k // 32), torch.zeros(0, k // 32)
     return torch.cat(d), torch.cat(m)

@@ -249,8 +249,8 @@ def ggml_quantizer(workdir: Path):
 
         def run(kind, w, importance=None):
             w = np.ascontiguousarray(w, np.float32)
-            per_block = 256 if kind.endswith("_K") else 32
-            out = np.zeros((w.shape[0], w.shape[1] // per_block * gguf_blocks.BLOCK_BYTES[kind]), np.uint8)
+            out = np.zeros((w.shape[0], w.shape[1] // gguf_blocks.BLOCK_WEIGHTS[kind] * gguf_blocks.BLOCK_BYTES[kind]),
+                           np.uint8)
             imp = None if importance is None else np.ascontiguousarray(importance, np.float32)
             written = lib.ggml_quantize_chunk(GGML_TYPE[kind], w.ctypes.data, out.ctypes.data, 0, w.shape[0],
                                               w.shape[1], None if imp is None else imp.ctypes.data)
@@ -335,14 +335,13 @@ def test_q1_field_search_is_llama_cpps_imatrix_search(ggml, kind):
     from quantkit.kquant import Q41Weight, Q51Weight
 
     grid = {"Q4_1": Q41Weight, "Q5_1": Q51Weight}[kind]
+    unpack = {"Q4_1": gguf_blocks.unpack_q4_1, "Q5_1": gguf_blocks.unpack_q5_1}[kind]
     g = torch.Generator().manual_seed(7)
     same = total = 0
     for dist in DISTRIBUTIONS:
         w = sample(dist, 24, 512, g)
         imp = sample_importance(512, g)
-        theirs = ggml(kind, w.numpy(), imp.numpy()).reshape(24, 16, gguf_blocks.BLOCK_BYTES[kind])
-        their_d = torch.from_numpy(theirs[..., 0:2].copy()).view(torch.float16).squeeze(-1)  # [N, K/32]
-        their_m = torch.from_numpy(theirs[..., 2:4].copy()).view(torch.float16).squeeze(-1)
+        _, their_d, their_m = unpack(torch.from_numpy(ggml(kind, w.numpy(), imp.numpy())))  # fp16 [N, K/32]
         d, m = grid.choose_fields(w, search=True, importance=imp)
         hit = (d == their_d) & (m == their_m)
         same += int(hit.sum())
