@@ -50,6 +50,7 @@ from vllm.scalar_type import scalar_types  # noqa: E402
 
 from quantkit.kernels import dequantize_wna16  # noqa: E402
 from quantkit.kernels.packing import pack_int32, pack_zero_point  # noqa: E402
+from tests.vllm_engines import shut_down  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -305,8 +306,7 @@ def vllm_side(folder: Path, prompts: list[list[int]], sequences: list[list[int]]
     try:
         outputs = engine_outputs(llm, prompts, sequences)
     finally:
-        del llm
-        gc.collect()
+        shut_down(llm)
     return {**outputs, "kernels": set(CompressedTensorsWNA16._kernel_backends_being_used)}
 
 
@@ -403,8 +403,7 @@ def test_kv_fp8_checkpoint_runs_with_a_bf16_cache_where_vllm_has_no_fp8_cache(en
     try:
         tokens = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, greedy, use_tqdm=False)]
     finally:
-        del llm
-        gc.collect()
+        shut_down(llm)
     assert tokens == engine_runs["float"]["vllm"]["greedy"]
     if not (torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()):
         with pytest.raises(Exception, match="FP8 KV cache on CPU requires x86 with AVX-512 or AMX"):

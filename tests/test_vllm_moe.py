@@ -14,7 +14,6 @@ Where the machine has AMX, the engine also runs and its greedy tokens are compar
 
 from __future__ import annotations
 
-import gc
 import os
 
 import pytest
@@ -34,6 +33,7 @@ from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tenso
 import quantkit  # noqa: E402
 from quantkit.modules.quant_experts import QuantExperts  # noqa: E402
 from tests.moe_fixtures import MOE_FAMILIES, make_moe_model  # noqa: E402
+from tests.vllm_engines import shut_down  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -112,22 +112,24 @@ def test_vllms_loader_fills_the_expert_parameters_exactly(family, recipe, tmp_pa
         if torch.cpu._is_amx_tile_supported():
             raise
         assert captured, f"vLLM failed before loading the experts: {type(e).__name__}: {e}"
-    assert len(captured) == 2
-    for layer, theirs in enumerate(captured):
-        want = _quantkit_stacked(ours, layer)
-        for name, tensor in want.items():
-            got = theirs[name]
-            assert got.shape == tensor.shape, (name, got.shape, tensor.shape)
-            if tensor.is_floating_point():
-                assert torch.equal(got.to(tensor.dtype), tensor), name
-            else:
-                assert torch.equal(got.view(tensor.dtype) if got.dtype != tensor.dtype else got, tensor), name
-    if llm is not None and torch.cpu._is_amx_tile_supported():
-        from vllm import SamplingParams
+    try:
+        assert len(captured) == 2
+        for layer, theirs in enumerate(captured):
+            want = _quantkit_stacked(ours, layer)
+            for name, tensor in want.items():
+                got = theirs[name]
+                assert got.shape == tensor.shape, (name, got.shape, tensor.shape)
+                if tensor.is_floating_point():
+                    assert torch.equal(got.to(tensor.dtype), tensor), name
+                else:
+                    assert torch.equal(got.view(tensor.dtype) if got.dtype != tensor.dtype else got, tensor), name
+        if llm is not None and torch.cpu._is_amx_tile_supported():
+            from vllm import SamplingParams
 
-        ids = [3, 17, 42, 99, 7]
-        out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=8, temperature=0.0))
-        ref = ours.to(torch.bfloat16).generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)
-        assert list(out[0].outputs[0].token_ids) == ref[0, len(ids):].tolist()
-    del llm
-    gc.collect()
+            ids = [3, 17, 42, 99, 7]
+            out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=8, temperature=0.0))
+            ref = ours.to(torch.bfloat16).generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)
+            assert list(out[0].outputs[0].token_ids) == ref[0, len(ids):].tolist()
+    finally:
+        if llm is not None:
+            shut_down(llm)
