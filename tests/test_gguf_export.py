@@ -16,6 +16,7 @@ from quantkit.cli import main  # noqa: E402
 from quantkit.formats.gguf import rope_permutation  # noqa: E402
 from quantkit.kernels import gguf_blocks  # noqa: E402
 from quantkit.modules.quant_linear import QuantLinear  # noqa: E402
+from quantkit.recipe import load_recipe  # noqa: E402
 from quantkit.refmodels import resolve_model_name  # noqa: E402
 
 from .conftest import make_random_model  # noqa: E402
@@ -81,7 +82,9 @@ def _checkpoint(tmp_path, family, recipe, *, dtype=torch.bfloat16, tied=True, se
     for name in TOKENIZER_FILES:
         shutil.copy(f"{tiny}/{name}", src / name)
     model = quantkit.load(src, dtype=dtype)
-    quantkit.quantize(model, recipe, progress=False)
+    calibrated = (load_recipe(recipe) if isinstance(recipe, str) else recipe).needs_calibration
+    calib = torch.randint(0, 4160, (4, 64), generator=torch.Generator().manual_seed(seed)) if calibrated else None
+    quantkit.quantize(model, recipe, calib, progress=False)
     out = tmp_path / f"{family}-{recipe if isinstance(recipe, str) else recipe.name + '-custom'}"
     quantkit.save(model, out, tokenizer_source=str(src))
     return out
@@ -99,7 +102,8 @@ def _field(reader, key):
 
 
 CASES = [("llama", "w4a16-rtn-g32", "Q4_0"), ("mistral", "w8a16-rtn-g32", "Q8_0"), ("qwen2", "w4a16-rtn-asym-g32", "Q4_1"),
-         ("qwen3", "w4a16-rtn-g32", "Q4_0"), ("llama", "w4a16-rtn", "Q4_0"), ("qwen3", "w8a16-rtn", "Q8_0")]
+         ("qwen3", "w4a16-rtn-g32", "Q4_0"), ("llama", "w4a16-rtn", "Q4_0"), ("qwen3", "w8a16-rtn", "Q8_0"),
+         ("llama", "w4a16-gptq-g32", "Q4_0"), ("qwen2", "w8a16-gptq-g32", "Q8_0")]
 
 
 @pytest.mark.parametrize("family,recipe,kind", CASES)
@@ -175,7 +179,6 @@ def test_refusals(tmp_path, capsys):
 
 
 def test_int8_asymmetric_is_refused_with_the_recipe_to_use(tmp_path, capsys):
-    from quantkit.recipe import load_recipe
     import dataclasses
 
     recipe = load_recipe("w8a16-rtn")

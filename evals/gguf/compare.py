@@ -50,6 +50,7 @@ QUANTKIT = (
     ("quantkit RTN", "Q4_1", "w4a16-rtn-asym-g32", {}),
     ("quantkit GPTQ", "Q4_1", "w4a16-gptq-asym-g32", {}),
     ("quantkit RTN", "Q8_0", "w8a16-rtn-g32", {}),
+    ("quantkit GPTQ", "Q8_0", "w8a16-gptq-g32", {}),
     # on llama.cpp's Q4_K grid: no checkpoint (compressed-tensors cannot hold it), quantize writes the GGUF file
     ("quantkit RTN", "Q4_K", "w4a16-rtn-q4k", {}),
     ("quantkit GPTQ", "Q4_K", "w4a16-gptq-q4k", {}),
@@ -135,6 +136,8 @@ def llama_cpp_files(args, work: Path, folder: Path, calib_text: Path) -> dict[st
         sh([str(bins / "llama-imatrix"), "-m", str(src_gguf), "-f", str(calib_text), "-o", str(imatrix), "-c", "512",
             "--chunks", "8", "-t", "2"], work / "imatrix.log")
     for kind in LLAMA_TYPES:
+        if args.types and kind not in args.types:
+            continue
         for with_imatrix in (False, True):
             if with_imatrix and kind not in IMATRIX_TYPES:
                 continue
@@ -148,7 +151,7 @@ def llama_cpp_files(args, work: Path, folder: Path, calib_text: Path) -> dict[st
     # whole super-block (quantkit's fallback; llama-quantize's own is Q5_0), the embedding Q8_0 / Q6_K as
     # quantkit's --embedding rows: the same types tensor by tensor
     overrides = same_layout_overrides(folder)
-    for with_imatrix in (False, True):
+    for with_imatrix in (False, True) if not args.types or "Q4_K" in args.types else ():
         name = "llama.cpp Q4_K in quantkit's layout" + (", importance matrix" if with_imatrix else "")
         out = work / f"llama-Q4_K-quantkit-layout{'-imatrix' if with_imatrix else ''}.gguf"
         if not out.is_file():
@@ -182,8 +185,10 @@ def quantkit_files(args, work: Path, folder: Path, calib_ids: torch.Tensor) -> d
             continue
         if args.only_recipes and recipe_name not in args.only_recipes.split(","):
             continue
+        if args.types and kind not in args.types:
+            continue
         if float_type != "auto" and args.no_ablations and recipe_name not in (
-                "w4a16-gptq-g32", "w8a16-rtn-g32", "w4a16-gptq-q4k", "w4a16-gptq-q40"):
+                "w4a16-gptq-g32", "w8a16-rtn-g32", "w8a16-gptq-g32", "w4a16-gptq-q4k", "w4a16-gptq-q40"):
             continue  # the embedding as Q8_0 only for the rows the speed comparison reads
         mix = quantkit.load_recipe(recipe_name).mix
         if mix is not None and float_type != "auto":
@@ -276,9 +281,11 @@ def main() -> None:
                    help="the second embedding type of each quantkit row: llama-quantize's for the model (Q6_K when "
                         "its width is a multiple of 256, else Q8_0)")
     p.add_argument("--only-recipes", default=None, help="comma-separated quantkit recipes to run (default: all)")
+    p.add_argument("--types", default=None, type=lambda s: s.split(","),
+                   help="comma-separated GGUF types (Q4_0, Q4_1, Q8_0, Q4_K, Q4_K_M, Q4_K_S) whose rows to make (default: all)")
     p.add_argument("--no-ablations", action="store_true",
                    help="leave out the rows of the previous scale rule, and the --embedding variant but for GPTQ "
-                        "Q4_0 / Q4_K and RTN Q8_0")
+                        "Q4_0 / Q4_K and RTN / GPTQ Q8_0")
     args = p.parse_args()
     torch.set_num_threads(2)
     work = Path(args.work)

@@ -6,4 +6,4 @@
 FLOAT_TYPES = ("auto", "f32", "f16", "bf16", "q8_0", "q6_k", "q4_k")
 #: the built-in recipes whose grids GGUF holds exactly, by block type
 RECIPES_FOR = {"Q4_0": "w4a16-rtn-g32 or w4a16-gptq-g32", "Q4_1": "w4a16-rtn-asym-g32 or w4a16-gptq-asym-g32",
-               "Q8_0": "w8a16-rtn-g32"}
+               "Q8_0": "w8a16-rtn-g32 or w8a16-gptq-g32"}
