@@ -98,3 +98,9 @@ def set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, child, new)
+
+
+def output_head_name(model: nn.Module) -> str | None:
+    """The module path of the model's output head (`get_output_embeddings()`), None where it has none."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return next((n for n, m in model.named_modules() if m is head), None) if head is not None else None

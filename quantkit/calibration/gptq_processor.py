@@ -45,6 +45,15 @@ class GPTQProcessor:
                 )
                 ctx.set_quantized(name, qweight)
 
+    def quantize_head(self, name: str, linear, inputs: list):
+        """The output head `linear` with GPTQ, its Hessian from `inputs` (per batch, the final norm of the last
+        block's outputs [B, T, H])."""
+        h, count = None, 0
+        for x in inputs:
+            h, count = hessian_update(h, count, x)
+        return gptq_quantize(linear.weight, h, self.scheme_for(name), self.options,
+                             scale_dtype=self.scale_dtype or linear.weight.dtype, name=name)
+
     def _separate_step(self, ctx: BlockContext, targets: tuple[str, ...]) -> None:
         """MoE experts: one Hessian per expert (its gate and up share it), all from one forward; an expert
         no calibration token reached gets RTN scales from its weights (announced in `rtn_fallback`)."""

@@ -4,7 +4,7 @@
               each recorder keeps the arguments the model passes to its block (attention mask, rotary
               (cos, sin), position ids; masks may differ per block, e.g. sliding-window layers), then
               passes the hidden states through. The last recorder stops the forward, so the final norm
-              and the LM head never run.
+              and the LM head never run then.
     per block materialise it on the compute device (from accelerate's CPU/disk offload if needed), let
               each BlockProcessor collect statistics with forward hooks and quantize the block's linears
               in sub-layer order (q/k/v, then o, then gate/up, then down: each step's statistics come
@@ -12,6 +12,8 @@
               block's outputs as the next block's inputs, swap in quantized layers (QuantLinear;
               KQuantLinear on a GGUF grid) and move the block back to its home device (the CPU for
               offloaded models).
+    head      a targeted output head (lm_head) is quantized last, on the final norm of the last block's
+              outputs, by a processor with ``quantize_head`` (GPTQ); others leave it to RTN.
 
 Peak memory is one float block plus the calibration activations (samples x tokens x hidden) plus the
 quantized blocks already done (about a quarter of their float size at 4 bits). No tracing: blocks are
@@ -40,6 +42,7 @@ from ..modules.quant_experts import QuantExperts
 from ..kquant import GridWeight
 from ..modules.kquant_linear import quantized_linear
 from ..quantized_weight import QuantizedWeight
+from ..targets import output_head_name, set_submodule
 from .adapters import FamilyAdapter, LinearGroup, adapter_for
 from .offload import home_device, materialize_, materialize_model_
 
@@ -231,6 +234,30 @@ def capture_block_inputs(
     return inputs, kwargs
 
 
+@torch.no_grad()
+def _quantize_head(model: nn.Module, outside: list[str], last_outputs: list[torch.Tensor],
+                   processors: Sequence[BlockProcessor]) -> list[str]:
+    """Quantize the output head, if targeted, with the first processor that has `quantize_head(name, linear,
+    inputs)`, its inputs being the final norm of the last block's outputs (per batch [B, T, H]); returns
+    `outside` without it where one did. A model whose decoder has no `norm` keeps its head for the caller."""
+    name = output_head_name(model)
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    norm = getattr(decoder, "norm", None)
+    quantizer = next((p for p in processors if hasattr(p, "quantize_head")), None)
+    if name not in outside or not isinstance(norm, nn.Module) or quantizer is None:
+        return outside
+    linear = model.get_submodule(name)
+    home = norm.weight.device if getattr(norm, "weight", None) is not None else linear.weight.device
+    inputs = []
+    for b, x in enumerate(last_outputs):
+        h = norm(x.to(home)).to(linear.weight.device)
+        check_finite(h, f"the input of {name} (calibration batch {b})")
+        inputs.append(h)
+    qweight = quantizer.quantize_head(name, linear, inputs)
+    set_submodule(model, name, quantized_linear(qweight, linear.bias, dtype=linear.weight.dtype))
+    return [n for n in outside if n != name]
+
+
 def _block_steps(adapter: FamilyAdapter, block: nn.Module, targets: list[str]) -> list[Step]:
     """The adapter's sub-layer steps restricted to the targeted linears, plus one step per targeted linear
     the adapter does not know (quantized last, each on its own input)."""
@@ -262,9 +289,10 @@ def run_blockwise(
 
     batches: calibration token ids, each [B, T] int64. targets: full names of the linears to quantize.
     device: compute device (default: cuda if available, else cpu).
-    Quantized linears are replaced by QuantLinear (KQuantLinear on a GGUF grid) in place. Returns the
-    targeted names that are not in any decoder block (e.g. lm_head), which the caller quantizes without
-    calibration.
+    Quantized linears are replaced by QuantLinear (KQuantLinear on a GGUF grid) in place. A targeted output
+    head is quantized after the last block by the first processor with `quantize_head` (GPTQ), on the final
+    norm of the last block's outputs. Returns the targeted names left: those not in any decoder block and
+    not so quantized, which the caller quantizes without calibration.
     An offloaded model (accelerate device_map with cpu/disk) comes back as a plain CPU model.
     """
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -321,8 +349,9 @@ def run_blockwise(
             bar.update(1)
     finally:
         bar.close()
-    del inputs
     materialize_model_(model)
+    outside = _quantize_head(model, outside, inputs, processors)
+    del inputs
     for processor in processors:
         finish = getattr(processor, "finish", None)
         if finish is not None:
