@@ -66,9 +66,12 @@ def _role(name: str) -> str | None:
 
 def mix_grid(mix: str, name: str, model: MixModel) -> str:
     """The grid ("q4_k", "q5_k" or "q6_k") the mix gives the linear `name` (a module path such as
-    "model.layers.3.self_attn.v_proj"), before any fallback."""
+    "model.layers.3.self_attn.v_proj"; "lm_head", the output head, takes the mix's output type), before any
+    fallback."""
     if mix not in MIXES:
         raise ValueError(f"mix must be one of {', '.join(MIXES)}, got {mix!r}")
+    if name == "lm_head":  # the output head, where a recipe quantizes it (ignore: []): llama-quantize's type
+        return OUTPUT_TYPES["output"]
     role = _role(name)
     if role is None:
         return "q4_k"

@@ -98,9 +98,12 @@ class SizeOnDisk:
 
 
 def quantization_summary(model, recipe, source, out: Path, before: SizeOnDisk, after: SizeOnDisk,
-                         seconds: float, kind: str = "checkpoint", scale_dtype: torch.dtype | None = None) -> str:
+                         seconds: float, kind: str = "checkpoint", scale_dtype: torch.dtype | None = None,
+                         embedding_is_head: bool = False) -> str:
     """kind: what was written, "checkpoint" or "GGUF file"; scale_dtype: the dtype its scales are stored
-    in (default: after.dtype, a checkpoint's float dtype)."""
+    in (default: after.dtype, a checkpoint's float dtype); embedding_is_head: the file's token embedding is
+    the quantized output head (GGUF tie_output), so the float embedding is not counted."""
+    census = weight_census(model).tied_to_head() if embedding_is_head else weight_census(model)
     bpw, n = quantized_bits_per_weight(model, scale_dtype or getattr(torch, after.dtype))
     layers = sum(isinstance(m, QUANTIZED_LINEARS) for m in model.modules())
     ratio = f", {before.bytes / after.bytes:.2f}x smaller" if before.bytes and after.bytes else ""
@@ -112,7 +115,7 @@ def quantization_summary(model, recipe, source, out: Path, before: SizeOnDisk, a
         f"{', kv ' + recipe.kv_cache.describe() if recipe.kv_cache else ''})",
         f"  layers quantized : {quantized}",
         *(f"    {line}" for line in scheme_lines(model)),
-        *(f"  {'weights' if i == 0 else '':<17}: {line}" for i, line in enumerate(weight_census(model).lines())),
+        *(f"  {'weights' if i == 0 else '':<17}: {line}" for i, line in enumerate(census.lines())),
         f"  size             : {human_bytes(before.bytes)} source ({before.dtype}, {before.measured}) -> "
         f"{human_bytes(after.bytes)} {kind} ({after.dtype}, {after.measured}){ratio}",
         f"  time             : {seconds:.1f} s",

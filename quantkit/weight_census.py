@@ -49,6 +49,13 @@ class WeightCensus:
     def share(self, n: int) -> float:
         return 100.0 * n / self.total if self.total else 0.0
 
+    def tied_to_head(self) -> "WeightCensus":
+        """The census of a file whose token embedding is the quantized output head (GGUF tie_output): the
+        float embedding is not written, the head's quantized weights stand for both."""
+        by_kind = {k: n for k, n in self.float_by_kind.items() if k != "embeddings"}
+        names = {k: v for k, v in self.float_names.items() if k != "embeddings"}
+        return WeightCensus(self.quantized, by_kind, names)
+
     def lines(self) -> list[str]:
         """'weights quantized: 93.8% (...)' and one 'left float: ...' line, kinds in KINDS order."""
         out = [f"{self.share(self.quantized):.1f}% of {self.total / 1e6:.2f}M weights quantized"]

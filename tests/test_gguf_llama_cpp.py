@@ -227,3 +227,35 @@ def test_llama_quantize_writes_quantkits_mix_tensor_by_tensor(tmp_path, model_na
             assert np.mean(a == b) > 0.98 and np.abs(a - b).max() <= 1.01 * np.abs(b).max() / 15, name
         else:
             assert np.array_equal(t.data, theirs[name].data), name
+
+
+@pytest.mark.parametrize("recipe,kind,max_kl,max_share", [("w8a16-rtn-g32", "Q8_0", 2e-4, None),
+                                                         ("w4a16-rtn-q4km", "Q6_K", 2e-3, 0.25)])
+def test_llama_cpp_reads_a_tied_quantized_head(tmp_path, recipe, kind, max_kl, max_share):
+    """ref:small (tied embeddings) with its output head quantized and written once, as token_embd
+    (`--tie-output`): llama.cpp takes the embedding lookup and the head from that one tensor, and its logits
+    agree with quantkit's load of the same file (at 8 bits the weights' own error is below llama.cpp's
+    activation rounding, so only the absolute bound holds there, as for the Q8_0 checkpoint above)."""
+    import dataclasses
+
+    bins = _bin_dir()
+    from quantkit.formats.gguf import export_gguf
+    from quantkit.loading import resolve_model_source
+
+    tokenizer = load_tokenizer("ref:small")
+    text = tmp_path / "eval.txt"
+    text.write_text(tokenizer.decode(read_eval_tokens(tokenizer, None, N_CTX * N_CHUNKS * 2).ids))
+    model = quantkit.load("ref:small", dtype=torch.float32)
+    r = dataclasses.replace(quantkit.load_recipe(recipe), ignore=())
+    quantkit.quantize(model, r, progress=False, scale_dtype=torch.float16)
+    path = tmp_path / "tied.gguf"
+    result = export_gguf(model, resolve_model_source("ref:small"), path, float_type="f32", mix=r.mix,
+                         tie_output=True)
+    assert result.tensors["token_embd.weight"] == kind and "output.weight" not in result.tensors
+    tokens, theirs = _llama_cpp_logits(bins, path, text, tmp_path / "tied.kld")
+    tokens[:, 0] = tokenizer.bos_token_id
+    kl, top1 = _compare(_logits(quantkit.load(path), tokens), theirs)
+    kl_float, _ = _compare(_logits(quantkit.load("ref:small", dtype=torch.float32), tokens), theirs)
+    print(f"{recipe}, head tied as {kind}: llama.cpp vs quantkit's load of the file: KL {kl:.2e}, top-1 {top1:.3f}; "
+          f"vs the float model: KL {kl_float:.2e}")
+    assert kl < max_kl and top1 > 0.95 and (max_share is None or kl < max_share * kl_float)

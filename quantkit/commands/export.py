@@ -26,6 +26,10 @@ def register(sub) -> None:
                    help="type of the token embedding, the output head and any linear the recipe left in float "
                         "(default auto: bf16 for a bf16 checkpoint, else f16, as llama.cpp's converter; q8_0 is "
                         "llama.cpp's own rounding); norms and biases are always f32")
+    p.add_argument("--tie-output", action="store_true",
+                   help="for a checkpoint of a model with tied embeddings whose output head was quantized: write the "
+                        "quantized head once, as token_embd, as llama.cpp's files of such models are (the "
+                        "embedding lookup then reads it; the change is printed)")
     p.add_argument("--round-scales", action="store_true",
                    help="round scales that are not fp16 values (an fp32 checkpoint's) to GGUF's fp16 block scale "
                         "and print the largest change (default: refuse, the export would not be exact)")
@@ -53,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     model = quantkit.load(source, backend="reference", trust_remote_code=args.trust_remote_code)
     with atomic_output_file(args.out, force=args.force, inputs=inputs) as tmp:
         result = export_gguf(model, source, tmp, float_type=args.float_type, round_scales=args.round_scales,
-                             name=args.name)
+                             name=args.name, tie_output=args.tie_output)
     result.path = Path(args.out).expanduser().resolve()
     print(result.describe())
     return 0

@@ -34,6 +34,10 @@ def register(sub) -> None:
     g.add_argument("--float-type", choices=FLOAT_TYPES, default="auto",
                    help="type of the token embedding, the output head and float linears in the GGUF file (as "
                         "quantkit export's option)")
+    g.add_argument("--tie-output", action="store_true",
+                   help="for a model with tied embeddings whose output head the recipe quantizes (ignore: []): "
+                        "write the quantized head once, as token_embd, as llama.cpp's files of such models are "
+                        "(the embedding lookup then reads it; the change is printed)")
     add_calibration_options(p)
     p.set_defaults(func=run)
 
@@ -91,7 +95,11 @@ def run(args: argparse.Namespace) -> int:
                          f"whose float group minimums only a GGUF file holds: give --out a file name ending in .gguf")
     if args.float_type != "auto" and not gguf_out:
         raise UsageError("--float-type is for GGUF output: give --out a file name ending in .gguf")
+    if args.tie_output and not gguf_out:
+        raise UsageError("--tie-output is for GGUF output: give --out a file name ending in .gguf")
     source = resolve_model_source(args.model)
+    if args.tie_output:
+        _check_tie_output(recipe, Path(source))
     if gguf_out:
         if not Path(source).is_dir():
             raise UsageError(f"{args.model}: GGUF output reads the model's local folder (config.json, tokenizer); "
@@ -146,13 +154,35 @@ def _write_gguf(model, recipe, args, source, size_before, start, inputs) -> int:
     from quantkit.summaries import SizeOnDisk, quantization_summary
 
     with atomic_output_file(args.out, force=args.force, inputs=inputs) as tmp:
-        result = export_gguf(model, source, tmp, float_type=args.float_type, mix=recipe.mix)
+        result = export_gguf(model, source, tmp, float_type=args.float_type, mix=recipe.mix,
+                             tie_output=args.tie_output)
     result.path = Path(args.out).expanduser().resolve()
     size_after = SizeOnDisk(result.bytes, result.file_type, "on disk")
     print(quantization_summary(model, recipe, source, result.path, size_before, size_after,
-                               time.perf_counter() - start, kind="GGUF file", scale_dtype=torch.float16))
+                               time.perf_counter() - start, kind="GGUF file", scale_dtype=torch.float16,
+                               embedding_is_head=args.tie_output))
     print("  " + result.describe().replace("\n", "\n  "))
     return 0
+
+
+def _check_tie_output(recipe, source: Path) -> None:
+    """--tie-output before any work: the recipe quantizes the output head, and the source ties it to the embedding."""
+    import json
+
+    from torch import nn
+
+    from quantkit.errors import UsageError
+    from quantkit.targets import matches
+
+    head = nn.Linear(1, 1)
+    if recipe.weights is None or any(matches("lm_head", head, p) for p in recipe.ignore) or not any(
+            matches("lm_head", head, p) for p in recipe.targets):
+        raise UsageError(f"--tie-output writes the quantized output head as the embedding, and recipe {recipe.name} "
+                         f"leaves lm_head in float: quantize it too (a recipe with `ignore: []`), or drop --tie-output")
+    config = source / "config.json"
+    if config.is_file() and not json.loads(config.read_text()).get("tie_word_embeddings", False):
+        raise UsageError(f"--tie-output is for a model whose output head is its embedding, and {source}'s "
+                         f"config.json has tie_word_embeddings false: drop --tie-output")
 
 
 def _least_checkpoint_bytes(model, recipe, dtype) -> int:

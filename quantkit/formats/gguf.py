@@ -38,9 +38,14 @@ from ..kernels.packing import unpack_int32, unpack_zero_point
 from ..modules.kquant_linear import KQuantLinear
 from ..modules.quant_linear import QuantLinear
 from ..scheme import LLAMA_CPP_FALLBACK
+from ..targets import output_head_name
 from .gguf_choices import FLOAT_TYPES, RECIPES_FOR
 from .gguf_pretokenizers import CHECK_TEXT, PRE_TOKENIZERS
 
+#: the largest RMS difference between a quantized output head and the embedding, relative to the embedding's
+#: RMS, for the two to be one matrix quantized (tie_output): 2-bit rounding stays far below it, two unrelated
+#: matrices of similar scale are near sqrt(2)
+TIED_HEAD_MAX_CHANGE = 0.5
 #: config.json model_type -> (gguf architecture name, whether q/k rows are permuted for llama.cpp's rotary)
 ARCHITECTURES = {"llama": ("LLAMA", True), "mistral": ("LLAMA", True), "qwen2": ("QWEN2", False),
                  "qwen3": ("QWEN3", False)}
@@ -51,7 +56,11 @@ ARCHITECTURES = {"llama": ("LLAMA", True), "mistral": ("LLAMA", True), "qwen2": 
 class GGUFExport:
     """What an export wrote. tensors: GGUF name -> ggml type name; scale_rounding: largest relative change
     of a scale rounded to fp16 (0 when every scale was an fp16 value; only with round_scales);
-    q4_1_min_shift: largest |fp16(m) - m| / d over Q4_1 blocks (None without Q4_1)."""
+    q4_1_min_shift: largest |fp16(m) - m| / d over Q4_1 blocks (None without Q4_1).
+    tied_lookup_change: with tie_output, the RMS of (quantized head - float embedding) over the embedding's RMS:
+    how far the embedding lookup moves when it reads the quantized head (None without tie_output).
+    tie_possible: without tie_output, the quantized output head is the embedding's matrix (a tied source), so
+    tie_output would write it once."""
 
     path: Path
     architecture: str
@@ -60,6 +69,8 @@ class GGUFExport:
     scale_rounding: float = 0.0
     q4_1_min_shift: float | None = None
     q4_1_min_shift_rms: float | None = None
+    tied_lookup_change: float | None = None
+    tie_possible: bool = False
     bytes: int = 0
 
     def describe(self) -> str:
@@ -73,6 +84,14 @@ class GGUFExport:
         if self.q4_1_min_shift is not None:
             lines.append(f"  Q4_1 minimum m = -s*(zp+8) rounded to fp16: moves by at most {self.q4_1_min_shift:.3g} "
                          f"of a step d (rms {self.q4_1_min_shift_rms:.3g})")
+        if self.tie_possible:
+            lines.append("  the quantized output head is the embedding's matrix (tied in the source model), written "
+                         "here beside the float embedding: --tie-output writes it once, as token_embd, as llama.cpp's "
+                         "files of tied models are")
+        if self.tied_lookup_change is not None:
+            lines.append(f"  token_embd is the quantized output head, tied as in the source model (no output.weight): "
+                         f"the embedding lookup reads it, an RMS change of {self.tied_lookup_change:.3g} of the "
+                         f"embedding's RMS")
         return "\n".join(lines)
 
 
@@ -309,12 +328,37 @@ def _float_tensor(t: torch.Tensor, float_type: str):
     return gguf.quants.quantize(data.numpy(), qtype), qtype
 
 
+def _tied_lookup_change(model: nn.Module, head: str | None, embedding: str, quantized: set[str]) -> float:
+    """RMS(dequantized head - float embedding) / RMS(float embedding); refuses a head that is not quantized,
+    of another shape, or not the embedding's own matrix."""
+    if head not in quantized:
+        raise UsageError("tying the output to the embedding writes the quantized output head as token_embd, and "
+                         "this model's output head is not quantized: quantize it too (a recipe with `ignore: []`), "
+                         "or leave the output untied")
+    layer, table = model.get_submodule(head), model.get_submodule(embedding).weight.detach().float()
+    weight = layer.dequantized_weight().float()
+    if weight.shape != table.shape:
+        raise UsageError(f"the output head {tuple(weight.shape)} and the embedding {tuple(table.shape)} differ in "
+                         f"shape: they cannot be one tensor; leave the output untied")
+    change = float((weight - table).pow(2).mean().sqrt() / table.pow(2).mean().sqrt().clamp_min(1e-30))
+    if change > TIED_HEAD_MAX_CHANGE:
+        raise UsageError(f"the quantized output head differs from the embedding by {change:.3g} of its RMS: they "
+                         f"are different matrices (the source model's embeddings are not tied); leave the output "
+                         f"untied")
+    return change
+
+
 def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float_type: str = "auto",
-                round_scales: bool = False, name: str | None = None, mix: str | None = None) -> GGUFExport:
+                round_scales: bool = False, name: str | None = None, mix: str | None = None,
+                tie_output: bool = False) -> GGUFExport:
     """Write `model` (a quantkit checkpoint loaded from `folder`, whose tokenizer and config.json are read)
     to the file `out` (overwritten: the caller writes to a temporary path). returns what was written.
     mix: the recipe's mix (quantkit.gguf_mix), which names the file type and, with float_type "auto", the
-    types of the embedding and output head."""
+    types of the embedding and output head.
+    tie_output: write the quantized output head as token_embd and no output.weight, as llama.cpp's files of
+    models with tied embeddings are (llama.cpp then reads both the lookup and the head from it): for a
+    source model whose embedding is its head, quantized with the head (a recipe with `ignore: []`); the
+    lookup's change is measured (GGUFExport.tied_lookup_change)."""
     import gguf
 
     from ..gguf_mix import FILE_TYPES, OUTPUT_TYPES
@@ -349,10 +393,22 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
     kinds: dict[str, int] = {}
     shift_max, shift_sq, shift_n = None, 0.0, 0
     quantized = {n for n, m in model.named_modules() if isinstance(m, (QuantLinear, KQuantLinear))}
+    head = output_head_name(model)
+    embedding = next(n for n, m in model.named_modules() if m is model.get_input_embeddings())
+    if tie_output:
+        result.tied_lookup_change = _tied_lookup_change(model, head, embedding, quantized)
+    elif head in quantized:
+        try:
+            _tied_lookup_change(model, head, embedding, quantized)
+            result.tie_possible = True
+        except UsageError:
+            pass
     for module_name, module in model.named_modules():
         if module_name not in quantized:
             continue
         gname = names.get_name(module_name + ".weight", try_suffixes=(".weight",))
+        if tie_output and module_name == head:
+            gname = names.get_name(embedding + ".weight", try_suffixes=(".weight",))
         if gname is None:
             raise UsageError(f"{module_name}: no GGUF tensor name for it in llama.cpp's {arch} layout")
         rows = order(module_name, module.out_features)
@@ -374,6 +430,8 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
             continue
         if tied and pname == "lm_head.weight":
             continue  # llama.cpp reads the output head from token_embd when output.weight is absent
+        if tie_output and pname == embedding + ".weight":
+            continue  # token_embd is the quantized head, written above
         gname = names.get_name(pname, try_suffixes=(".weight", ".bias"))
         if gname is None:
             raise UsageError(f"{pname}: no GGUF tensor name for it in llama.cpp's {arch} layout")
