@@ -60,6 +60,12 @@ QUANTKIT = (
     ("quantkit GPTQ", "Q4_K_M", "w4a16-gptq-q4km", {}),
     ("quantkit AWQ", "Q4_K_M", "w4a16-awq-q4km", {}),
     ("quantkit GPTQ", "Q4_K_S", "w4a16-gptq-q4ks", {}),
+    # the output head quantized too, by the recipe's algorithm (GPTQ calibrates it), and written once as the tied
+    # token_embd (--tie-output): the types llama-quantize gives a tied model's token_embd (Q8_0 in Q8_0 files,
+    # Q6_K or its Q8_0 fallback in the mixes), so the same bits
+    ("quantkit GPTQ, head GPTQ tied", "Q8_0", "w8a16-gptq-g32", {"head": "tied"}),
+    ("quantkit GPTQ, head GPTQ tied", "Q4_K_M", "w4a16-gptq-q4km", {"head": "tied"}),
+    ("quantkit GPTQ, head GPTQ tied", "Q4_K_S", "w4a16-gptq-q4ks", {"head": "tied"}),
 )
 LLAMA_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K_S", "Q4_K_M")
 IMATRIX_TYPES = ("Q4_0", "Q4_1", "Q4_K_S", "Q4_K_M")  # llama.cpp's Q8_0 ignores an importance matrix
@@ -181,7 +187,11 @@ def quantkit_files(args, work: Path, folder: Path, calib_ids: torch.Tensor) -> d
     files = {}
     in_memory = {}  # Q4_K-grid recipes: slug -> the quantized model
     for (row, kind, recipe_name, overrides), float_type in [(v, t) for v in QUANTKIT for t in ("auto", args.embedding)]:
-        if overrides and (float_type != "auto" or args.no_ablations):
+        tied_head = overrides.get("head") == "tied"
+        overrides = {k: v for k, v in overrides.items() if k != "head"}
+        if (overrides or tied_head) and float_type != "auto" or overrides and args.no_ablations:
+            continue
+        if tied_head and not json.loads((folder / "config.json").read_text()).get("tie_word_embeddings"):
             continue
         if args.only_recipes and recipe_name not in args.only_recipes.split(","):
             continue
@@ -193,7 +203,7 @@ def quantkit_files(args, work: Path, folder: Path, calib_ids: torch.Tensor) -> d
         mix = quantkit.load_recipe(recipe_name).mix
         if mix is not None and float_type != "auto":
             continue  # a mix's "auto" is llama-quantize's own embedding and output types
-        slug = recipe_name + "".join(f"-{k}-{v}" for k, v in overrides.items())
+        slug = recipe_name + "".join(f"-{k}-{v}" for k, v in overrides.items()) + ("-head-tied" if tied_head else "")
         ckpt = work / "checkpoints" / slug
         out = work / f"quantkit-{slug}{'' if float_type == 'auto' else '-emb-' + float_type}.gguf"
         info = work / f"quantkit-{slug}.json"
@@ -204,16 +214,18 @@ def quantkit_files(args, work: Path, folder: Path, calib_ids: torch.Tensor) -> d
                 model = load_float_model(str(folder), dtype=torch.float32)
                 start = time.perf_counter()
                 r = quantkit.load_recipe(recipe_name)
+                r = dataclasses.replace(r, ignore=()) if tied_head else r
                 quantkit.quantize(model, r, calib_ids if r.needs_calibration else None, progress=False)
                 info.write_text(json.dumps({"quantize_seconds": round(time.perf_counter() - start, 1)}))
                 in_memory[slug] = model
-            export_gguf(in_memory[slug], folder, out, float_type=float_type, mix=mix)
+            export_gguf(in_memory[slug], folder, out, float_type=float_type, mix=mix, tie_output=tied_head)
         if not out.is_file():
             if not (ckpt / "config.json").is_file():
                 log(f"quantize {slug}")
                 model = load_float_model(str(folder), dtype=torch.float32)
                 start = time.perf_counter()
                 r = quantkit.load_recipe(recipe_name)
+                r = dataclasses.replace(r, ignore=()) if tied_head else r
                 if overrides:
                     r = dataclasses.replace(r, algorithm=dataclasses.replace(
                         r.algorithm, options=dataclasses.replace(r.algorithm.options, **overrides)))
@@ -223,7 +235,7 @@ def quantkit_files(args, work: Path, folder: Path, calib_ids: torch.Tensor) -> d
                               dtype=torch.bfloat16 if args.model.startswith("smollm2") else torch.float16)
                 info.write_text(json.dumps({"quantize_seconds": round(seconds, 1)}))
             sh([QUANTKIT_CLI, "export", str(ckpt), "--format", "gguf", "--out", str(out), "--force", "--float-type",
-                float_type], work / f"export-{out.stem}.log")
+                float_type] + (["--tie-output"] if tied_head else []), work / f"export-{out.stem}.log")
         embedding = "" if float_type == "auto" else f", embedding {float_type}"
         files[f"{row} {kind} ({recipe_name}{embedding})"] = (kind, out, json.loads(info.read_text())["quantize_seconds"])
     return files
@@ -259,12 +271,15 @@ def llama_kl(bins: Path, path: Path, work: Path, evaluation: Path) -> float | No
         sh([str(bins / "llama-perplexity"), "-m", str(work / "float.gguf"), "--kl-divergence-base", str(base), *common],
            work / "kld-base.log")
     out = work / f"kld-{path.stem}.log"
-    if not out.is_file():
-        sh([str(bins / "llama-perplexity"), "-m", str(path), "--kl-divergence-base", str(base), "--kl-divergence",
-            *common], out)
-    for line in out.read_text(errors="replace").splitlines():
-        if "Mean    KLD:" in line:
-            return float(line.split("KLD:")[1].split()[0])
+    for attempt in range(2):  # this ggml build's llama-perplexity now and then exits 0 before its summary (2 threads)
+        if not out.is_file():
+            sh([str(bins / "llama-perplexity"), "-m", str(path), "--kl-divergence-base", str(base), "--kl-divergence",
+                *common], out)
+        for line in out.read_text(errors="replace").splitlines():
+            if "Mean    KLD:" in line:
+                return float(line.split("KLD:")[1].split()[0])
+        log(f"no KL summary in {out} (attempt {attempt + 1})")
+        out.unlink()
     return None
 
 
@@ -321,7 +336,7 @@ def main() -> None:
                          decode_tokens_per_s=None if args.no_bench else bench(Path(args.llama_bin), path, work),
                          llama_cpp_kl=None if args.no_llama_kl else llama_kl(Path(args.llama_bin), path, work,
                                                                              evaluation)))
-        if name.startswith("quantkit") and kind in ("Q4_K_M", "Q4_K_S"):  # a mix: llama.cpp's types tensor by tensor?
+        if name.startswith("quantkit") and kind in ("Q4_K_M", "Q4_K_S", "Q8_0"):  # llama.cpp's types tensor by tensor?
             rows[-1]["same_types_as_llama_cpp"] = tensor_types(path) == tensor_types(variants[f"llama.cpp {kind}"][1])
         log(json.dumps(rows[-1]))
     meta = dict(model=args.model, float_folder=str(folder), eval_windows=int(windows.shape[0]), window=512,
