@@ -328,9 +328,11 @@ def _float_tensor(t: torch.Tensor, float_type: str):
     return gguf.quants.quantize(data.numpy(), qtype), qtype
 
 
-def _tied_lookup_change(model: nn.Module, head: str | None, embedding: str, quantized: set[str]) -> float:
+def _tied_lookup_change(model: nn.Module, head: str | None, embedding: str | None, quantized: set[str]) -> float:
     """RMS(dequantized head - float embedding) / RMS(float embedding); refuses a head that is not quantized,
     of another shape, or not the embedding's own matrix."""
+    if embedding is None:
+        raise UsageError("this model has no input embedding module to tie the output head to; leave the output untied")
     if head not in quantized:
         raise UsageError("tying the output to the embedding writes the quantized output head as token_embd, and "
                          "this model's output head is not quantized: quantize it too (a recipe with `ignore: []`), "
@@ -394,7 +396,7 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
     shift_max, shift_sq, shift_n = None, 0.0, 0
     quantized = {n for n, m in model.named_modules() if isinstance(m, (QuantLinear, KQuantLinear))}
     head = output_head_name(model)
-    embedding = next(n for n, m in model.named_modules() if m is model.get_input_embeddings())
+    embedding = next((n for n, m in model.named_modules() if m is model.get_input_embeddings()), None)
     if tie_output:
         result.tied_lookup_change = _tied_lookup_change(model, head, embedding, quantized)
     elif head in quantized:
