@@ -189,7 +189,9 @@ def quantkit_files(args, work: Path, folder: Path, calib_ids: torch.Tensor) -> d
     for (row, kind, recipe_name, overrides), float_type in [(v, t) for v in QUANTKIT for t in ("auto", args.embedding)]:
         tied_head = overrides.get("head") == "tied"
         overrides = {k: v for k, v in overrides.items() if k != "head"}
-        if (overrides or tied_head) and float_type != "auto" or overrides and args.no_ablations:
+        if float_type != "auto" and (overrides or tied_head):
+            continue  # ablations and tied heads: one row each, the embedding as the row says
+        if overrides and args.no_ablations:
             continue
         if tied_head and not json.loads((folder / "config.json").read_text()).get("tie_word_embeddings"):
             continue

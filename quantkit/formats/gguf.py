@@ -328,26 +328,26 @@ def _float_tensor(t: torch.Tensor, float_type: str):
     return gguf.quants.quantize(data.numpy(), qtype), qtype
 
 
-def _tied_lookup_change(model: nn.Module, head: str | None, embedding: str | None, quantized: set[str]) -> float:
-    """RMS(dequantized head - float embedding) / RMS(float embedding); refuses a head that is not quantized,
-    of another shape, or not the embedding's own matrix."""
+def _tied_head(model: nn.Module, head: str | None, embedding: str | None,
+               quantized: set[str]) -> tuple[float | None, str | None]:
+    """(RMS(dequantized head - float embedding) / RMS(float embedding), None) where the quantized output head
+    is the embedding's own matrix, else (None, why it cannot be written as the tied token_embd)."""
     if embedding is None:
-        raise UsageError("this model has no input embedding module to tie the output head to; leave the output untied")
+        return None, "this model has no input embedding module to tie the output head to; leave the output untied"
     if head not in quantized:
-        raise UsageError("tying the output to the embedding writes the quantized output head as token_embd, and "
-                         "this model's output head is not quantized: quantize it too (a recipe with `ignore: []`), "
-                         "or leave the output untied")
-    layer, table = model.get_submodule(head), model.get_submodule(embedding).weight.detach().float()
-    weight = layer.dequantized_weight().float()
+        return None, ("tying the output to the embedding writes the quantized output head as token_embd, and this "
+                      "model's output head is not quantized: quantize it too (a recipe with `ignore: []`), or leave "
+                      "the output untied")
+    table = model.get_submodule(embedding).weight.detach().float()
+    weight = model.get_submodule(head).dequantized_weight().float()
     if weight.shape != table.shape:
-        raise UsageError(f"the output head {tuple(weight.shape)} and the embedding {tuple(table.shape)} differ in "
-                         f"shape: they cannot be one tensor; leave the output untied")
+        return None, (f"the output head {tuple(weight.shape)} and the embedding {tuple(table.shape)} differ in "
+                      f"shape: they cannot be one tensor; leave the output untied")
     change = float((weight - table).pow(2).mean().sqrt() / table.pow(2).mean().sqrt().clamp_min(1e-30))
     if change > TIED_HEAD_MAX_CHANGE:
-        raise UsageError(f"the quantized output head differs from the embedding by {change:.3g} of its RMS: they "
-                         f"are different matrices (the source model's embeddings are not tied); leave the output "
-                         f"untied")
-    return change
+        return None, (f"the quantized output head differs from the embedding by {change:.3g} of its RMS: they are "
+                      f"different matrices (the source model's embeddings are not tied); leave the output untied")
+    return change, None
 
 
 def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float_type: str = "auto",
@@ -397,14 +397,12 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
     quantized = {n for n, m in model.named_modules() if isinstance(m, (QuantLinear, KQuantLinear))}
     head = output_head_name(model)
     embedding = next((n for n, m in model.named_modules() if m is model.get_input_embeddings()), None)
-    if tie_output:
-        result.tied_lookup_change = _tied_lookup_change(model, head, embedding, quantized)
-    elif head in quantized:
-        try:
-            _tied_lookup_change(model, head, embedding, quantized)
-            result.tie_possible = True
-        except UsageError:
-            pass
+    if tie_output or head in quantized:  # with a quantized head, say whether --tie-output applies
+        change, why_not = _tied_head(model, head, embedding, quantized)
+        if tie_output and why_not:
+            raise UsageError(why_not)
+        result.tied_lookup_change = change if tie_output else None
+        result.tie_possible = not tie_output and why_not is None
     for module_name, module in model.named_modules():
         if module_name not in quantized:
             continue
