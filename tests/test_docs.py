@@ -39,3 +39,10 @@ def test_the_reference_pages_hold_what_left_the_readme():
     assert "weight_packed" in checkpoint and "kv_cache_scheme" in checkpoint
     vllm = (ROOT / "docs" / "vllm.md").read_text(encoding="utf-8")
     assert "VLLM_DISABLED_KERNELS=QuantkitWNA16LinearKernel" in vllm
+
+
+def test_the_readme_stays_a_first_page():
+    """The README is the two commands, what quantkit is, one example per entry point and links: reference
+    material lives in docs/ (a README past 200 lines has grown back into a manual)."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; move reference material into docs/"
