@@ -199,16 +199,15 @@ class CpuDecoder:
         self.position += 1
         return logits
 
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-        """Greedy continuation: input_ids int64 [B, L] -> [B, L + max_new_tokens]."""
-        if input_ids.shape[1] + max_new_tokens > self.max_len:
-            raise UsageError(f"{input_ids.shape[1]} prompt + {max_new_tokens} new tokens exceed the decoder's "
-                             f"max_len {self.max_len}")
-        out = [input_ids]
-        if max_new_tokens > 0:
-            token = self.prefill(input_ids).argmax(-1)
-            out.append(token[:, None])
-            for _ in range(max_new_tokens - 1):
-                token = self.step(token).argmax(-1)
-                out.append(token[:, None])
-        return torch.cat(out, dim=1)
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, sampling=None, *,
+                 eos_token_id: int | list[int] | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """input_ids int64 [B, L] -> [B, L + n]: greedy by default, else as ``sampling`` says (a
+        ``quantkit.sampling.SamplingConfig``; ``generator``: its random state). With ``eos_token_id``,
+        a sequence ends at one of those tokens (later positions get the first) and generation ends when
+        all have, so n <= max_new_tokens; without, n = max_new_tokens."""
+        from .decode_loop import decode, eos_stop
+        from .sampling import SamplingConfig
+
+        eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
+        return decode(self, input_ids, max_new_tokens, sampling or SamplingConfig(), generator=generator,
+                      stop=eos_stop(eos) if eos else None, pad_token_id=eos[0] if eos else None)
