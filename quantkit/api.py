@@ -36,8 +36,11 @@ from .modules.quant_linear import QuantLinear
 from .recipe import Recipe, load_recipe
 from .scheme import QuantScheme
 from .summaries import refit_notes
-from .moe import routed_token_summary, experts_modules, from_disk_name, model_type, router_names, to_disk_name, unfuse_experts
-from .targets import select_linears, set_submodule
+from .moe import (
+    experts_modules, from_disk_name, model_type, moe_config_problem, routed_token_summary, router_names, to_disk_name,
+    unfuse_experts,
+)
+from .targets import set_submodule
 from .weight_census import unquantizable_weights
 
 
@@ -81,7 +84,7 @@ def _moe_aware_targets(model: nn.Module, recipe: Recipe, leave_float: bool) -> l
                 f"would leave them float; add their modules to the recipe's ignore list (or pass --leave-float / "
                 f"leave_float=True) to keep them float knowingly"
             )
-    names, _ = select_linears(model, recipe.targets, recipe.ignore)
+    names, _ = recipe.linears(model)
     routers = set(router_names(model))
     return [n for n in names if n not in routers]
 
@@ -112,6 +115,13 @@ def quantize(
     if device is not None:
         device = resolve_device(device)
     _check_finite(model)
+    problem = moe_config_problem(getattr(model, "config", None))
+    if problem:
+        raise QuantizationError(f"{type(model).__name__}'s config: {problem}")
+    if recipe.kv_cache is not None:
+        from .calibration.kv_scales import check_kv_cache_model
+
+        check_kv_cache_model(model)
     calibrated = recipe.needs_calibration
     unfuse_experts(model)  # MoE: per-expert linears, as checkpoints store them (a KV-only recipe too)
     if recipe.weights is not None:

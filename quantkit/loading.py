@@ -223,11 +223,17 @@ def load_model_config(source: str, *, trust_remote_code: bool = False):
     trust_remote_code does not allow."""
     from transformers import AutoConfig
 
+    from .moe import moe_config_problem
+
     try:
         with config_errors(source):
-            return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+            config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     except OSError as e:
         raise CheckpointError(f"could not load {source!r}: {e}") from None
+    problem = moe_config_problem(config)
+    if problem:
+        raise CheckpointError(f"{source}: {problem}")
+    return config
 
 
 @contextlib.contextmanager
@@ -283,7 +289,7 @@ def empty_quantized_model(folder: Path, *, dtype: torch.dtype | None = None, tru
     dtype: default config.json's dtype (float32 if it has none).
     """
     from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from .formats.compressed_tensors import parse_quantization_config
     from .modules.quant_linear import QuantLinear
@@ -291,15 +297,20 @@ def empty_quantized_model(folder: Path, *, dtype: torch.dtype | None = None, tru
 
     raw = read_config_json(folder)
     qcfg = parse_quantization_config(raw["quantization_config"], str(folder / "config.json"))
-    config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    config = load_model_config(str(folder), trust_remote_code=trust_remote_code)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     dtype = dtype or getattr(config, "dtype", None) or torch.float32
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
+    import transformers
+
+    arch = (getattr(config, "architectures", None) or [""])[0]
+    named = getattr(transformers, arch, None)  # the class config.json names: BertModel, *ForSequenceClassification
     try:
         with init_empty_weights():
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+            model = (named._from_config(config, dtype=dtype) if isinstance(named, type) and hasattr(named, "_from_config")
+                     else AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code))
     except ValueError as e:
         raise CheckpointError(f"{folder}: unsupported architecture ({str(e).splitlines()[0]})") from None
     from .moe import model_type, to_disk_name, unfuse_experts

@@ -34,6 +34,26 @@ def model_type(model: nn.Module) -> str | None:
     return getattr(getattr(model, "config", None), "model_type", None)
 
 
+#: config keys holding the number of routed experts (Qwen2/3-MoE, OLMoE; Mixtral; DeepSeek-V3)
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def moe_config_problem(config) -> str | None:
+    """What makes a MoE config impossible, as a clause naming the keys and the fix (None when it is
+    possible or not MoE): each token is routed to `num_experts_per_tok` of the experts, so it must be a
+    whole number from 1 to the number of experts (the router's topk fails otherwise)."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    top_k = getattr(text, "num_experts_per_tok", None)
+    key = next((k for k in EXPERT_COUNT_KEYS if isinstance(getattr(text, k, None), int)), None)
+    if top_k is None or key is None or getattr(text, key) == 0:  # dense (Qwen3-MoE's dense layers: 0 experts)
+        return None
+    experts = getattr(text, key)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= experts or experts < 1:
+        return (f"num_experts_per_tok {top_k!r} with {key} {experts!r}: each token is routed to "
+                f"num_experts_per_tok of the experts, a whole number from 1 to {key}; correct config.json")
+    return None
+
+
 def is_fused_experts(module: nn.Module) -> bool:
     """A transformers 5 fused experts module quantkit can unfuse: 3-D gate_up_proj and down_proj, gated,
     not transposed, no bias (the layout of Qwen2/3-MoE, Mixtral, OLMoE, DeepSeek-V3)."""

@@ -8,7 +8,9 @@ named by the stem of a file in the built-in `recipes/` folder (e.g. "w4a16-rtn")
     description: INT4 weights, groups of 128, symmetric, round-to-nearest
     weights: {num_bits: 4, type: int, symmetric: true, strategy: group, group_size: 128}
     targets: [Linear]          # "Linear" (every nn.Linear), exact module names, or "re:<regex>"
-    ignore: [lm_head]          # same syntax; matched modules stay in full precision
+    ignore: [lm_head, score, classifier]  # same syntax; matched modules (and the linears inside them) stay
+                               # in full precision. This list, the default, is the output head: it applies
+                               # where it matches (DEFAULT_IGNORE); every other entry must match a module
     indivisible: smaller-group # a linear whose in_features the group size does not divide:
                                # smaller-group | channel | ragged | error (scheme.INDIVISIBLE)
     algorithm: {name: rtn}     # rtn | gptq | awq, with that algorithm's options
@@ -30,10 +32,16 @@ import yaml
 from .algorithms.registry import ALGORITHMS
 from .config_utils import ConfigError, from_dict
 from .inputs import read_input_bytes
-from .scheme import INDIVISIBLE, QuantScheme
-from .targets import check_patterns
+from .scheme import INDIVISIBLE, QuantScheme, grid_scheme
+from .targets import check_patterns, output_head_name, select_linears
 
 RECIPE_VERSION = 1
+
+#: The ignore list of every built-in recipe and of a recipe that gives none: the model's output head stays
+#: float (a causal LM's lm_head, a classifier's score or classifier, and the module get_output_embeddings()
+#: names, e.g. BertForMaskedLM's cls.predictions.decoder or Whisper's proj_out). Each entry applies where the
+#: model has it; an ignore list other than this one is the user's own, and each of its entries must match.
+DEFAULT_IGNORE = ("lm_head", "score", "classifier")
 
 
 def _shown(value: Any) -> str:
@@ -76,7 +84,7 @@ class Recipe:
     description: str = ""
     weights: QuantScheme | None = None
     targets: tuple[str, ...] = ("Linear",)
-    ignore: tuple[str, ...] = ("lm_head",)
+    ignore: tuple[str, ...] = DEFAULT_IGNORE
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     kv_cache: QuantScheme | None = None
     indivisible: str = "smaller-group"
@@ -100,13 +108,16 @@ class Recipe:
         if self.kv_cache is not None and (self.kv_cache.type != "float" or self.kv_cache.strategy not in ("tensor",)):
             raise ConfigError("kv_cache: only fp8 per-tensor is supported: {num_bits: 8, type: float, strategy: tensor}")
         if self.mix is not None:
-            from .gguf_mix import MIXES
+            from .gguf_mix import MIX_GRIDS
 
-            if self.mix not in MIXES:
-                raise ConfigError(f"mix must be one of {', '.join(MIXES)} (or null), got {_shown(self.mix)}")
-            if self.weights is None or self.weights.grid != "q4_k":
-                raise ConfigError(f"mix {self.mix} is llama.cpp's per-tensor mix around Q4_K: it needs weights on grid "
-                                  f"q4_k ({{num_bits: 4, symmetric: false, strategy: group, group_size: 32, grid: q4_k}})")
+            if self.mix not in MIX_GRIDS:
+                raise ConfigError(f"mix must be one of {', '.join(MIX_GRIDS)} (or null), got {_shown(self.mix)}")
+            grid = MIX_GRIDS[self.mix]
+            if self.weights is None or self.weights.grid != grid:
+                s = grid_scheme(grid)
+                raise ConfigError(f"mix {self.mix} is llama.cpp's per-tensor mix around {grid.upper()}: it needs weights "
+                                  f"on grid {grid} ({{num_bits: {s.num_bits}, symmetric: {str(s.symmetric).lower()}, "
+                                  f"strategy: group, group_size: {s.group_size}, grid: {grid}}})")
 
     def _check_types(self) -> None:
         """ConfigError for a field of the wrong type, wherever the Recipe is built (YAML, a dict, Python): a
@@ -133,6 +144,14 @@ class Recipe:
         if not isinstance(self.algorithm, AlgorithmConfig):
             hint = f" (e.g. AlgorithmConfig({self.algorithm!r}))" if isinstance(self.algorithm, str) else ""
             raise ConfigError(f"algorithm must be an AlgorithmConfig{hint}, got {_shown(self.algorithm)}")
+
+    def linears(self, model) -> tuple[list[str], list[str]]:
+        """(targeted, left float) nn.Linear names of `model` (targets.select_linears); the default ignore list
+        (DEFAULT_IGNORE and the model's output embeddings) applies where it matches."""
+        if self.ignore != DEFAULT_IGNORE:
+            return select_linears(model, self.targets, self.ignore)
+        head = output_head_name(model)
+        return select_linears(model, self.targets, (), optional_ignore=self.ignore + ((head,) if head else ()))
 
     def weights_for(self, in_features: int, name: str | None = None, model=None) -> QuantScheme:
         """The weight scheme of a targeted linear with `in_features` inputs (the `indivisible` rule applied);

@@ -44,19 +44,25 @@ def _holds_matrix(module: nn.Module) -> bool:
     return any(p.dim() >= 2 for p in module.parameters(recurse=False))
 
 
+def _holds_linear(module: nn.Module) -> bool:
+    """Whether ``module`` is a quantizable linear or holds one (an ignore entry naming it keeps them float)."""
+    return any(quantizable(m) for m in module.modules())
+
+
 def check_every_pattern_matches(model: nn.Module, targets: Iterable[str], ignore: Iterable[str]) -> None:
     """QuantizationError naming the first target or ignore entry that matches no quantizable module of `model`:
     a typo (`lm_haed`) or a module quantkit cannot quantize (`model.embed_tokens`) would otherwise be dropped
     without a word, and an ignore list that ignores nothing quantizes what it was meant to keep. An ignore
-    entry may also name a module holding a matrix outside nn.Linear: that keeps it float on purpose."""
+    entry may also name a module holding linears (`re:.*mlp\\.experts$`: all of them stay float) or a matrix
+    outside nn.Linear: that keeps it float on purpose."""
     modules = list(model.named_modules())
     for key, patterns in (("targets", targets), ("ignore", ignore)):
         for pattern in patterns:
             hits = [(name, m) for name, m in modules if name and matches(name, m, pattern)]
             if any(quantizable(m) for _, m in hits):
                 continue
-            if key == "ignore" and any(_holds_matrix(m) for _, m in hits):
-                continue  # keeps float a matrix outside nn.Linear (fused experts, ...) that quantize would refuse
+            if key == "ignore" and any(_holds_linear(m) or _holds_matrix(m) for _, m in hits):
+                continue  # keeps float the linears inside it, or a matrix outside nn.Linear quantize would refuse
             if hits:
                 shown = first_names((f"{name} ({type(m).__name__})" for name, m in hits), 3)
                 what = f"matches only modules quantkit cannot quantize: {shown}; quantkit quantizes nn.Linear"
@@ -68,25 +74,37 @@ def check_every_pattern_matches(model: nn.Module, targets: Iterable[str], ignore
                                     f"remove the entry")
 
 
-def select_linears(model: nn.Module, targets: Iterable[str], ignore: Iterable[str]) -> tuple[list[str], list[str]]:
+def _ignored(name: str, module_of: dict[str, nn.Module], patterns: list[str]) -> bool:
+    """Whether an ignore pattern matches the module `name` or a module holding it."""
+    parts = name.split(".")
+    return any(matches(n, module_of[n], p) for n in (".".join(parts[:i]) for i in range(len(parts), 0, -1))
+               for p in patterns)
+
+
+def select_linears(model: nn.Module, targets: Iterable[str], ignore: Iterable[str],
+                   optional_ignore: Iterable[str] = ()) -> tuple[list[str], list[str]]:
     """Names of nn.Linear modules to quantize, and names of nn.Linear modules left unquantized.
 
-    Raises QuantizationError when no module matches (naming what the model's linears look like), and when a
-    target or ignore entry matches no quantizable module (check_every_pattern_matches).
+    A linear is left unquantized when an `ignore` or `optional_ignore` pattern matches it or a module
+    holding it. `optional_ignore` (a recipe's default list: the output head) applies where it matches and
+    is never reported. Raises QuantizationError when no module matches (naming what the model's linears
+    look like), and when a target or ignore entry matches no quantizable module (check_every_pattern_matches).
     """
     targets, ignore = list(targets), list(ignore)
+    skip = ignore + list(optional_ignore)
+    module_of = dict(model.named_modules())
     chosen, skipped = [], []
-    for name, module in model.named_modules():
+    for name, module in module_of.items():
         if not quantizable(module):
             continue
-        if any(matches(name, module, p) for p in targets) and not any(matches(name, module, p) for p in ignore):
+        if any(matches(name, module, p) for p in targets) and not _ignored(name, module_of, skip):
             chosen.append(name)
         else:
             skipped.append(name)
     if not chosen:
         examples = ", ".join(skipped[:4]) or "none"
         raise QuantizationError(
-            f"no nn.Linear module matches targets {targets} minus ignore {ignore} in {type(model).__name__} "
+            f"no nn.Linear module matches targets {targets} minus ignore {skip} in {type(model).__name__} "
             f"(its linears: {examples}); quantkit quantizes models whose layers are torch.nn.Linear: "
             f"adjust the recipe's targets/ignore"
         )

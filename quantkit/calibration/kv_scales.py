@@ -90,6 +90,23 @@ def _input_ids(batch: Any, index: int) -> torch.Tensor:
     return batch.long()
 
 
+def check_kv_cache_model(model: nn.Module) -> None:
+    """QuantizationError unless `model` is a decoder-only causal LM whose generate() caches keys and values
+    (the FP8 KV cache is built by generate()): a base model (LlamaModel), a classifier
+    (LlamaForSequenceClassification) or an encoder-decoder (Whisper) is named with the fix."""
+    name = type(model).__name__
+    can_generate = getattr(model, "can_generate", None)
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        why = "an encoder-decoder model (its cross-attention cache is not calibrated)"
+    elif not callable(can_generate) or not can_generate():
+        why = "not a model that generates text (no generate(), so no KV cache to hold in FP8)"
+    else:
+        attention_modules(model)  # the cached attention layers are found, or named as missing
+        return
+    raise QuantizationError(f"{name} is {why}: an FP8 KV cache needs a decoder-only causal LM, e.g. "
+                            f"AutoModelForCausalLM's (LlamaForCausalLM); use a weight-only recipe for this model")
+
+
 @torch.no_grad()
 def calibrate_kv_scales(
     model: nn.Module,

@@ -189,10 +189,9 @@ def _least_checkpoint_bytes(model, recipe, dtype) -> int:
     """A lower bound of the checkpoint's size: the targeted linears' weights at the recipe's bits (scales
     left out), every other parameter (tied ones once) in `dtype`."""
     from quantkit.moe import unfuse_experts
-    from quantkit.targets import select_linears
 
     unfuse_experts(model)  # fused MoE experts count as the per-expert linears quantize makes of them
-    names = select_linears(model, recipe.targets, recipe.ignore)[0] if recipe.weights is not None else []
+    names = recipe.linears(model)[0] if recipe.weights is not None else []
     packed = {f"{name}.weight" for name in names}
     return sum(p.numel() * recipe.weights.num_bits // 8 if name in packed else p.numel() * dtype.itemsize
                for name, p in model.named_parameters())

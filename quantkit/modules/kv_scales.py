@@ -129,6 +129,8 @@ def pop_kv_scales(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> KVSc
     if only some attention layers have scales.
     """
     scales: KVScales = {}
+    if not any(n.rsplit(".", 1)[-1] in SCALE_NAMES for n in state_dict):
+        return scales  # no FP8 KV cache (an encoder has no cached attention to look for)
     partial: list[str] = []
     for i, (name, _) in attention_modules(model).items():
         k = state_dict.pop(f"{name}.k_scale", None)
