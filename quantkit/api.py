@@ -16,6 +16,7 @@ from . import provenance
 from .algorithms import rtn_quantize
 from .device import resolve_device
 from .dtypes import checkpoint_dtype
+from .fast_generate import install as install_fast_generate
 from .errors import CheckpointError, QuantizationError, first_names
 from .finite import describe_nonfinite, nonfinite_tensors
 from .formats.compressed_tensors import build_quantization_config, kv_cache_scheme_of
@@ -282,7 +283,7 @@ def _deduplicated_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 def load(
     path: "str | os.PathLike", *, backend: str = "auto", device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None, trust_remote_code: bool = False, strict: bool = True,
-    fuse: bool | None = None,
+    fuse: bool | None = None, fast_generate: bool = True,
 ) -> nn.Module:
     """A ready model from a quantkit/compressed-tensors checkpoint (or a float model folder / hub id).
 
@@ -292,16 +293,18 @@ def load(
     fuse: run each layer's q/k/v and gate/up projections as one linear each (modules.fused_linear;
     fewer, larger kernel calls per decode step). None: where the layers run on the CPU ("torch"
     backend). `save` writes a fused model's layers back as the checkpoint has them.
+    fast_generate: on the CPU, the model's `generate` runs quantkit's C++ decode loop where it can honour the
+    call, else transformers' own, saying why (quantkit.fast_generate, docs/generate.md); False: transformers' own.
     """
     device = resolve_device(device)
     if is_gguf_file(path):
-        return load_gguf_model(path, dtype=dtype, device=device)
+        return install_fast_generate(load_gguf_model(path, dtype=dtype, device=device), fast_generate)
     source = resolve_model_source(str(path))
     if not is_quantized_checkpoint(source):
-        return load_float_model(source, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
-                                strict=strict)
-    return _load_quantized(Path(source), backend=backend, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
-                           fuse=fuse)
+        return install_fast_generate(load_float_model(source, dtype=dtype, device=device, strict=strict,
+                                                      trust_remote_code=trust_remote_code), fast_generate)
+    return install_fast_generate(_load_quantized(Path(source), backend=backend, device=device, dtype=dtype,
+                                                 trust_remote_code=trust_remote_code, fuse=fuse), fast_generate)
 
 
 def _load_quantized(folder: Path, *, backend: str, device, dtype, trust_remote_code: bool,

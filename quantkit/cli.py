@@ -7,7 +7,8 @@ import importlib
 import sys
 
 # Modules in quantkit.commands; each exposes register(subparsers) and sets `func=run` on its parser.
-COMMANDS = ("quantize", "export", "eval", "bench", "advise", "report", "inspect", "demo", "recipes", "refmodel")
+COMMANDS = ("quantize", "export", "eval", "bench", "advise", "report", "inspect", "demo", "recipes", "refmodel",
+            "generate")
 
 
 def build_parser() -> argparse.ArgumentParser:
