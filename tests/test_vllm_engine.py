@@ -50,7 +50,7 @@ from vllm.scalar_type import scalar_types  # noqa: E402
 
 from quantkit.kernels import dequantize_wna16  # noqa: E402
 from quantkit.kernels.packing import pack_int32, pack_zero_point  # noqa: E402
-from tests.vllm_engines import shut_down  # noqa: E402
+from tests.vllm_engines import check_amx_tile_permission, shut_down  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -93,6 +93,21 @@ def test_the_plugin_puts_quantkit_first_on_cpu_and_behind_vllms_own_on_cuda(plug
     vllm.plugins.plugins_loaded = False  # load again, as vLLM does in each process it starts
     load_general_plugins()
     check()
+
+
+def test_the_plugin_asks_for_the_amx_tile_permission_in_each_process_it_is_loaded_in(plugin, monkeypatch):
+    """vLLM's AMX attention runs tile instructions without asking Linux for them (SIGILL where nothing
+    else in the process asked): the plugin asks, once per register(), and on an AMX CPU the process holds
+    the permission once vLLM has loaded it."""
+    import quantkit.engines.vllm_wna16 as plugin_module
+    from quantkit.engines.amx_permission import AmxPermission
+
+    check_amx_tile_permission()
+    asked = []
+    monkeypatch.setattr(plugin_module, "request_amx_tile_permission",
+                        lambda: asked.append(1) or AmxPermission(True, False, "refused: test"))
+    plugin_module.register()
+    assert asked == [1]
 
 
 @pytest.mark.parametrize("weight_type, zero_points, group_size", [
@@ -304,6 +319,7 @@ def vllm_side(folder: Path, prompts: list[list[int]], sequences: list[list[int]]
     CompressedTensorsWNA16._kernel_backends_being_used.clear()
     llm = LLM(model=str(folder), **ENGINE)
     try:
+        check_amx_tile_permission()
         outputs = engine_outputs(llm, prompts, sequences)
     finally:
         shut_down(llm)

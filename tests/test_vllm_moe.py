@@ -33,7 +33,7 @@ from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tenso
 import quantkit  # noqa: E402
 from quantkit.modules.quant_experts import QuantExperts  # noqa: E402
 from tests.moe_fixtures import MOE_FAMILIES, make_moe_model  # noqa: E402
-from tests.vllm_engines import shut_down  # noqa: E402
+from tests.vllm_engines import check_amx_tile_permission, shut_down  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -126,6 +126,7 @@ def test_vllms_loader_fills_the_expert_parameters_exactly(family, recipe, tmp_pa
         if llm is not None and torch.cpu._is_amx_tile_supported():
             from vllm import SamplingParams
 
+            check_amx_tile_permission()  # vLLM's AMX attention runs in the generate below
             ids = [3, 17, 42, 99, 7]
             out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=8, temperature=0.0))
             ref = ours.to(torch.bfloat16).generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)

@@ -21,12 +21,20 @@ the exact reference).
 
 Switch it off with vLLM's own settings: ``VLLM_DISABLED_KERNELS=QuantkitWNA16LinearKernel`` (this
 kernel only), or ``VLLM_PLUGINS`` set to a list of plugins without ``quantkit``.
+
+On CPUs with AMX, ``register`` also asks Linux for the tile-data permission (quantkit/engines/amx_permission.py):
+vLLM's own AMX attention kernel needs it and does not ask, so a model that never reaches vLLM's oneDNN
+(every unquantized linear under 1 MiB, the rest on this kernel) would otherwise die with SIGILL in
+``cpu_attention_with_kv_cache``. vLLM loads general plugins in every process it starts (the engine core,
+each tensor-parallel worker) before it builds the model, and the permission is per process (exec drops
+it): this is the one place that reaches each of them.
 """
 
 from __future__ import annotations
 
 import torch
 import vllm.model_executor.kernels.linear as vllm_linear
+from vllm.logger import init_logger
 from vllm.model_executor.kernels.linear import MPLinearKernel, MPLinearLayerConfig, register_linear_kernel
 from vllm.platforms import PlatformEnum, current_platform
 from vllm.scalar_type import scalar_types
@@ -34,6 +42,9 @@ from vllm.scalar_type import scalar_types
 from ..kernels.packing import packed_words
 from ..kernels.wna16 import planned_layout, prepare_wna16, resolve_backend, wna16_linear
 from ..kernels.wna16_layout import ACTIVATION_DTYPES, check_wna16_weight
+from .amx_permission import request_amx_tile_permission
+
+logger = init_logger(__name__)
 
 #: vLLM's weight type -> (bits, symmetric). Symmetric types carry the storage offset 2**(bits-1) as
 #: their bias ("b8": stored u = q + 8); asymmetric ones come with zero points.
@@ -138,7 +149,9 @@ def register() -> None:
 
     ``register_linear_kernel`` appends to vLLM's list, behind vLLM's own kernels. On CPU (``FIRST_ON``)
     the class is then moved to the head of the list, which vLLM keeps in ``_POSSIBLE_KERNELS``: vLLM's
-    CPU int4 kernel would be chosen first and then fail on CPUs without AVX-512.
+    CPU int4 kernel would be chosen first and then fail on CPUs without AVX-512. Then, on CPU, the AMX
+    tile-data permission for this process (see the module's docstring); a refusal on an AMX CPU is
+    logged as a warning, since vLLM's AMX attention will then die with SIGILL.
     """
     for platform in PLATFORMS:
         kernels = vllm_linear._POSSIBLE_KERNELS.setdefault(platform, [])
@@ -147,3 +160,10 @@ def register() -> None:
         if platform in FIRST_ON:
             kernels.remove(QuantkitWNA16LinearKernel)
             kernels.insert(0, QuantkitWNA16LinearKernel)
+    if current_platform.is_cpu():
+        permission = request_amx_tile_permission()
+        if permission.granted or not permission.asked:
+            logger.debug("quantkit: AMX tile-data permission %s", permission.reason)
+        else:
+            logger.warning("quantkit: AMX tile-data permission %s; vLLM's AMX attention kernel, which does not "
+                           "ask for it, will die with SIGILL in this process", permission.reason)
