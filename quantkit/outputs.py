@@ -24,8 +24,10 @@ what quantkit itself wrote, only when asked, and never what the command reads.
   file it points to (the link stays); a link to nothing or to a folder, a block device and a socket are refused.
 - Output names with control characters (a newline, a tab, an escape) are refused: they break the lines
   quantkit writes them into (recipe.yaml's comments, the messages).
-- `atomic_output_file(path, force=...)`: the same for a file a library writes (a GGUF file); refused likewise
-  where `path` is not a regular file.
+- `atomic_output_file(path, force=..., owned=...)`: the same for a file a library writes (a GGUF file); refused
+  likewise where `path` is not a regular file, and, with force, where `owned` says quantkit did not write the
+  file there (a GGUF file carries its marker in its metadata); a killed run's temporary file is removed by the
+  next run into the same place (`clean_stale`).
 - `publish_files(out, names, force=...)`: files built in a temporary folder, then moved into an existing
   folder one by one (a report written into a folder that also holds its inputs).
 - A full disk or quota (ENOSPC, EDQUOT) while writing, or too little free space for a size known up front:
@@ -101,18 +103,25 @@ def _listed(paths: list[str]) -> str:
 
 
 def check_writable(path: str | os.PathLike, *, force: bool = False, file: bool = False,
-                   inputs: Iterable[str | os.PathLike | None] = (), known_files: Collection[str] = ()) -> Path:
+                   inputs: Iterable[str | os.PathLike | None] = (), known_files: Collection[str] = (),
+                   owned: Callable[[Path], str | None] | None = None) -> Path:
     """Fail now, before any work, if `path` cannot be written: it exists (and not force; with force, a folder
-    that `check_replaceable` refuses), it is a folder where a file is meant (file=True), it would overwrite
-    or delete one of `inputs` (paths the command reads; None and names that are no local path are skipped),
-    or its nearest existing parent is a file or is not writable. Returns the absolute path."""
+    that `check_replaceable` refuses, or a file that is no regular file or that `owned` says quantkit did not
+    write), it is a folder where a file is meant (file=True), it would overwrite or delete one of `inputs`
+    (paths the command reads; None and names that are no local path are skipped), or its nearest existing
+    parent is a file or is not writable. Returns the absolute path.
+    owned: for a file output, the path -> None when quantkit wrote the file there, else why it did not (words)."""
     out = _output_path(path)
     _check_name_lengths(out)
     refuse_inputs(out, inputs, file=file)
     if os.path.lexists(out):
         if file and out.is_dir():
             raise UsageError(f"cannot write {out}: it is a folder; name a file to write")
-        if not file:  # what force could not replace is refused outright: never advise a force that fails
+        # what force could not replace is refused outright: never advise a force that fails
+        if file:
+            _refuse_unreplaceable_file(out)
+            _refuse_foreign_file(out, owned)
+        else:
             check_replaceable(out, known_files=known_files)
         if not force:
             raise OutputExistsError(out)
@@ -572,6 +581,14 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+def _refuse_foreign_file(path: Path, owned: Callable[[Path], str | None] | None) -> None:
+    """OutputRefusedError when `owned` says quantkit did not write the file `path`."""
+    why = owned(path) if owned is not None else None
+    if why:
+        raise OutputRefusedError(f"refusing to replace {path}: {why}; delete it yourself if it should go, or choose "
+                                 f"another output path")
+
+
 def _refuse_unreplaceable_file(path: Path) -> None:
     """OutputRefusedError when `path` exists and is not a regular file: renaming a file over it would replace
     a device, a pipe, a link or a folder."""
@@ -652,22 +669,29 @@ def write_output_file(path: str | os.PathLike, text: str) -> None:
 
 @contextmanager
 def atomic_output_file(path: str | os.PathLike, *, force: bool = False,
-                       inputs: Iterable[str | os.PathLike | None] = ()) -> Iterator[Path]:
-    """Yield a temporary file path beside `path` for the caller to write; on success it is renamed to `path`
-    (with the umask's mode). An existing `path` is refused unless force (checked again at the rename); on
-    failure the temporary file is removed and `path` is untouched."""
-    out = check_writable(path, force=force, file=True, inputs=inputs)
-    _refuse_unreplaceable_file(out)
+                       inputs: Iterable[str | os.PathLike | None] = (),
+                       owned: Callable[[Path], str | None] | None = None) -> Iterator[Path]:
+    """Yield a temporary file path beside `path` (`.NAME.tmp-PID-XXXX`) for the caller to write; on success it
+    is renamed to `path` (with the umask's mode). An existing `path` is refused unless force, and with force
+    when it is no regular file or `owned` (as check_writable's) says quantkit did not write it, checked again
+    at the rename; on failure the temporary file is removed and `path` is untouched. Temporary files of killed
+    runs beside `path` are removed first (clean_stale)."""
+    if os.path.isdir(_output_path(path).parent):
+        clean_stale(_output_path(path))
+    out = check_writable(path, force=force, file=True, inputs=inputs, owned=owned)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
     try:
         with _no_space_named(out, out.parent, lambda: tmp.stat().st_size if tmp.exists() else 0, exact=False):
             yield tmp
         give_default_mode(tmp)
-        if force:
-            os.replace(tmp, out)
-        else:
-            rename_noreplace(tmp, out)
+        with _locked(out.parent):
+            if force and os.path.lexists(out):
+                _refuse_unreplaceable_file(out)
+                _refuse_foreign_file(out, owned)  # another process put a file there meanwhile
+                os.replace(tmp, out)
+            else:
+                rename_noreplace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
 

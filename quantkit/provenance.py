@@ -80,16 +80,23 @@ def _one_line(text: str) -> str:
     return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
+def reproduce_command(calibration: dict | None, source: str | None, recipe: str, out: str = "OUT") -> list[str]:
+    """The `quantkit quantize` command line that repeats a run: the source, the recipe (a name or a file),
+    the output and the calibration data (describe_calibration's dict, or None)."""
+    command = ["quantkit", "quantize", source or "MODEL", "--recipe", recipe, "--out", out]
+    if calibration is not None and calibration["source"] != "token ids":
+        command += ["--calib", str(calibration["source"]), "--calib-samples", str(calibration["samples"]),
+                    "--calib-seq-len", str(calibration["seq_len"]), "--seed", str(calibration["seed"])]
+    return command
+
+
 def recipe_file_text(provenance: Provenance, source: str | None, checkpoint) -> str:
     """The text of ``checkpoint``/recipe.yaml: comments (source model, calibration, the command that
     repeats the run) and the recipe's YAML."""
     from . import __version__
 
-    command = ["quantkit", "quantize", source or "MODEL", "--recipe", f"{checkpoint}/{RECIPE_FILE}", "--out", "OUT"]
     calibration = provenance.calibration
-    if calibration is not None and calibration["source"] != "token ids":
-        command += ["--calib", str(calibration["source"]), "--calib-samples", str(calibration["samples"]),
-                    "--calib-seq-len", str(calibration["seq_len"]), "--seed", str(calibration["seed"])]
+    command = reproduce_command(calibration, source, f"{checkpoint}/{RECIPE_FILE}")
     lines = [
         f"# Written by quantkit {__version__}: the recipe this checkpoint was quantized with.",
         f"# recipe     : {_one_line(provenance.recipe.name)}",

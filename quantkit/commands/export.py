@@ -40,24 +40,46 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import shlex
     from pathlib import Path
 
     import quantkit
+    from quantkit import provenance
     from quantkit.errors import UsageError
+    from quantkit.formats.gguf import check_exportable, not_written_by_quantkit
     from quantkit.loading import resolve_model_source
-    from quantkit.outputs import atomic_output_file, check_writable
+    from quantkit.outputs import atomic_output_file, check_free_space, check_writable
 
     inputs = input_paths(args.checkpoint)
-    check_writable(args.out, force=args.force, file=True, inputs=inputs)  # before any work
+    out = check_writable(args.out, force=args.force, file=True, inputs=inputs, owned=not_written_by_quantkit)
     source = Path(resolve_model_source(args.checkpoint))
     if not source.is_dir():
         raise UsageError(f"{args.checkpoint}: export reads a local checkpoint folder (with its tokenizer)")
+    check_exportable(source)  # before any work
     from quantkit.formats.gguf import export_gguf
 
     model = quantkit.load(source, backend="reference", trust_remote_code=args.trust_remote_code)
-    with atomic_output_file(args.out, force=args.force, inputs=inputs) as tmp:
+    recipe_file = source / provenance.RECIPE_FILE
+    made = {"source": str(source), "command": shlex.join(_command(args, source, out))}
+    if recipe_file.is_file():
+        made["recipe"] = recipe_file.read_text(encoding="utf-8", errors="replace")
+    with atomic_output_file(out, force=args.force, inputs=inputs, owned=not_written_by_quantkit) as tmp:
         result = export_gguf(model, source, tmp, float_type=args.float_type, round_scales=args.round_scales,
-                             name=args.name, tie_output=args.tie_output)
-    result.path = Path(args.out).expanduser().resolve()
+                             name=args.name, tie_output=args.tie_output, provenance=made,
+                             check_space=lambda needed: check_free_space(out, needed))
+    result.path = out
     print(result.describe())
     return 0
+
+
+def _command(args: argparse.Namespace, source, out) -> list[str]:
+    """The command line that writes this file again (recorded in it as quantkit.command)."""
+    command = ["quantkit", "export", str(source), "--format", args.format, "--out", str(out)]
+    if args.float_type != "auto":
+        command += ["--float-type", args.float_type]
+    for flag in ("tie_output", "round_scales", "trust_remote_code"):
+        if getattr(args, flag):
+            command.append("--" + flag.replace("_", "-"))
+    if args.name is not None:
+        command += ["--name", args.name]
+    return command

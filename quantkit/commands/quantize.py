@@ -83,7 +83,10 @@ def run(args: argparse.Namespace) -> int:
 
     gguf_out = str(args.out).lower().endswith(".gguf")
     inputs = input_paths(args.model, args.recipe, args.calib)
-    out = check_writable(args.out, force=args.force, file=gguf_out, inputs=inputs)  # before any work
+    owned = None
+    if gguf_out:
+        from quantkit.formats.gguf import not_written_by_quantkit as owned
+    out = check_writable(args.out, force=args.force, file=gguf_out, inputs=inputs, owned=owned)  # before any work
     out_state = None if gguf_out else output_state(out)  # a folder another process writes meanwhile is never replaced
     resolve_device(args.device, option="--device")
     if args.calib_device is not None:
@@ -97,6 +100,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--float-type is for GGUF output: give --out a file name ending in .gguf")
     if args.tie_output and not gguf_out:
         raise UsageError("--tie-output is for GGUF output: give --out a file name ending in .gguf")
+    if gguf_out and recipe.kv_cache is not None:
+        raise UsageError(_NO_GGUF_KV_CACHE.format(recipe=recipe.name))
+    if gguf_out and recipe.weights is not None:
+        from quantkit.formats.gguf import unwritable_scheme
+
+        why = unwritable_scheme(recipe.weights)
+        if why:
+            raise UsageError(f"recipe {recipe.name}: {why}")
     source = resolve_model_source(args.model)
     if args.tie_output:
         _check_tie_output(recipe, Path(source))
@@ -117,8 +128,7 @@ def run(args: argparse.Namespace) -> int:
         size_before = SizeOnDisk(folder_size_bytes(Path(source)), dtype_name(source_dtype(model)), "on disk")
     else:  # a hub model: its tensors as loaded
         size_before = SizeOnDisk(state_bytes(model), dtype_name(model.dtype), "as loaded")
-    check_free_space(out if not gguf_out else out.parent,  # before the work
-                     _least_checkpoint_bytes(model, recipe, dtype or source_dtype(model)))
+    check_free_space(out, _least_checkpoint_bytes(model, recipe, dtype or source_dtype(model)))  # before the work
     import torch
 
     scale_dtype = torch.float16 if gguf_out else None  # GGUF's block scales are fp16: round to them, exactly
@@ -130,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"note: --calib is ignored: {recipe.name} uses {recipe.algorithm.name}, which needs no calibration")
         quantkit.quantize(model, recipe, leave_float=args.leave_float, scale_dtype=scale_dtype)
     if gguf_out:
-        return _write_gguf(model, recipe, args, source, size_before, start, inputs)
+        return _write_gguf(model, recipe, args, source, size_before, start, inputs, out)
     saved_dtype = dtype or source_dtype(model)  # the source's dtype unless --dtype asks for another
     path = quantkit.save(model, out, tokenizer_source=source, force=args.force, dtype=saved_dtype, expect=out_state)
     elapsed = time.perf_counter() - start
@@ -145,22 +155,43 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_gguf(model, recipe, args, source, size_before, start, inputs) -> int:
-    """Write the quantized model as the GGUF file args.out, then print the summary."""
+#: why a recipe with a KV cache is refused for GGUF output, and the way out
+_NO_GGUF_KV_CACHE = (
+    "recipe {recipe} calibrates an FP8 KV cache, which a GGUF file cannot hold: GGUF has no calibrated KV-cache "
+    "scales, and llama.cpp picks its cache type when it runs (F16 by default; --cache-type-k q8_0 --cache-type-v "
+    "q8_0 for an 8-bit one); use a recipe without kv_cache for GGUF output (e.g. w4a16-gptq for w4a16-gptq-kv-fp8), "
+    "or write a folder (--out DIR) for vLLM's FP8 KV cache")
+
+
+def _write_gguf(model, recipe, args, source, size_before, start, inputs, out) -> int:
+    """Write the quantized model as the GGUF file `out` (with how it was made), then print the summary."""
+    import shlex
+
     import torch
 
-    from quantkit.formats.gguf import export_gguf
-    from quantkit.outputs import atomic_output_file
+    from quantkit import provenance
+    from quantkit.formats.gguf import export_gguf, not_written_by_quantkit
+    from quantkit.outputs import atomic_output_file, check_free_space
+    from quantkit.recipe import builtin_recipes
     from quantkit.summaries import SizeOnDisk, quantization_summary
 
-    with atomic_output_file(args.out, force=args.force, inputs=inputs) as tmp:
+    made = provenance.of(model)
+    calibration = made.calibration if made else None
+    recipe_arg = args.recipe if args.recipe in builtin_recipes() else str(Path(args.recipe).expanduser().resolve())
+    command = provenance.reproduce_command(calibration, source, recipe_arg, str(out))
+    with atomic_output_file(out, force=args.force, inputs=inputs, owned=not_written_by_quantkit) as tmp:
         result = export_gguf(model, source, tmp, float_type=args.float_type, mix=recipe.mix,
-                             tie_output=args.tie_output)
-    result.path = Path(args.out).expanduser().resolve()
+                             tie_output=args.tie_output,
+                             provenance={"source": str(source), "recipe": recipe.to_yaml(),
+                                         "calibration": provenance.describe_calibration(calibration),
+                                         "command": shlex.join(command)},
+                             check_space=lambda needed: check_free_space(out, needed))
+    result.path = out
     size_after = SizeOnDisk(result.bytes, result.file_type, "on disk")
     print(quantization_summary(model, recipe, source, result.path, size_before, size_after,
                                time.perf_counter() - start, kind="GGUF file", scale_dtype=torch.float16,
                                embedding_is_head=args.tie_output))
+    print(f"  calibration      : {provenance.describe_calibration(calibration)}")
     print("  " + result.describe().replace("\n", "\n  "))
     return 0
 

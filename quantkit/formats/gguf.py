@@ -18,13 +18,24 @@ Everything else (asymmetric int8, K not a multiple of 32, ragged groups) is refu
 Norms and biases are F32 (as llama.cpp's converter writes every 1-D tensor); the embedding, the output
 head and any linear the recipe left in float get `float_type` ("auto" for a mix: llama-quantize's types for
 it, quantkit.gguf_mix.OUTPUT_TYPES).
+
+Every file carries quantkit's marker (`quantkit.written_by`, the key right after `general.architecture`), by
+which a forced write knows a file it may replace (`not_written_by_quantkit`), and how it was made
+(`quantkit.source`, `quantkit.recipe`, `quantkit.calibration`, `quantkit.command`) where the caller says.
+Refused before anything is written: sliding-window attention (llama.cpp's llama, qwen2 and qwen3
+architectures attend to the whole context and read no window from the file).
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import math
 import os
+import struct
+from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,7 +60,11 @@ TIED_HEAD_MAX_CHANGE = 0.5
 #: config.json model_type -> (gguf architecture name, whether q/k rows are permuted for llama.cpp's rotary)
 ARCHITECTURES = {"llama": ("LLAMA", True), "mistral": ("LLAMA", True), "qwen2": ("QWEN2", False),
                  "qwen3": ("QWEN3", False)}
-
+#: the metadata key that marks a GGUF file quantkit wrote (value: "quantkit VERSION"), written right after
+#: general.architecture
+MARKER_KEY = "quantkit.written_by"
+#: the provenance keys a caller may give (each written as quantkit.KEY, a string)
+PROVENANCE_KEYS = ("source", "recipe", "calibration", "command")
 
 
 @dataclass
@@ -72,6 +87,10 @@ class GGUFExport:
     tied_lookup_change: float | None = None
     tie_possible: bool = False
     bytes: int = 0
+    #: (GGUF names, what was asked, ggml type written, why): float tensors that took llama-quantize's fallback type
+    fallbacks: list[tuple[list[str], str, str, str]] = field(default_factory=list)
+    #: what the file cannot hold of the model, in words (printed as warnings)
+    warnings: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         counts: dict[str, int] = {}
@@ -92,6 +111,10 @@ class GGUFExport:
             lines.append(f"  token_embd is the quantized output head, tied as in the source model (no output.weight): "
                          f"the embedding lookup reads it, an RMS change of {self.tied_lookup_change:.3g} of the "
                          f"embedding's RMS")
+        for names, asked, written, why in self.fallbacks:
+            lines.append(f"  {', '.join(names)}: {asked} asked, written as {written} ({why}, as llama-quantize "
+                         f"falls back)")
+        lines += [f"  warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 
 
@@ -125,6 +148,18 @@ def _fp16_scales(scale: torch.Tensor, name: str, round_scales: bool) -> tuple[to
     return s16, change
 
 
+def unwritable_scheme(scheme) -> str | None:
+    """Why weights of `scheme` (a QuantScheme) have no GGUF block type, with the recipes to use, or None (a
+    scheme on a GGUF grid, or int4 / symmetric int8 in groups or per channel; whether each layer's inputs
+    split into blocks of 32 is known only from the model)."""
+    if scheme.grid != "uniform":
+        return None
+    if scheme.type != "int" or (scheme.num_bits == 8 and not scheme.symmetric) or scheme.strategy == "tensor":
+        return (f"{scheme.describe()} has no GGUF block type; quantize with a symmetric int8 recipe "
+                f"({RECIPES_FOR['Q8_0']}: Q8_0) or an int4 one ({RECIPES_FOR['Q4_0']}: Q4_0)")
+    return None
+
+
 def gguf_weight(layer: QuantLinear, name: str, *, row_order: torch.Tensor | None = None,
                 round_scales: bool = False) -> tuple[str, torch.Tensor, dict]:
     """A QuantLinear's weight as ggml blocks, without re-quantizing.
@@ -136,9 +171,9 @@ def gguf_weight(layer: QuantLinear, name: str, *, row_order: torch.Tensor | None
     """
     scheme, k, n = layer.scheme, layer.in_features, layer.out_features
     bits = scheme.num_bits
-    if scheme.type != "int" or (bits == 8 and not scheme.symmetric):
-        raise UsageError(f"{name}: {scheme.describe()} has no GGUF block type; quantize with a symmetric int8 "
-                         f"recipe ({RECIPES_FOR['Q8_0']}: Q8_0) or an int4 one ({RECIPES_FOR['Q4_0']}: Q4_0)")
+    why = unwritable_scheme(scheme)
+    if why:
+        raise UsageError(f"{name}: {why}")
     kind = "Q8_0" if bits == 8 else "Q4_0" if scheme.symmetric else "Q4_1"
     scale = layer.weight_scale.float()
     d = None if k % gguf_blocks.BLOCK else _block_scales(scale, k, layer.group_size)
@@ -183,14 +218,51 @@ def architecture_of(hparams: dict) -> tuple[str, bool]:
     return ARCHITECTURES[model_type]
 
 
+def sliding_window_problem(config) -> str | None:
+    """Why llama.cpp would not run the model of `config` (a transformers config) as it runs, or None: a sliding
+    window shorter than its context. llama.cpp's llama, qwen2 and qwen3 architectures read no window from a
+    GGUF file (llama-model.cpp: src/models/llama.cpp, qwen2.cpp, qwen3.cpp; its converter writes none for
+    Mistral) and attend to every earlier token."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    sliding = "sliding_attention" in layer_types if layer_types is not None else window is not None
+    context = getattr(config, "max_position_embeddings", None)
+    if not sliding or window is None or (context is not None and window >= context):
+        return None
+    return (f"the model attends to the last {window} tokens only (sliding_window {window}, context {context}), and "
+            f"llama.cpp's {architecture_of(config.to_dict())[0].lower()} architecture has no sliding window: it "
+            f"attends to every earlier token, so past {window} tokens its outputs would differ from the model's; to "
+            f"write it with full attention (the same outputs on contexts of at most {window} tokens), set "
+            f"\"sliding_window\": null in a copy of the model folder's config.json and convert that")
+
+
 def check_exportable(folder: str | os.PathLike) -> None:
     """UsageError now, before any quantization, when the model in `folder` has no GGUF architecture or
-    tokenizer here."""
-    architecture_of(_hparams(Path(folder)))
+    tokenizer here, or an attention llama.cpp would not run as it does (sliding_window_problem)."""
+    from transformers import AutoConfig
+
+    hparams = _hparams(Path(folder))
+    architecture_of(hparams)
+    _rope(hparams)
+    problem = sliding_window_problem(AutoConfig.from_pretrained(folder))
+    if problem:
+        raise UsageError(f"{folder}: {problem}")
     if _tokenizer_kind(Path(folder)) == "sentencepiece":
         from .gguf_sentencepiece import load_processor
 
         load_processor(Path(folder) / "tokenizer.model")
+
+
+def _rope(hparams: dict) -> dict:
+    """The model's rotary parameters (rope_theta among them); UsageError for a scaling GGUF export does not
+    write (default and linear it does)."""
+    rope = dict(hparams.get("rope_parameters") or hparams.get("rope_scaling") or {})
+    if "rope_theta" not in rope and hparams.get("rope_theta") is not None:
+        rope["rope_theta"] = hparams["rope_theta"]
+    rope_type = rope.get("rope_type", rope.get("type"))
+    if not (rope_type in (None, "default") or (rope_type == "linear" and rope.get("factor") is not None)):
+        raise UsageError(f"rope type {rope_type!r} is not written to GGUF yet (default and linear are)")
+    return rope
 
 
 def _set_parameters(writer, hparams: dict, arch: str, file_type) -> None:
@@ -205,15 +277,10 @@ def _set_parameters(writer, hparams: dict, arch: str, file_type) -> None:
     writer.add_head_count(hparams["num_attention_heads"])
     if hparams.get("num_key_value_heads") is not None:
         writer.add_head_count_kv(hparams["num_key_value_heads"])
-    rope = dict(hparams.get("rope_parameters") or hparams.get("rope_scaling") or {})
-    if "rope_theta" not in rope and hparams.get("rope_theta") is not None:
-        rope["rope_theta"] = hparams["rope_theta"]
-    rope_type = rope.get("rope_type", rope.get("type"))
-    if rope_type == "linear" and rope.get("factor") is not None:
+    rope = _rope(hparams)
+    if rope.get("rope_type", rope.get("type")) == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope["factor"])
-    elif rope_type not in (None, "default"):
-        raise UsageError(f"rope type {rope_type!r} is not written to GGUF yet (default and linear are)")
     if rope.get("rope_theta") is not None:
         writer.add_rope_freq_base(rope["rope_theta"])
     writer.add_layer_norm_rms_eps(hparams["rms_norm_eps"])
@@ -231,7 +298,8 @@ def pre_tokenizer_name(tokenizer, tokenizer_json: dict) -> str:
     else "gpt-2" for a plain byte-level pre-tokenizer with GPT-2's regex (what such a tokenizer applies)."""
     from hashlib import sha256
 
-    digest = sha256(str(tokenizer.encode(CHECK_TEXT)).encode()).hexdigest()
+    # verbose=False: CHECK_TEXT may be longer than the model's context, which is no problem for hashing it
+    digest = sha256(str(tokenizer.encode(CHECK_TEXT, verbose=False)).encode()).hexdigest()
     if digest in PRE_TOKENIZERS:
         return PRE_TOKENIZERS[digest]
     pre = tokenizer_json.get("pre_tokenizer") or {}
@@ -298,25 +366,54 @@ def _set_vocab(writer, folder: Path, vocab_size: int, arch: str) -> None:
     writer.add_tokenizer_pre(pre_tokenizer_name(tokenizer, tokenizer_json))
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    gguf.SpecialVocab(folder, load_merges=True).add_to_gguf(writer, quiet=True)
+    with _without_pair_template_warnings():
+        gguf.SpecialVocab(folder, load_merges=True).add_to_gguf(writer, quiet=True)
+
+
+class _PairTemplateFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "TemplateProcessing<pair>" not in record.getMessage()
+
+
+@contextmanager
+def _without_pair_template_warnings():
+    """The gguf package's SpecialVocab guesses add_sep_token from the tokenizer's template for a pair of
+    sequences and warns (`Unknown separator token '<|bos|>' in TemplateProcessing<pair>`) when the token
+    between the two is not a separator; it then writes no add_sep_token, which is right: llama.cpp reads it
+    only to join a pair of texts (reranking), never for text generation. Its other warnings still show."""
+    logger, quiet = logging.getLogger("gguf.vocab"), _PairTemplateFilter()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 # -- the file ---------------------------------------------------------------------------------------
 
 
-def _float_tensor(t: torch.Tensor, float_type: str):
-    """(numpy data, ggml type) for a float tensor written in float_type (FLOAT_TYPES but auto). q8_0 and
-    q5_0 are the gguf package's rounding, q6_k / q4_k llama.cpp's (quantkit.gguf_reference_quants); as
+def float_fallback(float_type: str, width: int) -> tuple[str, str | None]:
+    """(the type a float tensor of `width` inputs takes for float_type, why it is another one or None): as
     llama-quantize falls back, a width that is no multiple of 256 gets Q8_0 for q6_k and Q5_0 for q4_k, one
     that is no multiple of 32 F16."""
+    asked, why = float_type, None
+    if float_type in ("q6_k", "q4_k") and width % gguf_blocks.SUPER_BLOCK:
+        float_type = LLAMA_CPP_FALLBACK[float_type]
+        why = f"{width} inputs are no whole super-block of {gguf_blocks.SUPER_BLOCK}"
+    if float_type in ("q8_0", "q5_0") and width % gguf_blocks.BLOCK:
+        float_type = "f16"
+        why = f"{width} inputs are no whole block of {gguf_blocks.BLOCK}"
+    return float_type, why if float_type != asked else None
+
+
+def _float_tensor(t: torch.Tensor, float_type: str):
+    """(numpy data, ggml type) for a float tensor written in float_type (FLOAT_TYPES but auto; its fallback
+    for the tensor's width, float_fallback). q8_0 and q5_0 are the gguf package's rounding, q6_k / q4_k
+    llama.cpp's (quantkit.gguf_reference_quants)."""
     import gguf
 
     data = t.detach().float().cpu()
-    width = data.shape[-1]
-    if float_type in ("q6_k", "q4_k") and width % gguf_blocks.SUPER_BLOCK:
-        float_type = LLAMA_CPP_FALLBACK[float_type]
-    if float_type in ("q8_0", "q5_0") and width % gguf_blocks.BLOCK:
-        float_type = "f16"
+    float_type, _ = float_fallback(float_type, data.shape[-1])
     qtype = getattr(gguf.GGMLQuantizationType, float_type.upper())
     if float_type == "f32":
         return data.numpy(), qtype
@@ -352,7 +449,8 @@ def _tied_head(model: nn.Module, head: str | None, embedding: str | None,
 
 def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float_type: str = "auto",
                 round_scales: bool = False, name: str | None = None, mix: str | None = None,
-                tie_output: bool = False) -> GGUFExport:
+                tie_output: bool = False, provenance: dict[str, str] | None = None,
+                check_space: Callable[[int], None] | None = None) -> GGUFExport:
     """Write `model` (a quantkit checkpoint loaded from `folder`, whose tokenizer and config.json are read)
     to the file `out` (overwritten: the caller writes to a temporary path). returns what was written.
     mix: the recipe's mix (quantkit.gguf_mix), which names the file type and, with float_type "auto", the
@@ -360,14 +458,24 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
     tie_output: write the quantized output head as token_embd and no output.weight, as llama.cpp's files of
     models with tied embeddings are (llama.cpp then reads both the lookup and the head from it): for a
     source model whose embedding is its head, quantized with the head (a recipe with `ignore: []`); the
-    lookup's change is measured (GGUFExport.tied_lookup_change)."""
+    lookup's change is measured (GGUFExport.tied_lookup_change).
+    provenance: how the model was made, by PROVENANCE_KEYS (written as quantkit.KEY beside the marker).
+    check_space: called with the bytes the file's tensors take before anything is written (to refuse a disk
+    without room for them)."""
     import gguf
 
     from ..gguf_mix import FILE_TYPES, OUTPUT_TYPES
+    from ..modules.kv_scales import read_kv_scales
 
     folder = Path(folder)
     hparams = _hparams(folder)
     arch, permute = architecture_of(hparams)
+    problem = sliding_window_problem(model.config)
+    if problem:
+        raise UsageError(f"{folder}: {problem}")
+    unknown = sorted(set(provenance or {}) - set(PROVENANCE_KEYS))
+    if unknown:
+        raise ValueError(f"unknown provenance keys {unknown}; known: {', '.join(PROVENANCE_KEYS)}")
     if float_type not in FLOAT_TYPES:
         raise UsageError(f"float type must be one of {', '.join(FLOAT_TYPES)}, got {float_type!r}")
     tied = bool(hparams.get("tie_word_embeddings", False))
@@ -392,6 +500,11 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
 
     pending: list[tuple[str, object, object]] = []  # (gguf name, data, ggml type)
     result = GGUFExport(path=out, architecture=gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, arch)], file_type="")
+    if read_kv_scales(model)[0]:
+        result.warnings.append(
+            "the FP8 KV cache scales are not written: GGUF holds no calibrated KV-cache scales, and llama.cpp picks "
+            "its cache type when it runs (F16 by default; --cache-type-k q8_0 --cache-type-v q8_0 for an 8-bit one)")
+    fallbacks: dict[tuple[str, str, str], list[str]] = {}  # (asked, written, why) -> gguf names
     kinds: dict[str, int] = {}
     shift_max, shift_sq, shift_n = None, 0.0, 0
     quantized = {n for n, m in model.named_modules() if isinstance(m, (QuantLinear, KQuantLinear))}
@@ -440,8 +553,13 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
         if t.dim() <= 1 or gname.endswith("_norm.weight"):
             data, qtype = t.detach().float().cpu().numpy(), gguf.GGMLQuantizationType.F32
         else:
-            data, qtype = _float_tensor(t, float_types.get(gname, float_type))
+            asked = float_types.get(gname, float_type)
+            written, why = float_fallback(asked, t.shape[-1])
+            if why:
+                fallbacks.setdefault((asked, written.upper(), why), []).append(gname)
+            data, qtype = _float_tensor(t, asked)
         pending.append((gname, data, qtype))
+    result.fallbacks = [(names, asked, written, why) for (asked, written, why), names in fallbacks.items()]
     if shift_max is not None:
         result.q4_1_min_shift, result.q4_1_min_shift_rms = shift_max, math.sqrt(shift_sq / max(shift_n, 1))
     main = max(kinds, key=kinds.get) if kinds else float_type.upper()  # the type most weights have
@@ -449,7 +567,14 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
     result.file_type = main
     file_type = gguf.LlamaFileType.ALL_F32 if main == "F32" else getattr(gguf.LlamaFileType, "MOSTLY_" + main)
 
+    if check_space is not None:
+        check_space(sum(data.nbytes for _, data, _ in pending))
+    from .. import __version__
+
     writer = gguf.GGUFWriter(str(out), result.architecture)
+    writer.add_string(MARKER_KEY, f"quantkit {__version__}")  # right after general.architecture
+    for key, value in (provenance or {}).items():
+        writer.add_string(f"quantkit.{key}", value)
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(name or folder.name)
     _set_parameters(writer, hparams, arch, file_type)
@@ -458,9 +583,75 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
     for gname, data, qtype in pending:
         writer.add_tensor(gname, data, raw_dtype=qtype)
         result.tensors[gname] = qtype.name
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    try:
+        try:
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()  # flushes: a full disk may show here first
+    except OSError as e:
+        raise _write_error(e, out) from None
     result.bytes = out.stat().st_size
     return result
+
+
+def _write_error(e: OSError, out: Path) -> OSError:
+    """An OSError of the gguf writer that names `out`: numpy's tofile reports a short write ("N requested and M
+    written") without an errno, which on a file is a full disk or quota: ENOSPC when the folder has no room
+    left, else EIO."""
+    if e.errno is not None:
+        return OSError(e.errno, e.strerror, str(out)) if e.filename is None else e
+    import shutil
+
+    try:
+        full = shutil.disk_usage(out.parent).free < 1 << 20
+    except OSError:
+        full = False
+    return OSError(errno.ENOSPC if full else errno.EIO, f"{os.strerror(errno.ENOSPC if full else errno.EIO)} "
+                   f"(a short write: {e})", str(out))
+
+
+def not_written_by_quantkit(path: str | os.PathLike) -> str | None:
+    """None when `path` is a GGUF file quantkit wrote (MARKER_KEY among its first metadata entries), else why
+    it is not, in words (for a forced write, which replaces only such a file)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError as e:
+        return f"it cannot be read ({e.strerror}), so it is not known to be a file quantkit wrote"
+    if head[:4] != b"GGUF":
+        return "it is not a GGUF file, and quantkit replaces only GGUF files it wrote"
+    if MARKER_KEY not in _first_keys(head, 4):
+        return f"it is a GGUF file quantkit did not write (its metadata has no {MARKER_KEY})"
+    return None
+
+
+#: bytes of the GGUF metadata value types of a fixed size (gguf.GGUFValueType: UINT8 ... FLOAT64)
+_VALUE_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING = 8
+
+
+def _first_keys(head: bytes, most: int) -> list[str]:
+    """The keys of the first `most` metadata entries of a little-endian GGUF file's first bytes `head`, up to
+    the first array value or the end of `head` (header: magic, u32 version, u64 tensor count, u64 entry count;
+    an entry: u64 length and key bytes, u32 value type, the value)."""
+    keys: list[str] = []
+    try:
+        (count,) = struct.unpack_from("<Q", head, 16)
+        at = 24
+        for _ in range(min(count, most)):
+            (size,) = struct.unpack_from("<Q", head, at)
+            if at + 12 + size > len(head):
+                break
+            key = head[at + 8:at + 8 + size]
+            (kind,) = struct.unpack_from("<I", head, at + 8 + size)
+            at += 12 + size
+            if kind != _STRING and kind not in _VALUE_BYTES:
+                break
+            keys.append(key.decode("utf-8", "replace"))
+            (size,) = struct.unpack_from("<Q", head, at) if kind == _STRING else (_VALUE_BYTES[kind] - 8,)
+            at += 8 + size
+    except struct.error:  # the entries run past `head`
+        pass
+    return keys
