@@ -17,16 +17,16 @@ from .algorithms import rtn_quantize
 from .device import resolve_device
 from .dtypes import checkpoint_dtype
 from .fast_generate import install as install_fast_generate
-from .errors import CheckpointError, QuantizationError, first_names
+from .errors import CheckpointError, QuantizationError, UsageError, first_names
 from .finite import describe_nonfinite, nonfinite_tensors
 from .formats.compressed_tensors import build_quantization_config, kv_cache_scheme_of
 from .formats.shapes import check_checkpoint_tensors
 from .formats.safetensors_io import folder_tensors, read_state_dict, stored_float_dtype, write_state_dict
 from .loading import (
-    SOURCE_DTYPE_ATTRIBUTE, copy_tokenizer_files, empty_quantized_model, is_gguf_file, is_quantized_checkpoint,
-    load_float_model, load_gguf_model,
+    SOURCE_DTYPE_ATTRIBUTE, copy_tokenizer_files, empty_quantized_model, is_quantized_checkpoint, load_float_model,
     read_config_json, resolve_model_source, source_dtype, tokenizer_bytes,
 )
+from .gguf_reading import gguf_origin, is_gguf_file, load_gguf_model
 from .outputs import OutputState, atomic_output_dir
 from .modules.kv_cache import enable_fp8_kv_cache
 from .modules.kv_scales import attach_kv_scales, pop_kv_scales
@@ -195,12 +195,18 @@ def save(
     A disk too full for the checkpoint is found before anything is written (NoSpaceError, an OSError).
     """
     dtype = source_dtype(model) if dtype is None else checkpoint_dtype(dtype)
+    quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    origin = gguf_origin(model)
+    if origin is not None and not quantized:
+        raise QuantizationError(
+            f"this model is the GGUF file {origin.path} dequantized to float weights (quantkit.load of a .gguf file): a "
+            f"checkpoint of it would hold no quantized layer and no tokenizer; keep the GGUF file as it is, or "
+            f"quantize and save the float model it was made from")
     if any(isinstance(m, KQuantLinear) for m in model.modules()):
         raise QuantizationError(
             "this model's weights are on a GGUF grid (llama.cpp's block types: float group minimums or scales on "
             "llama.cpp's 6- and 8-bit grids), which a compressed-tensors checkpoint cannot hold: write it as GGUF (quantkit quantize ... --out FILE.gguf, "
             "or quantkit.formats.gguf.export_gguf)")
-    quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
     if not quantized and not getattr(model.config, "quantization_config", None):
         raise QuantizationError("the model has no quantized layers: call quantkit.quantize(model, recipe) first")
     if any(m.checkpoint_tensors_released for m in quantized):
@@ -285,7 +291,8 @@ def load(
     dtype: torch.dtype | None = None, trust_remote_code: bool = False, strict: bool = True,
     fuse: bool | None = None, fast_generate: bool = True,
 ) -> nn.Module:
-    """A ready model from a quantkit/compressed-tensors checkpoint (or a float model folder / hub id).
+    """A ready model from a quantkit/compressed-tensors checkpoint (or a float model folder / hub id, or a GGUF
+    file: checked first, its weights dequantized to float by transformers, quantkit.gguf_reading).
 
     Quantized linears run through quantkit.kernels with `backend` ("auto", "triton", "torch",
     "reference"); weights load from safetensors only. strict (float models): refuse one whose weights
@@ -296,6 +303,10 @@ def load(
     fast_generate: on the CPU, the model's `generate` runs quantkit's C++ decode loop where it can honour the
     call, else transformers' own, saying why (quantkit.fast_generate, docs/generate.md); False: transformers' own.
     """
+    from .kernels.wna16 import BACKENDS
+
+    if backend not in BACKENDS:
+        raise UsageError(f"backend {backend!r} is unknown; choose one of {', '.join(BACKENDS)}")
     device = resolve_device(device)
     if is_gguf_file(path):
         return install_fast_generate(load_gguf_model(path, dtype=dtype, device=device), fast_generate)

@@ -70,7 +70,7 @@ def read_config_json(folder: Path) -> dict:
     path = folder / "config.json"
     if folder.is_file():
         raise CheckpointError(f"{folder} is not a model folder but a file; give the folder that holds the model "
-                              f"({folder.parent})")
+                              f"({folder.expanduser().resolve().parent})")
     if not path.is_file():
         raise CheckpointError(f"{folder} is not a model folder: it has no config.json")
     try:
@@ -165,56 +165,6 @@ def load_float_model(
     if stored is not None:
         setattr(model, SOURCE_DTYPE_ATTRIBUTE, stored)
     return model.to(device).eval()
-
-
-#: Attribute that load_gguf_model sets on a model: the names ("input", "output") of its embedding tables
-#: that the GGUF file stores quantized (llama.cpp quantizes them), which a baseline check cannot compare.
-GGUF_QUANTIZED_TABLES_ATTRIBUTE = "quantkit_gguf_quantized_tables"
-_GGUF_FLOAT_TYPES = ("F32", "F16", "BF16")
-
-
-def is_gguf_file(source: str | os.PathLike) -> bool:
-    """Whether `source` names a local GGUF file (a .gguf file that exists)."""
-    path = Path(str(source)).expanduser()
-    return path.suffix.lower() == ".gguf" and path.is_file()
-
-
-def load_gguf_model(path: str | os.PathLike, *, dtype: torch.dtype | None = None,
-                    device: str | torch.device = "cpu") -> nn.Module:
-    """A transformers causal LM from a GGUF file (any: quantkit's export or llama.cpp's own), its weights
-    dequantized by transformers with the `gguf` package (fp32 unless dtype says otherwise). Records on the
-    model which embedding tables the file stores quantized (GGUF_QUANTIZED_TABLES_ATTRIBUTE)."""
-    try:
-        import gguf
-    except ImportError:
-        raise CheckpointError(f"{path}: reading GGUF files needs the `gguf` package (pip install 'quantkit[gguf]')") from None
-    from transformers import AutoModelForCausalLM
-
-    from .device import resolve_device
-
-    path = Path(str(path)).expanduser()
-    try:
-        reader = gguf.GGUFReader(str(path))
-        types = {t.name: t.tensor_type.name for t in reader.tensors}
-    except (ValueError, OSError) as e:
-        raise CheckpointError(f"{path}: not a readable GGUF file ({_one_line(e)})") from None
-    quantized = set()
-    if types.get("token_embd.weight", "F32") not in _GGUF_FLOAT_TYPES:
-        quantized.add("input")
-    if types.get("output.weight", types.get("token_embd.weight", "F32")) not in _GGUF_FLOAT_TYPES:
-        quantized.add("output")
-    try:
-        with _quiet_loading_report():
-            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                         dtype=dtype or torch.float32)
-    except (ValueError, KeyError, TypeError, RuntimeError, OSError) as e:
-        raise CheckpointError(f"{path}: transformers could not load this GGUF file ({type(e).__name__}: "
-                              f"{_one_line(e)})") from None
-    setattr(model, GGUF_QUANTIZED_TABLES_ATTRIBUTE, frozenset(quantized))
-    stored = {"F16": torch.float16, "BF16": torch.bfloat16}.get(types.get("token_embd.weight"), torch.float32)
-    setattr(model, SOURCE_DTYPE_ATTRIBUTE, stored)  # the dtype its float embedding was rounded to
-    model.name_or_path = str(path)
-    return model.to(resolve_device(device)).eval()
 
 
 def load_model_config(source: str, *, trust_remote_code: bool = False):

@@ -196,7 +196,7 @@ def benchmark(
     from quantkit.harness.report import summary_lines
     from quantkit.dtypes import parse_dtype
     from quantkit.harness.timing import BenchSettings, merge_phases, run_bench
-    from quantkit.harness.variants import build_variant, float_variant, load_source_model
+    from quantkit.harness.variants import build_variant, float_variant, load_source_model, refuse_gguf_sources
     from quantkit.device import check_cpu_threads, resolve_device
     from quantkit.errors import UsageError
     from quantkit.loading import is_quantized_checkpoint, resolve_model_source
@@ -213,6 +213,7 @@ def benchmark(
     else:
         device = resolve_device(device, option="--device")
     check_backend(backend, device)
+    refuse_gguf_sources(model, baseline, variants)
     if json_out is not None:  # before any work; never over a file this command reads
         check_output_file(json_out,
                           inputs=input_paths(model, baseline, *variants))

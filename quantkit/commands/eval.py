@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     import quantkit
     from quantkit.device import resolve_device
     from quantkit.errors import UsageError
+    from quantkit.gguf_reading import check_gguf_tokenizer, is_gguf_file, load_gguf_tokenizer
     from quantkit.harness.eval_text import check_model_tokenizer, eval_window, load_tokenizer, read_eval_tokens
     from quantkit.outputs import check_output_file, output_stream, write_output_file
 
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if max_tokens < window:
         raise UsageError(f"--max-tokens {max_tokens} is less than one window of {window} tokens; "
                          f"give --max-tokens {window} or more, or a smaller --window")
-    tokenizer = load_tokenizer(args.baseline)
+    tokenizer = load_gguf_tokenizer(args.baseline) if is_gguf_file(args.baseline) else load_tokenizer(args.baseline)
     text = read_eval_tokens(tokenizer, args.data, max_tokens)  # reads only what it needs
     if args.max_tokens is not None and text.whole and text.ids.numel() < args.max_tokens:
         raise UsageError(f"--max-tokens {args.max_tokens} is more than the evaluation text has: "
@@ -69,7 +70,10 @@ def run(args: argparse.Namespace) -> int:
     windows = token_windows(text.ids, window, max_tokens)  # [N, W]: the first max_tokens tokens, whole windows
     check_comparable({"model": model}, baseline, windows,
                      allow_other_baseline=args.allow_other_baseline)  # before the models run for the time estimate
-    used = check_model_tokenizer(args.model, args.baseline, tokenizer)  # the checkpoint's own must agree
+    if is_gguf_file(args.model):  # a GGUF file carries its vocabulary: it must be the baseline's
+        used = check_gguf_tokenizer(args.model, tokenizer, args.baseline)
+    else:  # the checkpoint's own tokenizer files must agree
+        used = check_model_tokenizer(args.model, args.baseline, tokenizer)
 
     of_text = f"of the text's {text.ids.numel()} tokens" if text.whole else "tokens from the start of the text"
     print(f"eval: {windows.shape[0]} windows of {window} tokens = {windows.numel()} {of_text} "

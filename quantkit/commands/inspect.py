@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections import defaultdict
 from pathlib import Path
 
 
 def register(sub) -> None:
     p = sub.add_parser("inspect", help="show each layer's scheme and the sizes of a checkpoint")
-    p.add_argument("path", help="checkpoint folder")
+    p.add_argument("path", help="checkpoint folder, or a GGUF file")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from quantkit.gguf_reading import is_gguf_file
+
+    if is_gguf_file(args.path):
+        return inspect_gguf(args.path)
     from quantkit.formats.compressed_tensors import parse_quantization_config
     from quantkit.formats.safetensors_io import folder_tensors, read_state_dict
     from quantkit.formats.shapes import SCALE_TENSORS
@@ -68,6 +73,39 @@ def run(args: argparse.Namespace) -> int:
              f"= {bits / weights:.3f} bits/weight (their weight_shape and biases are counted below)"
              if weights else ""))
     print("\n".join(size_summary_lines(size_by_kind(layers))))
+    return 0
+
+
+def inspect_gguf(path: str) -> int:
+    """Print a GGUF file's architecture, shapes and each tensor's type, shape and size, after checking the file
+    as quantkit.load does (header, metadata, the tensors the architecture needs)."""
+    import gguf
+
+    from quantkit.gguf_reading import FLOAT_TYPES, read_gguf
+    from quantkit.summaries import human_bytes
+
+    contents = read_gguf(path)
+    hp, fields = contents.hyperparameters, contents.fields
+    file_type = fields.get("general.file_type")
+    try:
+        file_type = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")
+    except ValueError:
+        file_type = "unknown"
+    print(f"{contents.path}  (GGUF v{fields.get('GGUF.version')}, architecture {contents.architecture}, "
+          f"file type {file_type})")
+    print(f"  {hp.blocks} blocks, embedding {hp.embedding}, {hp.heads} heads ({hp.kv_heads} KV) of {hp.head_dim}, "
+          f"feed-forward {hp.feed_forward or '?'}, vocabulary {hp.vocab} "
+          f"({fields.get('tokenizer.ggml.model', 'no')} tokenizer), context {hp.context or '?'}")
+    print(f"  tensors: checked against the metadata ({len(contents.tensors)})")
+    width = max((len(n) for n in contents.tensors), default=10)
+    print(f"\n  {'tensor':<{width}}  {'type':<6} {'shape [in, out]':<16} size")
+    for name, t in contents.tensors.items():
+        print(f"  {name:<{width}}  {t.type:<6} {str(list(t.shape)):<16} {human_bytes(t.nbytes)}")
+    total = sum(t.nbytes for t in contents.tensors.values())
+    grid = [t for t in contents.tensors.values() if t.type not in FLOAT_TYPES]
+    weights = sum(math.prod(t.shape) for t in grid)
+    bits = f"; on a grid ({len(grid)}): {8 * sum(t.nbytes for t in grid) / weights:.3f} bits/weight" if weights else ""
+    print(f"\n  total {human_bytes(total)}{bits}")
     return 0
 
 

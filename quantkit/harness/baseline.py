@@ -3,8 +3,9 @@
 Quality measured against another model is a number about two different models, so the baseline must
 agree with the checkpoint on the architecture's shapes (config.json) and on its unquantized embedding
 tables, which quantization leaves as they are: they may differ only by the rounding of the dtypes each
-model was stored and is run in. Embeddings are compared (not norms or biases) because calibrated
-algorithms such as AWQ legitimately fold scales into the norms and linears inside the decoder blocks.
+model was stored and is run in (or, for tables a GGUF file stores on a grid, by that grid's rounding).
+Embeddings are compared (not norms or biases) because calibrated algorithms such as AWQ legitimately fold
+scales into the norms and linears inside the decoder blocks.
 """
 
 from __future__ import annotations
@@ -16,12 +17,18 @@ from torch import nn
 
 from .. import provenance
 from ..errors import UsageError
-from ..loading import GGUF_QUANTIZED_TABLES_ATTRIBUTE, source_dtype
+from ..gguf_reading import gguf_origin
+from ..loading import source_dtype
 
 #: config fields that must agree: the architecture and every dimension of its weights
 SHAPE_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                 "head_dim", "intermediate_size", "vocab_size", "tie_word_embeddings")
 _ROWS = 4096  # embedding rows compared at a time (bounded temporary memory for large vocabularies)
+#: The most |quantized - source| / |source| (Frobenius norms) an embedding table stored on a GGUF grid may be
+#: from its source's: a grid of 2 bits or more per weight leaves well under half the norm (Q8_0 on ref:tiny:
+#: 0.0045), while a table of other weights leaves about the norm or more (|a - b|^2 = |a|^2 + |b|^2 for
+#: uncorrelated tables; ref:tiny against a random model of its shapes: 3.1).
+GRID_RESIDUAL = 0.5
 
 
 def source_mismatches(model: nn.Module, baseline: nn.Module) -> list[str]:
@@ -32,6 +39,10 @@ def source_mismatches(model: nn.Module, baseline: nn.Module) -> list[str]:
     quantized = _quantized_linears(baseline)
     if quantized:
         return [f"the baseline is itself quantized: {quantized} of its linears hold quantized weights"]
+    origin = gguf_origin(baseline)
+    if origin is not None and origin.quantized_tensors:
+        return [f"the baseline is itself quantized: the GGUF file {origin.path} stores {origin.quantized_tensors} "
+                f"tensors on a grid"]
     configs = [_text_config(m) for m in (model, baseline)]
     if None in configs:
         return []
@@ -39,12 +50,14 @@ def source_mismatches(model: nn.Module, baseline: nn.Module) -> list[str]:
     if problems:
         return problems
     rtol, atol = _rounding(model, baseline)
-    stored_quantized = getattr(model, GGUF_QUANTIZED_TABLES_ATTRIBUTE, frozenset())  # a GGUF's own rounding
+    stored_quantized = origin.quantized_tables if (origin := gguf_origin(model)) else frozenset()
     for what, ours, theirs in _embedding_tables(model, baseline):
-        if ("output" if "output" in what else "input") in stored_quantized:
-            continue  # it differs from the source's by its own rounding; its shape is the config's, checked above
         if ours.shape != theirs.shape:
             problems.append(f"{what}: shape {list(ours.shape)} in the model, {list(theirs.shape)} in the baseline")
+        elif ("output" if "output" in what else "input") in stored_quantized:  # on a GGUF grid: its own rounding
+            if (residual := _relative_residual(ours, theirs)) > GRID_RESIDUAL:
+                problems.append(f"{what} differ from the baseline's by {residual:.3g} of their norm, more than "
+                                f"rounding to the GGUF file's grid leaves (under {GRID_RESIDUAL})")
         elif (worst := _largest_excess(ours, theirs, rtol, atol)) > 1:
             problems.append(f"{what} differ by up to {worst:.3g}x what rounding to their dtypes explains")
     return problems
@@ -56,10 +69,35 @@ def shape_mismatches(model: nn.Module, baseline: nn.Module) -> list[str]:
     configs = [_text_config(m) for m in (model, baseline)]
     if None in configs:
         return []
-    return [f"{field} {getattr(configs[0], field)} in the model, {getattr(configs[1], field)} in the baseline"
-            for field in SHAPE_FIELDS
-            if getattr(configs[0], field, None) is not None and getattr(configs[1], field, None) is not None
-            and getattr(configs[0], field) != getattr(configs[1], field)]
+    problems = []
+    if _architecture(configs[0]) != _architecture(configs[1]):
+        problems.append(f"model_type {configs[0].model_type} in the model, {configs[1].model_type} in the baseline"
+                        f"{_window_note(configs)}")
+    return problems + [
+        f"{field} {getattr(configs[0], field)} in the model, {getattr(configs[1], field)} in the baseline"
+        for field in SHAPE_FIELDS if field != "model_type"
+        if getattr(configs[0], field, None) is not None and getattr(configs[1], field, None) is not None
+        and getattr(configs[0], field) != getattr(configs[1], field)]
+
+
+def _architecture(config) -> str | None:
+    """config's model_type, "llama" for a Mistral model whose attention is Llama's (no sliding window narrower
+    than its context): the same weights and the same outputs; llama.cpp runs Mistral GGUF files as llama."""
+    mtype = getattr(config, "model_type", None)
+    window = getattr(config, "sliding_window", None)
+    context = getattr(config, "max_position_embeddings", None)
+    if mtype == "mistral" and (window is None or (context is not None and window >= context)):
+        return "llama"
+    return mtype
+
+
+def _window_note(configs) -> str:
+    """Why a llama and a mistral config differ: the sliding window one of them attends within."""
+    windows = [getattr(c, "sliding_window", None) for c in configs if getattr(c, "model_type", None) == "mistral"]
+    if len(windows) == 1 and {c.model_type for c in configs} == {"llama", "mistral"}:
+        return (f", whose attention keeps to a sliding window of {windows[0]} tokens the other has not (llama.cpp runs a "
+                f"Mistral GGUF file as llama, without it)")
+    return ""
 
 
 def check_same_source(model: nn.Module, baseline: nn.Module, which: str) -> None:
@@ -118,6 +156,17 @@ def _rounding(model: nn.Module, baseline: nn.Module) -> tuple[float, float]:
         p.dtype for m in (model, baseline) for p in m.parameters() if p.is_floating_point()}
     infos = [torch.finfo(d) for d in dtypes if d.is_floating_point]
     return 2 * max(i.eps for i in infos), max(i.tiny * i.eps for i in infos)
+
+
+@torch.no_grad()
+def _relative_residual(a: torch.Tensor, b: torch.Tensor) -> float:
+    """|a - b| / |b| (Frobenius norms; 0 when both are 0). a, b: tensors of one shape, _ROWS rows at a time in fp32."""
+    residual = norm = 0.0
+    for x, y in zip(a.split(_ROWS), b.split(_ROWS)):
+        x, y = x.float(), y.to(x.device).float()
+        residual += float((x - y).square().sum())
+        norm += float(y.square().sum())
+    return (residual / norm) ** 0.5 if norm else (float("inf") if residual else 0.0)
 
 
 @torch.no_grad()

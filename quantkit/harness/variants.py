@@ -95,6 +95,7 @@ def load_source_model(
         return model.eval()
     from quantkit.loading import is_quantized_checkpoint, load_float_model, resolve_model_source
 
+    _refuse_gguf(source, "the float model")
     resolved = resolve_model_source(source)
     if is_quantized_checkpoint(resolved):
         raise UsageError(
@@ -137,10 +138,30 @@ def kernels_used(model: nn.Module) -> str:
     return describe_layouts([m.kernel_layout for m in model.modules() if isinstance(m, QuantLinear)])
 
 
+def refuse_gguf_sources(model: str, baseline: str | None, variants) -> None:
+    """UsageError, before any work, for a GGUF file among a benchmark's model, baseline and variants (_refuse_gguf)."""
+    for role, spec in [("MODEL", model), ("--baseline", baseline), *(("variant", v) for v in variants)]:
+        if spec is not None:
+            _refuse_gguf(str(spec), role)
+
+
+def _refuse_gguf(spec: str, role: str) -> None:
+    """UsageError for a GGUF file as a benchmark's model or variant (`role`): transformers dequantizes its blocks
+    into float weights, so its timings would be a float model's, not the file's."""
+    from quantkit.gguf_reading import is_gguf_file
+
+    if any(is_gguf_file(part) for part in spec.split("+")):
+        raise UsageError(
+            f"{role} {spec}: a GGUF file loads as float weights (transformers dequantizes its blocks), so bench would "
+            f"time a float model, not the file's quantized format; bench the checkpoint folder the file was exported "
+            f"from (or the recipe, on the float model), or time the file with llama.cpp's llama-bench")
+
+
 def _split_recipes(spec: str):
     """``"w4a16-rtn+kv-fp8"`` -> (the recipe quantizing weights or None, the KV-cache scheme or None)."""
     from quantkit.recipe import load_recipe
 
+    _refuse_gguf(spec, "variant")
     recipes = [load_recipe(part) for part in spec.split("+") if part]
     if not recipes:
         raise UsageError(f"variant {spec!r} names no recipe; give a recipe (e.g. w4a16-rtn, w4a16-rtn+kv-fp8) or a "
