@@ -31,6 +31,8 @@ _HEADER = struct.Struct("<4sIQQ")  # magic, version, tensor count, key/value cou
 _VERSIONS = (2, 3)
 #: A size no model has (int32 range): larger values are corrupt metadata, and would be allocated as is.
 _SIZE_LIMIT = 2**31 - 1
+#: Sizes some architectures give per block, as a list (llama.cpp's per-layer hyperparameters: OpenELM, LFM2)
+_PER_LAYER = ("attention.head_count", "attention.head_count_kv", "feed_forward_length")
 
 
 def is_gguf_file(source: str | os.PathLike) -> bool:
@@ -73,11 +75,11 @@ class Hyperparameters:
 
     blocks: int
     embedding: int
-    feed_forward: int | None
-    heads: int
-    kv_heads: int
-    head_dim: int  # attention.key_length, or embedding / heads
-    value_dim: int  # attention.value_length, or head_dim
+    feed_forward: int | None  # None: absent, or one per block
+    heads: int | None  # None: no attention, or one per block
+    kv_heads: int | None
+    head_dim: int | None  # attention.key_length, or embedding / heads
+    value_dim: int | None  # attention.value_length, or head_dim
     context: int | None
     vocab: int  # tokens in tokenizer.ggml.tokens (or vocab_size)
 
@@ -158,32 +160,39 @@ def check_hyperparameters(architecture: str, fields: dict, *, where: str = "the 
                                f"re-create it from its source model")
 
     def size(name: str, required: bool = True) -> int | None:
+        """The value of `name`; None when it is absent (and not required) or a per-layer list (checked here)."""
         key = f"{architecture}.{name}"
         if key not in fields:
             if required:
                 raise CheckpointError(f"{where}: metadata {key} is missing; the file is incomplete: re-create it")
             return None
         value = fields[key]
+        if isinstance(value, list) and name in _PER_LAYER:  # one value per block (0: none in that block)
+            if len(value) != blocks or not all(type(v) is int and 0 <= v <= _SIZE_LIMIT for v in value) or not any(value):
+                raise bad(key, value, f"is not a list of {blocks} integers, one per block, not all 0")
+            return None
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _SIZE_LIMIT:
             raise bad(key, value, "is not a positive integer (at most 2^31 - 1)")
         return value
 
-    blocks, embedding, heads = size("block_count"), size("embedding_length"), size("attention.head_count")
+    blocks = size("block_count")
+    embedding = size("embedding_length")
+    heads = size("attention.head_count", required=False)  # absent: no attention (mamba, rwkv)
     kv_heads = size("attention.head_count_kv", required=False) or heads
     feed_forward, context = size("feed_forward_length", required=False), size("context_length", required=False)
     head_dim = size("attention.key_length", required=False)
-    if head_dim is None:
+    if head_dim is None and heads is not None:
         if embedding % heads:
             raise bad(f"{architecture}.embedding_length", embedding,
                       f"is not a multiple of attention.head_count {heads} (and no attention.key_length gives the "
                       f"head size)")
         head_dim = embedding // heads
     value_dim = size("attention.value_length", required=False) or head_dim
-    if heads % kv_heads:
+    if heads is not None and kv_heads is not None and heads % kv_heads:
         raise bad(f"{architecture}.attention.head_count_kv", kv_heads,
                   f"does not divide attention.head_count {heads} (each KV head serves a whole group of heads)")
     rotary = size("rope.dimension_count", required=False)
-    if rotary is not None and (rotary > head_dim or rotary % 2):
+    if rotary is not None and (rotary % 2 or (head_dim is not None and rotary > head_dim)):
         raise bad(f"{architecture}.rope.dimension_count", rotary, f"is not an even number of at most the head size "
                                                                   f"{head_dim}")
     for name in ("attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon", "rope.freq_base"):
@@ -217,7 +226,7 @@ def expected_tensors(architecture: str, hp: Hyperparameters) -> tuple[dict, set]
     """({name: ggml shape} the architecture needs, names it may also have) as llama.cpp's loader lists them
     for the dense llama, qwen2 and qwen3 architectures (llama-model.cpp: a required tensor missing or of
     another shape, or any tensor more, and it refuses the file); None for other architectures or MoE files."""
-    if architecture not in ("llama", "qwen2", "qwen3") or hp.feed_forward is None:
+    if architecture not in ("llama", "qwen2", "qwen3") or hp.feed_forward is None or hp.heads is None:
         return None
     e, q, kv, v = hp.embedding, hp.heads * hp.head_dim, hp.kv_heads * hp.head_dim, hp.kv_heads * hp.value_dim
     need = {"token_embd.weight": (e, hp.vocab), "output_norm.weight": (e,)}

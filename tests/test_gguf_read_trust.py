@@ -65,8 +65,11 @@ def test_any_metadata_value_is_accepted_consistently_or_refused_by_name(key, val
     except CheckpointError as e:
         assert "llama." in str(e) and "\n" not in str(e)
         return
-    assert min(hp.blocks, hp.embedding, hp.heads, hp.kv_heads, hp.head_dim, hp.vocab) >= 1
-    assert hp.heads % hp.kv_heads == 0
+    assert min(hp.blocks, hp.embedding, hp.vocab) >= 1
+    if hp.heads is None:  # one value per block: llama.cpp's per-layer sizes
+        assert key == "attention.head_count" and isinstance(value, list) and len(value) == hp.blocks
+        return
+    assert min(hp.heads, hp.kv_heads, hp.head_dim) >= 1 and hp.heads % hp.kv_heads == 0
     if key != "attention.key_length":
         assert hp.head_dim * hp.heads == hp.embedding
 
@@ -91,6 +94,19 @@ def test_the_examples_of_the_report():
                            ({"block_count": None}, "llama.block_count is missing")]:
         with pytest.raises(CheckpointError, match=message):
             check_hyperparameters("llama", _fields(**sizes))
+
+
+def test_sizes_per_block_and_no_attention_are_read():
+    """llama.cpp's per-layer sizes (a list, 0 where a block has none) and architectures without attention."""
+    hp = check_hyperparameters("lfm2", {f"lfm2.{k}": v for k, v in [("block_count", 3), ("embedding_length", 64),
+                                        ("attention.head_count", 4), ("attention.head_count_kv", [0, 2, 0])]}
+                               | {"tokenizer.ggml.tokens": ["a"] * 8})
+    assert (hp.heads, hp.kv_heads, hp.head_dim) == (4, 4, 16)
+    hp = check_hyperparameters("mamba", {"mamba.block_count": 2, "mamba.embedding_length": 64, "mamba.vocab_size": 9})
+    assert hp.heads is None and hp.vocab == 9
+    with pytest.raises(CheckpointError, match="is not a list of 3 integers"):
+        check_hyperparameters("lfm2", {"lfm2.block_count": 3, "lfm2.embedding_length": 64, "lfm2.vocab_size": 9,
+                                       "lfm2.attention.head_count_kv": [0, 2]})
 
 
 # -- the file: header, structure, tensors ---------------------------------------------------------------------

@@ -93,7 +93,8 @@ def inspect_gguf(path: str) -> int:
         file_type = "unknown"
     print(f"{contents.path}  (GGUF v{fields.get('GGUF.version')}, architecture {contents.architecture}, "
           f"file type {file_type})")
-    print(f"  {hp.blocks} blocks, embedding {hp.embedding}, {hp.heads} heads ({hp.kv_heads} KV) of {hp.head_dim}, "
+    print(f"  {hp.blocks} blocks, embedding {hp.embedding}, {hp.heads or '?'} heads ({hp.kv_heads or '?'} KV) of "
+          f"{hp.head_dim or '?'}, "
           f"feed-forward {hp.feed_forward or '?'}, vocabulary {hp.vocab} "
           f"({fields.get('tokenizer.ggml.model', 'no')} tokenizer), context {hp.context or '?'}")
     print(f"  tensors: checked against the metadata ({len(contents.tensors)})")
