@@ -162,6 +162,33 @@ def test_a_short_write_is_one_line(ckpt, tmp_path, monkeypatch, capsys, free):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 512 KiB tmpfs (root only: skipped where mounting is refused)."""
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    try:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], capture_output=True)
+    except OSError:
+        pytest.skip("no mount command")
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_real_full_disk(ckpt, small_tmpfs, monkeypatch, capsys):
+    assert _export(ckpt, small_tmpfs / "m.gguf") == 1
+    assert "not enough free space" in capsys.readouterr().err
+    monkeypatch.setattr(outputs, "check_free_space", lambda *args: None)  # let the disk fill up
+    assert _export(ckpt, small_tmpfs / "m.gguf") == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert f"cannot write {small_tmpfs}/m.gguf: No space left on device" in line, line
+    assert os.listdir(small_tmpfs) == [], "nothing half-written is left"
+
+
 # -- what llama.cpp would run otherwise -----------------------------------------------------------------------
 
 def _model_folder(tmp_path, config):
@@ -243,6 +270,20 @@ def _llama3_rope(tmp_path):
     return ["quantize", str(folder), "--recipe", "w4a16-rtn-q40"]
 
 
+def _unknown_pre_tokenizer(tmp_path):
+    import json
+    import shutil
+
+    from quantkit.loading import resolve_model_source
+
+    folder = tmp_path / "whitespace-split"
+    shutil.copytree(resolve_model_source("ref:tiny"), folder)
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    tokenizer["pre_tokenizer"] = {"type": "WhitespaceSplit"}
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return ["quantize", str(folder), "--recipe", "w4a16-rtn-q40"]
+
+
 def _int8_asymmetric(tmp_path):
     recipe = tmp_path / "a8.yaml"
     recipe.write_text("weights: {num_bits: 8, type: int, symmetric: false, strategy: group, group_size: 32}\n")
@@ -250,8 +291,9 @@ def _int8_asymmetric(tmp_path):
 
 
 @pytest.mark.parametrize("make, expect", [(_llama3_rope, "rope type 'llama3' is not written to GGUF"),
-                                          (_int8_asymmetric, "int8 g32 asym has no GGUF block type")],
-                         ids=["llama3-rope", "int8-asymmetric"])
+                                          (_int8_asymmetric, "int8 g32 asym has no GGUF block type"),
+                                          (_unknown_pre_tokenizer, "pre-tokenizer is not one llama.cpp knows")],
+                         ids=["llama3-rope", "int8-asymmetric", "unknown-pre-tokenizer"])
 def test_what_a_gguf_file_cannot_hold_is_refused_before_quantizing(tmp_path, monkeypatch, capsys, make, expect):
     def no_work(*args, **kwargs):
         raise AssertionError("quantized although the GGUF file could not hold the result")

@@ -251,6 +251,21 @@ def check_exportable(folder: str | os.PathLike) -> None:
         from .gguf_sentencepiece import load_processor
 
         load_processor(Path(folder) / "tokenizer.model")
+    else:
+        _bpe_tokenizer(Path(folder), hparams["vocab_size"])
+
+
+def _bpe_tokenizer(folder: Path, vocab_size: int):
+    """(tokenizer, {id: token}, llama.cpp's pre-tokenizer name) of a BPE folder; CheckpointError for a token id
+    the model has no row for, UsageError for a pre-tokenizer llama.cpp does not know."""
+    from transformers import AutoTokenizer
+
+    tokenizer_json = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    reverse = {i: t for t, i in tokenizer.vocab.items()}
+    if max(reverse) >= vocab_size:
+        raise CheckpointError(f"{folder}: the tokenizer has token id {max(reverse)} >= vocab_size {vocab_size}")
+    return tokenizer, reverse, pre_tokenizer_name(tokenizer, tokenizer_json)
 
 
 def _rope(hparams: dict) -> dict:
@@ -330,18 +345,12 @@ def _set_vocab(writer, folder: Path, vocab_size: int, arch: str) -> None:
     """Tokens, types, merges, special ids and chat template as convert_hf_to_gguf's _set_vocab_gpt2 writes them,
     or a SentencePiece vocabulary as its _set_vocab_sentencepiece does (gguf_sentencepiece.py)."""
     import gguf
-    from transformers import AutoTokenizer
 
     if _tokenizer_kind(folder) == "sentencepiece":
         from .gguf_sentencepiece import set_vocab
 
         return set_vocab(writer, folder, vocab_size, arch)
-    path = folder / "tokenizer.json"
-    tokenizer_json = json.loads(path.read_text(encoding="utf-8"))
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    reverse = {i: t for t, i in tokenizer.vocab.items()}
-    if max(reverse) >= vocab_size:
-        raise CheckpointError(f"{folder}: the tokenizer has token id {max(reverse)} >= vocab_size {vocab_size}")
+    tokenizer, reverse, pre = _bpe_tokenizer(folder, vocab_size)
     added = tokenizer.get_added_vocab()
     decoder = tokenizer.added_tokens_decoder
     tokens, types = [], []
@@ -363,7 +372,7 @@ def _set_vocab(writer, folder: Path, vocab_size: int, arch: str) -> None:
             types.append(gguf.TokenType.NORMAL)
         tokens.append(token)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre_tokenizer_name(tokenizer, tokenizer_json))
+    writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     with _without_pair_template_warnings():
