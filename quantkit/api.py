@@ -307,6 +307,12 @@ def load(
 
     if backend not in BACKENDS:
         raise UsageError(f"backend {backend!r} is unknown; choose one of {', '.join(BACKENDS)}")
+    if dtype is not None:
+        try:
+            dtype = checkpoint_dtype(dtype)
+        except UsageError:
+            raise UsageError(f"dtype {dtype!r} is no dtype quantkit.load runs a model in: choose torch.bfloat16, "
+                             f"torch.float16 or torch.float32 (or their names), or None for the model's own") from None
     device = resolve_device(device)
     if is_gguf_file(path):
         return install_fast_generate(load_gguf_model(path, dtype=dtype, device=device), fast_generate)

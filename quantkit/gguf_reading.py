@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .errors import CheckpointError, EvaluationError, first_names
+from .finite import describe_nonfinite, nonfinite_tensors
 from .loading import SOURCE_DTYPE_ATTRIBUTE, _one_line, _quiet_loading_report, config_errors
 
 #: Attribute that load_gguf_model sets on a model: its GGUFOrigin.
@@ -310,6 +311,10 @@ def load_gguf_model(path: str | os.PathLike, *, dtype: torch.dtype | None = None
     except (ValueError, KeyError, TypeError, RuntimeError, OSError) as e:
         raise CheckpointError(f"{path}: transformers could not load this GGUF file ({type(e).__name__}: "
                               f"{_one_line(e)})") from None
+    found = nonfinite_tensors(model.named_parameters())
+    if found:
+        raise CheckpointError(f"{path}: {describe_nonfinite(found)}; the file is corrupt (it would evaluate to NaN or "
+                              f"wrong outputs): re-create it from its source model")
     unread = sorted(info["missing_keys"]) + sorted(k for k, *_ in info["mismatched_keys"])
     if unread or info["unexpected_keys"]:
         problems = ([f"no weights for {first_names(unread, 3)}"] if unread else []) + (

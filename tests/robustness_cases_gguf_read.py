@@ -76,6 +76,18 @@ def _edited(key: str, value):
     return lambda work: _eval(set_field(gguf_file(work), work / "bad.gguf", key, value))
 
 
+def _nan_norm(work):
+    import gguf
+    import numpy as np
+
+    path = work / "bad.gguf"
+    shutil.copyfile(gguf_file(work), path)
+    reader = gguf.GGUFReader(str(path), "r+")
+    next(t for t in reader.tensors if t.name == "output_norm.weight").data[3] = np.nan
+    reader.data.flush()
+    return _eval(path)
+
+
 def _tensor_count(work):
     path = work / "bad.gguf"
     data = bytearray(gguf_file(work).read_bytes())
@@ -181,6 +193,7 @@ CASES = [
     Case("gguf-bos-id", "GGUF metadata bos_token_id beyond the vocabulary",
          _edited("tokenizer.ggml.bos_token_id", 99999), "is no token id of the vocabulary of 4096"),
     Case("gguf-truncated", "a GGUF file cut short", _truncated, "truncated"),
+    Case("gguf-nan", "a GGUF file with a NaN in a float tensor", _nan_norm, "1 NaN/Inf value"),
     Case("gguf-not-gguf", "a text file named notes.gguf", _not_gguf, "not a GGUF file"),
     Case("gguf-missing", "a .gguf path that does not exist (not asked of the hub)",
          lambda work: _eval(work / "nope.gguf"), "does not exist"),
@@ -213,6 +226,9 @@ PYTHON_CASES = [
                "backend 'bogus' is unknown"),
     PythonCase("gguf-save-dequantized", "quantkit.save(quantkit.load(F.gguf), DIR)", _save_dequantized,
                QuantizationError, "dequantized to float weights", creates="out"),
+    PythonCase("load-int-dtype", "quantkit.load(F.gguf, dtype=torch.int8)",
+               lambda work: __import__("quantkit").load(gguf_file(work), dtype=__import__("torch").int8), UsageError,
+               "is no dtype quantkit.load runs a model in"),
     PythonCase("gguf-load-missing", "quantkit.load of a .gguf path that does not exist",
                lambda work: __import__("quantkit").load(work / "nope.gguf"), CheckpointError, "does not exist"),
 ]
