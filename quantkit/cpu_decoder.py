@@ -10,19 +10,31 @@ cannot show through them. ``CpuDecoder`` runs the whole step in C++ (``kernels/c
 differ only in their linears.
 
     model = quantkit.load("ckpt")                      # or any supported float transformers model
-    decoder = quantkit.CpuDecoder(model, max_len=2048)
+    decoder = quantkit.CpuDecoder(model, max_len=2048)  # cache_dtype="auto": fp8 if the model has k/v scales
     ids = decoder.generate(input_ids, max_new_tokens=64)  # greedy: prefill in transformers, decode in C++
+    ids = decoder.generate(left_padded_ids, 64, attention_mask=mask)  # rows of different lengths
 
 Supported: LlamaForCausalLM, MistralForCausalLM (no sliding window), Qwen2ForCausalLM, Qwen3ForCausalLM
 on CPU: RMSNorm, SiLU-gated MLP, grouped-query attention, rotary embeddings whose tables do not depend on
 the sequence length (default, linear, llama3, yarn), tied or untied lm_head, biases. Anything else
-(mixture-of-experts layers, sliding windows, a quantized KV cache, GGUF K-quant linears, a layer the
-C++ kernel does not run) raises ``UsageError`` naming it; the model itself still runs in transformers.
+(mixture-of-experts layers, sliding windows, GGUF K-quant linears, a layer the C++ kernel does not run)
+raises ``UsageError`` naming it; the model itself still runs in transformers.
 
-Numerics: the residual stream, norms, rotary embeddings, attention (softmax over all cached positions)
-and the KV cache are fp32 (the cache holds ``4 * 2 * layers * kv_heads * head_dim`` bytes per position
-and sequence); a bf16 model's float linears compute in bf16 as transformers' do. Against the model's own
-fp32 forward the logits agree to fp32 rounding (tests/test_cpu_decoder.py).
+The KV cache (``cache_dtype``, ``CACHE_DTYPES``): "auto" is the model's dtype (bf16 for a bf16 model),
+or fp8 when the model holds calibrated ``k_scale`` / ``v_scale`` (an FP8-KV checkpoint); "fp8" stores
+float8_e4m3fn(x / scale) with those scales (per tensor or per kv head) as quantkit's FP8KVCache does,
+and the prompt runs through transformers with that cache, so both see the same values; "int8" stores
+round(x / s) with one scale s = amax / 127 per token and kv head. ``2 * layers * kv_heads * head_dim``
+values per position and sequence (int8: and 8 bytes of scales per kv head), allocated in blocks of 256
+positions as the longest sequence grows: ``max_len`` is a limit; ``cache_bytes()`` says what is held.
+Attention reads the cache in its stored type (kernels/csrc/decode_attention_cpu.cpp).
+
+Numerics: the residual stream, norms, rotary embeddings and attention are fp32; a bf16 model's float
+linears compute in bf16 as transformers' do. Against the model's own fp32 forward the logits agree to
+fp32 rounding with an fp32 cache (tests/test_cpu_decoder.py).
+
+Each sequence keeps its own length: ``prefill`` takes an ``attention_mask`` of left-padded prompts
+(transformers' padding for generation) and each row decodes as it would alone.
 """
 
 from __future__ import annotations
@@ -37,6 +49,11 @@ from .modules.quant_linear import QuantLinear
 
 #: the model types (config.model_type) the loop runs
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+#: cache dtypes -> the C++ KvDtype codes (kernels/csrc/decode_attention_cpu.h); "auto" is resolved first
+CACHE_DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2, "fp8": 3, "int8": 4}
+_MODEL_CACHE_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+#: bytes per stored value (int8 also stores an fp32 scale per token and kv head)
+CACHE_VALUE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 #: rotary types whose cos / sin tables depend on the position only (not on the sequence length)
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -67,8 +84,6 @@ def unsupported_reason(model: nn.Module) -> str | None:
         return f"rotary type {getattr(rotary, 'rope_type', None)!r} (supported: {', '.join(STATIC_ROPE_TYPES)})"
     if next(model.parameters()).device.type != "cpu":
         return "the model is not on the CPU"
-    if read_kv_scales(model)[0]:
-        return "an FP8 KV cache (the model holds k_scale / v_scale; the loop's cache is fp32)"
     for i, layer in enumerate(inner.layers):
         mlp, attn = getattr(layer, "mlp", None), getattr(layer, "self_attn", None)
         if mlp is None or not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
@@ -93,33 +108,58 @@ def _linear_reason(module: nn.Module) -> str | None:
     return f"{type(module).__name__} is neither nn.Linear nor a QuantLinear"
 
 
+def resolve_cache_dtype(model: nn.Module, cache_dtype: str) -> str:
+    """The cache dtype ``CpuDecoder(model, cache_dtype=...)`` stores ("auto" resolved); UsageError for
+    a name not in CACHE_DTYPES, or fp8 on a model without calibrated k/v scales for every layer."""
+    if cache_dtype not in ("auto", *CACHE_DTYPES):
+        raise UsageError(f"cache_dtype {cache_dtype!r}: choose one of auto, {', '.join(CACHE_DTYPES)}")
+    scales, missing = read_kv_scales(model)
+    if cache_dtype == "auto":
+        if scales and not missing:
+            return "fp8"
+        return _MODEL_CACHE_DTYPES.get(next(model.parameters()).dtype, "fp32")
+    if cache_dtype == "fp8" and (missing or not scales):
+        raise UsageError("cache_dtype 'fp8' needs the checkpoint's calibrated k_scale / v_scale on every attention "
+                         f"layer ({len(missing)} lack them): quantize with a kv-fp8 recipe, or choose bf16 or int8")
+    return cache_dtype
+
+
 class CpuDecoder:
-    """Greedy batch decode of a supported model in quantkit's C++ loop (see the module docstring).
+    """Batch decode of a supported model in quantkit's C++ loop (see the module docstring).
 
     Holds the model's tensors (not copies, except the float q/k/v and gate/up weights, concatenated
-    once) and its own fp32 KV cache of ``max_len`` positions per sequence."""
+    once) and its own KV cache (``cache_dtype``), up to ``max_len`` positions per sequence.
+    ``lengths`` int64 [B]: the positions each sequence has cached."""
 
-    def __init__(self, model: nn.Module, max_len: int | None = None) -> None:
+    def __init__(self, model: nn.Module, max_len: int | None = None, cache_dtype: str = "auto") -> None:
         reason = decoder_unavailable(model)
         if reason:
             raise UsageError(f"quantkit's CPU decoder cannot run this model: {reason}. Run it in transformers "
                              f"(model.generate) instead")
         config, inner = model.config, model.model
         self.model = model
+        if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
+            raise UsageError(f"max_len must be a positive number of positions, got {max_len!r}")
         self.max_len = int(config.max_position_embeddings if max_len is None else max_len)
-        if self.max_len < 1:
-            raise UsageError(f"max_len must be a positive number of positions, got {max_len}")
+        self.cache_dtype = resolve_cache_dtype(model, cache_dtype)
+        from .kernels.cpu_extension import ISA_NAMES, cpu_kernel_isa
+
         attn0 = inner.layers[0].self_attn
         head_dim = attn0.head_dim
-        dims = [config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
-                config.num_key_value_heads, head_dim, config.intermediate_size, self.max_len]
+        self.num_layers, self.kv_heads, self.head_dim = config.num_hidden_layers, config.num_key_value_heads, head_dim
+        dims = [config.num_hidden_layers, config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                head_dim, config.intermediate_size, self.max_len, CACHE_DTYPES[self.cache_dtype],
+                ISA_NAMES.index(cpu_kernel_isa())]
         eps = float(inner.norm.variance_epsilon)
+        rotary = inner.rotary_emb
         with torch.inference_mode():
-            positions = torch.arange(self.max_len).unsqueeze(0)
-            cos, sin = inner.rotary_emb(torch.zeros(1, dtype=torch.float32), positions)
             embed = model.get_input_embeddings().weight
+            self.vocab_size = embed.shape[0]
             self._native = torch.classes.quantkit.CpuDecoder(
-                dims, [eps, float(attn0.scaling)], embed, inner.norm.weight, cos[0].float(), sin[0].float())
+                dims, [eps, float(attn0.scaling), float(rotary.attention_scaling)], embed, inner.norm.weight,
+                rotary.inv_freq.float())
+            if self.cache_dtype == "fp8":
+                self._set_kv_scales()
             for i, layer in enumerate(inner.layers):
                 attn, mlp = layer.self_attn, layer.mlp
                 self._add_group(i, "qkv", [attn.q_proj, attn.k_proj, attn.v_proj])
@@ -131,7 +171,15 @@ class CpuDecoder:
                                        None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight)
             self._add(-1, "lm_head", model.get_output_embeddings())
         self.batch = 0
-        self.position = 0  # cached positions per sequence
+        self.lengths = torch.zeros(0, dtype=torch.int64)
+
+    def _set_kv_scales(self) -> None:
+        scales, _ = read_kv_scales(self.model)
+        for i, (k, v) in scales.items():
+            if k.numel() not in (1, self.kv_heads) or v.numel() not in (1, self.kv_heads):
+                raise UsageError(f"layer {i}'s k_scale / v_scale have {k.numel()} / {v.numel()} entries: one per "
+                                 f"tensor or one per kv head ({self.kv_heads})")
+            self._native.set_kv_scales(i, k.expand(self.kv_heads).contiguous(), v.expand(self.kv_heads).contiguous())
 
     def _add(self, layer: int, slot: str, module: nn.Module) -> None:
         if isinstance(module, QuantLinear):
@@ -156,58 +204,130 @@ class CpuDecoder:
                 self._add(layer, slot, p._group.fused if isinstance(p, FusedPart) else p)
 
     def reset(self, batch: int) -> None:
-        """An empty cache for ``batch`` sequences."""
+        """An empty cache for ``batch`` sequences (its blocks freed)."""
         if batch < 1:
             raise UsageError(f"batch must be a positive number of sequences, got {batch}")
         self._native.reset(batch)
-        self.batch, self.position = batch, 0
+        self.batch, self.lengths = batch, torch.zeros(batch, dtype=torch.int64)
 
     def cache_bytes(self) -> int:
-        """Bytes of the decoder's KV cache tensors."""
+        """Bytes the decoder's KV cache holds (its blocks, int8 scales included)."""
         return int(self._native.cache_bytes())
 
-    def load_cache(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-        """Fill the cache from per-layer keys / values [B, kv_heads, L, head_dim] (as transformers caches
-        them, after rotary); the next step decodes at position L."""
-        length = keys[0].shape[2]
-        if length >= self.max_len:
-            raise UsageError(f"{length} cached positions leave no room in a decoder of max_len {self.max_len}")
-        self.reset(keys[0].shape[0])
-        for i, (k, v) in enumerate(zip(keys, values)):
-            self._native.set_cache(i, k.float(), v.float())
-        self.position = length
+    def truncate(self, length: int) -> None:
+        """Forget every sequence's positions from ``length`` on (e.g. to decode again at one context)."""
+        if self.batch == 0 or not 0 <= length <= int(self.lengths.min()):
+            raise UsageError(f"cannot truncate to {length} positions: the sequences hold {self.lengths.tolist()}")
+        self.lengths = torch.full((self.batch,), length, dtype=torch.int64)
 
-    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """input_ids int64 [B, L] -> logits fp32 [B, V] of the last position: the prompt runs through the
-        model's own transformers forward, its keys and values are copied into the decoder's cache."""
+    def load_cache(self, keys: list[torch.Tensor], values: list[torch.Tensor],
+                   lengths: torch.Tensor | None = None) -> None:
+        """Fill the cache from per-layer keys / values [B, kv_heads, L, head_dim] (as transformers caches
+        them, after rotary), one pair per layer; ``lengths`` int64 [B] (default: L each): sequence b
+        holds the last lengths[b] of the L positions (a left-padded prompt's tokens) and decodes next
+        at position lengths[b]."""
+        if len(keys) != self.num_layers or len(values) != self.num_layers:
+            raise UsageError(f"load_cache got keys / values for {len(keys)} / {len(values)} layers; the model has "
+                             f"{self.num_layers}")
+        shape = tuple(keys[0].shape)
+        if len(shape) != 4 or shape[0] < 1 or shape[1] != self.kv_heads or shape[3] != self.head_dim or any(
+                tuple(t.shape) != shape for t in (*keys, *values)):
+            raise UsageError(f"load_cache needs keys and values of one shape [batch, {self.kv_heads}, length, "
+                             f"{self.head_dim}] in every layer, got {shape} (layer 0's keys)")
+        lengths = torch.full((shape[0],), shape[2], dtype=torch.int64) if lengths is None else lengths.to(torch.int64)
+        if int(lengths.max()) >= self.max_len:
+            raise UsageError(f"{int(lengths.max())} cached positions leave no room in a decoder of max_len {self.max_len}")
+        self.reset(shape[0])
+        for i, (k, v) in enumerate(zip(keys, values)):
+            self._native.set_cache(i, k, v, lengths)
+        self.lengths = lengths.clone()
+
+    def _check_tokens(self, ids: torch.Tensor, what: str) -> None:
+        if not isinstance(ids, torch.Tensor) or ids.dtype in (torch.bool, torch.uint8) or ids.is_floating_point() \
+                or ids.is_complex():
+            raise UsageError(f"{what} must be integer token ids (torch.int64), got "
+                             f"{ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__}")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+            bad = int(ids.min()) if int(ids.min()) < 0 else int(ids.max())
+            raise UsageError(f"{what} holds token id {bad}, outside the vocabulary (0 .. {self.vocab_size - 1})")
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids int64 [B, L] (L >= 1) -> logits fp32 [B, V] of the last position: the prompt runs
+        through the model's own transformers forward (with an fp8 cache: quantkit's FP8KVCache, so it
+        attends to the values the decoder stores), its keys and values are copied into the decoder's
+        cache. attention_mask [B, L] of 0 / 1: left-padded rows (each row's tokens are its last columns)."""
+        self._check_tokens(input_ids, "input_ids")
+        if input_ids.dim() != 2 or input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
+            raise UsageError(f"prefill needs a prompt of at least one token per sequence, [batch, length], got "
+                             f"{tuple(input_ids.shape)}")
+        kwargs = {}
+        lengths = torch.full((input_ids.shape[0],), input_ids.shape[1], dtype=torch.int64)
+        if attention_mask is not None:
+            lengths = _left_padded_lengths(attention_mask, tuple(input_ids.shape))
+            mask = attention_mask.to(torch.int64)
+            kwargs = {"attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0)}
         from transformers import DynamicCache
 
         with torch.inference_mode():
-            cache = DynamicCache()
-            out = self.model(input_ids, use_cache=True, logits_to_keep=1, **{cache_keyword(self.model): cache})
-            self.load_cache([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers])
+            if self.cache_dtype == "fp8":
+                from .modules.kv_cache import fp8_cache_for
+
+                cache = fp8_cache_for(self.model)
+            else:
+                cache = DynamicCache()
+            out = self.model(input_ids, use_cache=True, logits_to_keep=1, **{cache_keyword(self.model): cache},
+                             **kwargs)
+            layers = [layer.dequantized() if self.cache_dtype == "fp8" else (layer.keys, layer.values)
+                      for layer in cache.layers]
+            self.load_cache([k for k, _ in layers], [v for _, v in layers], lengths)
         return out.logits[:, -1].float()
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens int64 [B] (one per sequence) -> logits fp32 [B, V]; the step's keys and values are cached."""
+        """tokens int64 [B] (one per sequence) -> logits fp32 [B, V]; the step's keys and values are
+        cached at each sequence's next position."""
         if self.batch == 0:
             raise UsageError("the decoder holds no sequences: call prefill (or reset) first")
-        if self.position >= self.max_len:
+        self._check_tokens(tokens, "tokens")
+        if tokens.numel() != self.batch:
+            raise UsageError(f"step got {tokens.numel()} tokens for a cache of {self.batch} sequences")
+        if int(self.lengths.max()) >= self.max_len:
             raise UsageError(f"the decoder's cache is full ({self.max_len} positions); make it with a larger max_len")
         with torch.inference_mode():
-            logits = self._native.step(tokens.reshape(-1), self.position)
-        self.position += 1
+            logits = self._native.step(tokens.reshape(-1).to(torch.int64), self.lengths)
+        self.lengths = self.lengths + 1
         return logits
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, sampling=None, *,
-                 eos_token_id: int | list[int] | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+                 attention_mask: torch.Tensor | None = None, eos_token_id: int | list[int] | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
         """input_ids int64 [B, L] -> [B, L + n]: greedy by default, else as ``sampling`` says (a
         ``quantkit.sampling.SamplingConfig``; ``generator``: its random state). With ``eos_token_id``,
         a sequence ends at one of those tokens (later positions get the first) and generation ends when
-        all have, so n <= max_new_tokens; without, n = max_new_tokens."""
+        all have, so n <= max_new_tokens; without, n = max_new_tokens. attention_mask: as ``prefill``."""
         from .decode_loop import decode, eos_stop
         from .sampling import SamplingConfig
 
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise UsageError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
         eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
         return decode(self, input_ids, max_new_tokens, sampling or SamplingConfig(), generator=generator,
-                      stop=eos_stop(eos) if eos else None, pad_token_id=eos[0] if eos else None)
+                      stop=eos_stop(eos) if eos else None, pad_token_id=eos[0] if eos else None,
+                      attention_mask=attention_mask)
+
+
+def _left_padded_lengths(mask: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """attention_mask [B, L] of 0 / 1 whose ones end each row -> tokens per row, int64 [B]; else UsageError."""
+    if not isinstance(mask, torch.Tensor) or tuple(mask.shape) != shape:
+        raise UsageError(f"attention_mask must be a tensor of the prompt's shape {shape}, got "
+                         f"{tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__}")
+    m = mask.to(torch.int64)
+    if ((m != 0) & (m != 1)).any():
+        raise UsageError("attention_mask must hold 0 (padding) and 1 (token) only")
+    lengths = m.sum(1)
+    suffix = torch.arange(shape[1]).unsqueeze(0) >= (shape[1] - lengths).unsqueeze(1)  # [B, L]: the last lengths[b]
+    bad = ((m == 1) != suffix).any(1) | (lengths == 0)
+    if bad.any():
+        row = int(bad.nonzero()[0])
+        raise UsageError(f"attention_mask row {row} is not left-padded with at least one token (its tokens must be "
+                         "its last columns: tokenizer.padding_side = 'left')")
+    return lengths

@@ -29,7 +29,8 @@ def eos_stop(eos_token_ids: Sequence[int]) -> StopTest:
 
 def decode(decoder, input_ids: torch.Tensor, max_new_tokens: int, sampling: SamplingConfig = SamplingConfig(), *,
            stop: StopTest | None = None, pad_token_id: int | None = None,
-           generator: torch.Generator | None = None, streamer=None) -> torch.Tensor:
+           generator: torch.Generator | None = None, streamer=None,
+           attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """input_ids int64 [B, L] -> int64 [B, L + n], n <= max_new_tokens new tokens per sequence.
 
     decoder: a ``CpuDecoder`` with room for L + max_new_tokens positions.
@@ -37,6 +38,7 @@ def decode(decoder, input_ids: torch.Tensor, max_new_tokens: int, sampling: Samp
     pad_token_id: the token a finished sequence gets while others go on (None: it keeps drawing tokens).
     generator: the random state of sampling (None: torch's global generator, as transformers).
     streamer: transformers' streamer interface: ``put(input_ids)`` once, ``put(tokens [B])`` per step, ``end()``.
+    attention_mask: [B, L] of left-padded prompts, for the decoder's prefill.
     """
     if input_ids.dim() != 2 or input_ids.dtype != torch.int64:
         raise UsageError(f"input_ids must be int64 [batch, length], got {input_ids.dtype} {tuple(input_ids.shape)}")
@@ -51,7 +53,7 @@ def decode(decoder, input_ids: torch.Tensor, max_new_tokens: int, sampling: Samp
     columns = [input_ids]
     unfinished = torch.ones(input_ids.shape[0], dtype=torch.bool)
     for i in range(max_new_tokens):
-        logits = decoder.prefill(input_ids) if i == 0 else decoder.step(token)  # fp32 [B, V]
+        logits = decoder.prefill(input_ids, attention_mask) if i == 0 else decoder.step(token)  # fp32 [B, V]
         token = sample(logits, sampling, generator)  # int64 [B]
         if pad_token_id is not None:
             token = torch.where(unfinished, token, pad_token_id)

@@ -58,9 +58,10 @@ def test_float_model_matches_its_transformers_forward(family, tied, batch):
     ids, tokens = random_inputs(model.config.vocab_size, batch, 11, 5, seed=batch)
     decoder = quantkit.CpuDecoder(model, max_len=32)
     assert_close_logits(decoder_steps(decoder, ids, tokens), transformers_steps(model, ids, tokens), 1e-4)
-    assert decoder.position == 16
+    assert decoder.lengths.tolist() == [16] * batch
     head_dim = model.model.layers[0].self_attn.head_dim
-    assert decoder.cache_bytes() == 4 * 2 * 2 * batch * 2 * 32 * head_dim  # fp32, K and V, layers, B, kv heads, max_len
+    assert decoder.cache_dtype == "fp32"
+    assert decoder.cache_bytes() == 4 * 2 * 2 * batch * 2 * 256 * head_dim  # fp32, K and V, layers, B, kv heads, a block
 
 
 @pytest.fixture(scope="module", params=["w4a16-rtn-asym", "w8a16-rtn", "w4a16-rtn-g32"])
@@ -82,7 +83,7 @@ def test_quantized_model_matches_its_transformers_forward(quantized):
 def test_generate_is_greedy_generate(quantized):
     ids, _ = random_inputs(quantized.config.vocab_size, 2, 9, 0, seed=5)
     with torch.inference_mode():
-        want = type(quantized).generate(quantized, ids, max_new_tokens=8, do_sample=False)  # transformers' own
+        want = quantized.generate(ids, max_new_tokens=8, do_sample=False)
     assert torch.equal(quantkit.CpuDecoder(quantized, max_len=32).generate(ids, 8), want)
 
 
@@ -115,9 +116,6 @@ def test_refuses_what_it_cannot_run():
     model.config.hidden_act = "gelu"
     assert "hidden_act" in unsupported_reason(model)
     model = make_random_model("llama")
-    attach_kv_scales(model, {i: (torch.tensor([0.1]), torch.tensor([0.2])) for i in range(2)})
-    assert "FP8 KV cache" in unsupported_reason(model)
-    model = make_random_model("llama")
     model.model.layers[1].mlp.down_proj = torch.nn.Identity()
     assert "layer 1 down_proj" in unsupported_reason(model)
 
@@ -141,25 +139,33 @@ def test_cache_limits_are_errors():
     decoder.step(torch.tensor([1]))
     with pytest.raises(UsageError, match="cache is full"):
         decoder.step(torch.tensor([1]))
-    with pytest.raises(RuntimeError, match="2 tokens for a cache of 1"):
-        decoder.position = 6
+    decoder.truncate(6)
+    with pytest.raises(UsageError, match="2 tokens for a cache of 1"):
         decoder.step(torch.tensor([1, 2]))
 
 
 def test_bench_times_every_variant_in_the_loop():
-    """--decode-loop quantkit: baseline and variants decode in the C++ loop; the roofline prices its fp32 cache."""
+    """--decode-loop quantkit: baseline and variants decode in the C++ loop, each in its own cache (the
+    model's bf16, fp8 for the FP8-KV recipe), which the records name, count in bytes and price in the
+    roofline; the printed table says it too."""
     from quantkit.commands.bench import benchmark
+    from quantkit.harness.report import summary_lines
 
-    data = benchmark("ref:tiny", variants=["w4a16-rtn"], device="cpu", dtype="bf16", prompt_lens=[8],
+    data = benchmark("ref:tiny", variants=["w4a16-rtn", "kv-fp8"], device="cpu", dtype="bf16", prompt_lens=[8],
                      context_lens=[16], batch_sizes=[1, 2], warmup=0, repeats=1, quiet=True, decode_loop="quantkit")
-    assert len(data["decode"]) == 4 and {r["mode"] for r in data["decode"]} == {"quantkit C++ decode loop"}
+    assert len(data["decode"]) == 6 and {r["mode"].split(",")[0] for r in data["decode"]} == {"quantkit C++ decode loop"}
     model = quantkit.load("ref:tiny")
     c = model.config
     head_dim = c.hidden_size // c.num_attention_heads
-    per_position = 4 * 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim  # fp32 K and V, every layer
-    for r in data["decode"]:  # 17 positions: 16 cached + the step's
-        assert r["memory"]["kv_cache_bytes"] == per_position * r["batch"] * 17
-        assert r["roofline"]["bytes_breakdown"]["kv_read"] == per_position * r["batch"] * 17  # the roofline reads the new one too
+    values = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim  # K and V, every layer, per position
+    for r in data["decode"]:  # 17 positions (16 cached + the step's) in one block of 256
+        value_bytes = 1 if r["variant"] == "kv-fp8" else 2
+        assert r["cache_dtype"] == ("fp8" if r["variant"] == "kv-fp8" else "bf16")
+        assert r["cache"] == f"CpuDecoder ({r['cache_dtype']})" and r["cache_dtype"] in r["mode"]
+        assert r["memory"]["kv_cache_bytes"] == values * value_bytes * r["batch"] * 256
+        assert r["roofline"]["bytes_breakdown"]["kv_read"] == values * value_bytes * r["batch"] * 17
+    table = "\n".join(summary_lines(data))
+    assert "fp8 KV cache" in table and "bf16 KV cache" in table
     assert "--decode-loop quantkit" in data["command"]
 
 
@@ -177,6 +183,125 @@ def test_bench_refuses_the_loop_where_it_cannot_run():
 def test_the_demo_decodes_in_the_loop_unless_a_recipe_needs_transformers():
     from quantkit.commands.demo import _decode_loop
 
-    assert _decode_loop([quantkit.load_recipe("w8a16-rtn"), quantkit.load_recipe("w4a16-rtn")]) == ("quantkit", "")
-    loop, why = _decode_loop([quantkit.load_recipe("w4a16-rtn"), quantkit.load_recipe("w4a16-gptq-kv-fp8")])
-    assert loop == "transformers" and "w4a16-gptq-kv-fp8" in why
+    fp8 = [quantkit.load_recipe("w4a16-rtn"), quantkit.load_recipe("w4a16-gptq-kv-fp8")]  # the loop's fp8 cache
+    assert _decode_loop([quantkit.load_recipe("w8a16-rtn"), *fp8]) == ("quantkit", "")
+    loop, why = _decode_loop([quantkit.load_recipe("w4a16-rtn"), quantkit.load_recipe("w4a16-rtn-q4k")])
+    assert loop == "transformers" and "w4a16-rtn-q4k" in why
+
+
+# -- the KV cache: dtypes, blocks, per-row lengths ---------------------------------------------------
+
+def float_model(seed=0):
+    model = make_random_model("llama", seed=seed)
+    for norm in [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]:
+        norm.weight.data.uniform_(0.5, 1.5)
+    return model
+
+
+def fp8_transformers_steps(model, ids, tokens):
+    """transformers' forward with quantkit's FP8 cache (modules/kv_cache.py): prefill, then one step per column."""
+    from quantkit.modules.kv_cache import fp8_cache_for
+
+    with torch.inference_mode():
+        cache, kw = fp8_cache_for(model), cache_keyword(model)
+        model(ids, use_cache=True, **{kw: cache})
+        return torch.stack([model(tokens[:, i:i + 1], use_cache=True, **{kw: cache}).logits[:, -1].float()
+                            for i in range(tokens.shape[1])])
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_fp8_cache_matches_transformers_with_the_fp8_cache(per_head):
+    """The same fp8 codes in both (x / scale saturated, per tensor or per kv head), but for a key or value
+    within fp32 rounding of a boundary between two codes (the loop's rotary and projections round
+    differently from torch's), which can take the neighbouring code: 1e-3 of the logits' scale, against
+    ~1e-2 between the fp8 and the fp32 cache."""
+    model = float_model()
+    heads = model.config.num_key_value_heads
+    g = torch.Generator().manual_seed(1)
+    scales = {i: (torch.rand(heads if per_head else 1, generator=g) * 0.01 + 0.002,
+                  torch.rand(heads if per_head else 1, generator=g) * 0.01 + 0.002) for i in range(2)}
+    attach_kv_scales(model, scales)
+    decoder = quantkit.CpuDecoder(model, max_len=300)
+    assert decoder.cache_dtype == "fp8"
+    ids, tokens = random_inputs(model.config.vocab_size, 2, 250, 12, seed=2)  # across the first block's end
+    got, want = decoder_steps(decoder, ids, tokens), fp8_transformers_steps(model, ids, tokens)
+    assert_close_logits(got, want, 1e-3)
+    assert (got - transformers_steps(model, ids, tokens)).abs().max() > 5e-3  # the fp8 rounding is there
+    assert decoder.cache_bytes() == 1 * 2 * 2 * 2 * heads * 512 * model.model.layers[0].self_attn.head_dim
+
+
+@pytest.mark.parametrize("cache_dtype,rtol", [("bf16", 2e-2), ("fp16", 2e-3), ("int8", 3e-2), ("fp32", 1e-4)])
+def test_cache_dtypes_stay_within_their_rounding(cache_dtype, rtol):
+    """An fp32 model against its own fp32 forward: only the cache's rounding of K and V differs
+    (bf16: 2^-9 relative per value, fp16: 2^-12, int8: 1/254 of each token's head amax)."""
+    model = float_model(seed=3)
+    ids, tokens = random_inputs(model.config.vocab_size, 2, 40, 6, seed=4)
+    decoder = quantkit.CpuDecoder(model, max_len=64, cache_dtype=cache_dtype)
+    got, want = decoder_steps(decoder, ids, tokens), transformers_steps(model, ids, tokens)
+    assert_close_logits(got, want, rtol)
+    values = 2 * 2 * 2 * 2 * 256 * model.model.layers[0].self_attn.head_dim  # K+V, layers, B, kv heads, a block
+    per_value = {"bf16": 2, "fp16": 2, "int8": 1, "fp32": 4}[cache_dtype]
+    scales = 2 * 2 * 2 * 2 * 256 * 4 if cache_dtype == "int8" else 0  # fp32 per token and head
+    assert decoder.cache_bytes() == values * per_value + scales
+
+
+def test_the_cache_grows_in_blocks():
+    model = float_model()
+    decoder = quantkit.CpuDecoder(model, max_len=100_000)  # a limit: nothing is allocated for it
+    assert decoder.cache_bytes() == 0
+    ids, _ = random_inputs(model.config.vocab_size, 1, 255, 0)
+    decoder.prefill(ids)
+    one_block = decoder.cache_bytes()
+    assert one_block == 4 * 2 * 2 * 2 * 256 * model.model.layers[0].self_attn.head_dim
+    decoder.step(torch.tensor([3]))
+    assert decoder.cache_bytes() == one_block
+    decoder.step(torch.tensor([3]))  # position 256: a second block
+    assert decoder.cache_bytes() == 2 * one_block
+
+
+def test_the_cache_dtype_is_validated():
+    model = float_model()
+    with pytest.raises(UsageError, match="cache_dtype 'fp4': choose one of auto, fp32, bf16, fp16, fp8, int8"):
+        quantkit.CpuDecoder(model, cache_dtype="fp4")
+    with pytest.raises(UsageError, match="needs the checkpoint's calibrated k_scale / v_scale"):
+        quantkit.CpuDecoder(model, cache_dtype="fp8")
+    assert quantkit.CpuDecoder(model.to(torch.bfloat16)).cache_dtype == "bf16"
+
+
+def test_a_left_padded_row_decodes_as_it_does_alone():
+    model = float_model(seed=5)
+    short, long = random_inputs(model.config.vocab_size, 1, 5, 0, seed=6)[0], random_inputs(
+        model.config.vocab_size, 1, 9, 0, seed=7)[0]
+    padded = torch.cat([torch.cat([torch.zeros(1, 4, dtype=torch.int64), short], 1), long])
+    mask = torch.cat([torch.cat([torch.zeros(1, 4), torch.ones(1, 5)], 1), torch.ones(1, 9)]).to(torch.int64)
+    decoder = quantkit.CpuDecoder(model, max_len=32)
+    together = decoder.generate(padded, 6, attention_mask=mask)
+    assert decoder.lengths.tolist() == [10, 14]
+    assert torch.equal(together[0, 9:], decoder.generate(short, 6)[0, 5:])
+    assert torch.equal(together[1, 9:], decoder.generate(long, 6)[0, 9:])
+    logits = decoder.prefill(padded, mask)
+    assert_close_logits(logits[:1], decoder.prefill(short), 1e-4)
+    with pytest.raises(UsageError, match="row 0 is not left-padded"):
+        decoder.prefill(padded, mask.flip(1))
+
+
+def test_bad_calls_are_usage_errors():
+    """issue 37's cases: each a one-line UsageError, not transformers' or torch's exception."""
+    model = float_model()
+    decoder = quantkit.CpuDecoder(model, max_len=16)
+    with pytest.raises(UsageError, match="at least one token"):
+        decoder.generate(torch.zeros(1, 0, dtype=torch.int64), 4)
+    ids = torch.randint(0, 512, (1, 4))
+    decoder.prefill(ids)
+    for bad in (10**6, -1):
+        with pytest.raises(UsageError, match=f"token id {bad}, outside the vocabulary"):
+            decoder.step(torch.tensor([bad]))
+    with pytest.raises(UsageError, match="max_new_tokens must be >= 0"):
+        decoder.generate(ids, -5)
+    with pytest.raises(UsageError, match="integer token ids"):
+        decoder.step(torch.tensor([1.0]))
+    with pytest.raises(UsageError, match="input_ids must be"):
+        decoder.generate(ids.float(), 2)
+    keys = [torch.zeros(1, 2, 3, model.model.layers[0].self_attn.head_dim)]
+    with pytest.raises(UsageError, match="keys / values for 1 / 1 layers; the model has 2"):
+        decoder.load_cache(keys, keys)

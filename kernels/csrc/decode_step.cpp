@@ -8,15 +8,22 @@
 //
 //   h = embed[token]                                              fp32 residual stream [B, H]
 //   per layer: x = rmsnorm(h) * w_in; [q|k|v] = x W_qkv^T (+ b); (q, k per-head rmsnorm: Qwen3);
-//              rotary (rotate-half convention, cos/sin tables from the model's own rotary module);
-//              k, v -> cache[pos]; o = softmax(q k^T * scaling) v over positions 0..pos (GQA);
+//              rotary (rotate-half convention, cos / sin of position * the model's inv_freq, times its
+//              attention scaling, as transformers' rotary modules); k, v -> cache[pos];
+//              o = softmax(q k^T * scaling) v over positions 0..pos (GQA; decode_attention_cpu.cpp);
 //              h += o W_o^T; x = rmsnorm(h) * w_post; h += (silu(x W_g^T) * x W_u^T) W_d^T
 //   logits = rmsnorm(h) * w_final W_lm^T                          fp32 [B, V]
 //
 // Each linear is either a quantized one in the cpu_q8 layout (quantkit::wna16_cpu_q8dot, its int8
 // activation rounding included) or a float one (at::linear in the weight's dtype, x cast to it): the
 // same loop runs a float model and its quantized variants, so they differ only in their linears.
-// The KV cache is fp32 [B, kv_heads, max_len, head_dim] per layer.
+// Each sequence b has its own position pos[b] (its cached positions), so rows of different lengths
+// (left-padded prompts) decode together.
+//
+// The KV cache (decode_attention_cpu.h: KvBlocks) is stored as fp32, bf16, fp16, fp8 e4m3 (x / scale,
+// the checkpoint's per-tensor or per-head scales, saturated, as quantkit's FP8KVCache) or int8 (a scale
+// per token and head), in blocks of BLOCK positions per layer allocated as the longest sequence grows:
+// max_len bounds the positions, it allocates nothing.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/custom_class.h>
@@ -27,6 +34,11 @@
 #include <string>
 #include <vector>
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Half.h>
+
+#include "decode_attention_cpu.h"
 #include "q8dot.h"
 
 namespace {
@@ -76,39 +88,93 @@ void rotate(float* v, const float* c, const float* s, int64_t hd) {
   }
 }
 
+constexpr int64_t BLOCK = 256;  // cache positions per block (a multiple of 2 * KV_KEY_TILE)
+
 struct Layer {
   std::vector<Linear> qkv, gate_up;
   Linear o, down;
   at::Tensor in_norm, post_norm, q_norm, k_norm;  // fp32; q_norm / k_norm [head_dim] or undefined
-  at::Tensor k_cache, v_cache;                    // fp32 [B, kv_heads, max_len, head_dim]
+  // cache blocks (layouts: KvBlocks); int8: fp32 token scales [B, kv_heads, BLOCK] per block
+  std::vector<at::Tensor> k_blocks, v_blocks, k_scales, v_scales;
+  at::Tensor k_head_scale, v_head_scale;  // fp8: fp32 [kv_heads]
 };
 
+at::ScalarType storage_type(quantkit::KvDtype t) {
+  switch (t) {
+    case quantkit::KV_FP32: return at::kFloat;
+    case quantkit::KV_BF16: return at::kBFloat16;
+    case quantkit::KV_FP16: return at::kHalf;
+    case quantkit::KV_FP8: return at::kFloat8_e4m3fn;
+    default: return at::kChar;
+  }
+}
+
+// x (n fp32 values) stored as type t at dst[index(i)]; int8 returns the scale it used (amax / 127).
+template <class Index>
+float store_values(quantkit::KvDtype t, const float* x, int64_t n, void* dst, Index index, float fp8_scale) {
+  switch (t) {
+    case quantkit::KV_FP32:
+      for (int64_t i = 0; i < n; ++i) static_cast<float*>(dst)[index(i)] = x[i];
+      return 1.f;
+    case quantkit::KV_BF16:
+      for (int64_t i = 0; i < n; ++i) static_cast<c10::BFloat16*>(dst)[index(i)] = c10::BFloat16(x[i]);
+      return 1.f;
+    case quantkit::KV_FP16:
+      for (int64_t i = 0; i < n; ++i) static_cast<c10::Half*>(dst)[index(i)] = c10::Half(x[i]);
+      return 1.f;
+    case quantkit::KV_FP8:  // as quantkit.primitives.quantize_fp8: x / scale saturated to +-448
+      for (int64_t i = 0; i < n; ++i)
+        static_cast<c10::Float8_e4m3fn*>(dst)[index(i)] = c10::Float8_e4m3fn(std::min(448.f, std::max(-448.f, x[i] / fp8_scale)));
+      return 1.f;
+    default: {
+      float amax = 0.f;
+      for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+      const float scale = amax / 127.f, inv = amax > 0.f ? 1.f / scale : 0.f;
+      for (int64_t i = 0; i < n; ++i)
+        static_cast<int8_t*>(dst)[index(i)] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, std::nearbyint(x[i] * inv))));
+      return scale;
+    }
+  }
+}
+
 struct CpuDecoder : torch::CustomClassHolder {
-  int64_t n_layers, hidden, heads, kv_heads, head_dim, intermediate, max_len;
-  double eps, scaling;
-  at::Tensor embed, final_norm, cos, sin;  // embed [V, H] (any float dtype); cos / sin fp32 [max_len, head_dim]
+  int64_t n_layers, hidden, heads, kv_heads, head_dim, intermediate, max_len, isa;
+  quantkit::KvDtype cache_dtype;
+  double eps, scaling, rope_scaling;
+  at::Tensor embed, final_norm, inv_freq;  // embed [V, H] (any float dtype); inv_freq fp32 [head_dim / 2]
   Linear lm_head;
   std::vector<Layer> layers;
-  int64_t batch = 0;
+  int64_t batch = 0, blocks = 0;  // blocks allocated per layer
 
-  // dims: layers, hidden, heads, kv_heads, head_dim, intermediate, max_len; params: rms eps, attention scaling.
+  // dims: layers, hidden, heads, kv_heads, head_dim, intermediate, max_len, cache dtype (KvDtype), code
+  // path of the attention (0 scalar, 1 AVX2, 2 AVX-512, -1 the CPU's best); params: rms eps, attention
+  // scaling, rotary attention scaling.
   CpuDecoder(std::vector<int64_t> dims, std::vector<double> params, at::Tensor embed_, at::Tensor final_norm_,
-             at::Tensor cos_, at::Tensor sin_) {
-    TORCH_CHECK(dims.size() == 7 && params.size() == 2, "CpuDecoder: dims needs 7 values and params 2");
+             at::Tensor inv_freq_) {
+    TORCH_CHECK(dims.size() == 9 && params.size() == 3, "CpuDecoder: dims needs 9 values and params 3");
     n_layers = dims[0], hidden = dims[1], heads = dims[2], kv_heads = dims[3], head_dim = dims[4];
-    intermediate = dims[5], max_len = dims[6];
-    eps = params[0], scaling = params[1];
+    intermediate = dims[5], max_len = dims[6], isa = dims[8];
+    TORCH_CHECK(dims[7] >= quantkit::KV_FP32 && dims[7] <= quantkit::KV_INT8, "CpuDecoder: unknown cache dtype ", dims[7]);
+    cache_dtype = static_cast<quantkit::KvDtype>(dims[7]);
+    eps = params[0], scaling = params[1], rope_scaling = params[2];
     TORCH_CHECK(n_layers > 0 && hidden > 0 && heads > 0 && kv_heads > 0 && heads % kv_heads == 0 &&
                     head_dim > 0 && head_dim % 2 == 0 && intermediate > 0 && max_len > 0,
                 "CpuDecoder: invalid dimensions");
     TORCH_CHECK(embed_.dim() == 2 && embed_.size(1) == hidden, "CpuDecoder: embed must be [V, hidden]");
-    TORCH_CHECK(cos_.sizes() == sin_.sizes() && cos_.dim() == 2 && cos_.size(0) == max_len &&
-                    cos_.size(1) == head_dim, "CpuDecoder: cos / sin must be [max_len, head_dim]");
+    TORCH_CHECK(inv_freq_.numel() == head_dim / 2, "CpuDecoder: inv_freq must be [head_dim / 2]");
     embed = embed_.contiguous();
     final_norm = final_norm_.to(at::kFloat).contiguous();
-    cos = cos_.to(at::kFloat).contiguous();
-    sin = sin_.to(at::kFloat).contiguous();
+    inv_freq = inv_freq_.to(at::kFloat).contiguous();
     layers.resize(n_layers);
+  }
+
+  // fp8: the layer's k / v scales, fp32 [kv_heads] (the cache stores fp8(x / scale)).
+  void set_kv_scales(int64_t layer, at::Tensor k_scale, at::Tensor v_scale) {
+    TORCH_CHECK(layer >= 0 && layer < n_layers, "CpuDecoder.set_kv_scales: layer out of range");
+    TORCH_CHECK(k_scale.numel() == kv_heads && v_scale.numel() == kv_heads,
+                "CpuDecoder.set_kv_scales: one scale per kv head");
+    layers[layer].k_head_scale = k_scale.to(at::kFloat).contiguous();
+    layers[layer].v_head_scale = v_scale.to(at::kFloat).contiguous();
   }
 
   // slot: "qkv" / "gate_up" (appended in output order), "o", "down"; "lm_head" with layer -1.
@@ -146,101 +212,151 @@ struct CpuDecoder : torch::CustomClassHolder {
     if (k_norm.has_value()) L.k_norm = k_norm->to(at::kFloat).contiguous();
   }
 
-  // A zeroed cache for `b` sequences (positions 0..max_len-1).
+  // An empty cache for `b` sequences (its blocks freed).
   void reset(int64_t b) {
     TORCH_CHECK(b > 0, "CpuDecoder.reset: batch must be positive");
-    batch = b;
-    for (auto& L : layers) {
-      L.k_cache = at::zeros({b, kv_heads, max_len, head_dim}, at::kFloat);
-      L.v_cache = at::zeros({b, kv_heads, max_len, head_dim}, at::kFloat);
+    TORCH_CHECK(cache_dtype != quantkit::KV_FP8 || layers[0].k_head_scale.defined(),
+                "CpuDecoder.reset: an fp8 cache needs set_kv_scales for every layer");
+    batch = b, blocks = 0;
+    for (auto& L : layers) L.k_blocks.clear(), L.v_blocks.clear(), L.k_scales.clear(), L.v_scales.clear();
+  }
+
+  // Blocks for `positions` positions per sequence in every layer (zeroed, so that a vector read past a
+  // sequence's end reads finite values).
+  void reserve(int64_t positions) {
+    TORCH_CHECK(positions <= max_len, "CpuDecoder: ", positions, " positions exceed max_len ", max_len);
+    const at::ScalarType st = storage_type(cache_dtype);
+    for (; blocks * BLOCK < positions; ++blocks)
+      for (auto& L : layers) {
+        L.k_blocks.push_back(at::zeros({batch, kv_heads, BLOCK / quantkit::KV_KEY_TILE, head_dim, quantkit::KV_KEY_TILE}, st));
+        L.v_blocks.push_back(at::zeros({batch, kv_heads, BLOCK, head_dim}, st));
+        if (cache_dtype == quantkit::KV_INT8) {
+          L.k_scales.push_back(at::zeros({batch, kv_heads, BLOCK}, at::kFloat));
+          L.v_scales.push_back(at::zeros({batch, kv_heads, BLOCK}, at::kFloat));
+        }
+      }
+  }
+
+  // One key and value (head_dim fp32 values each) of sequence b, kv head h, at position pos (reserved).
+  void write(Layer& L, int64_t b, int64_t h, int64_t pos, const float* k, const float* v) {
+    const int64_t blk = pos / BLOCK, w = pos % BLOCK, slab = (b * kv_heads + h) * BLOCK, tile = quantkit::KV_KEY_TILE;
+    const float ks = L.k_head_scale.defined() ? L.k_head_scale.data_ptr<float>()[h] : 1.f;
+    const float vs = L.v_head_scale.defined() ? L.v_head_scale.data_ptr<float>()[h] : 1.f;
+    const int64_t key0 = (slab + w / tile * tile) * head_dim + w % tile, val0 = (slab + w) * head_dim;
+    const float k_scale = store_values(cache_dtype, k, head_dim, L.k_blocks[blk].data_ptr(),
+                                       [&](int64_t e) { return key0 + e * tile; }, ks);
+    const float v_scale = store_values(cache_dtype, v, head_dim, L.v_blocks[blk].data_ptr(),
+                                       [&](int64_t e) { return val0 + e; }, vs);
+    if (cache_dtype == quantkit::KV_INT8) {
+      L.k_scales[blk].data_ptr<float>()[slab + w] = k_scale;
+      L.v_scales[blk].data_ptr<float>()[slab + w] = v_scale;
     }
   }
 
-  // Positions 0..len-1 of one layer's cache from k, v [B, kv_heads, len, head_dim] (after rotary, as
-  // transformers caches them).
-  void set_cache(int64_t layer, at::Tensor k, at::Tensor v) {
+  // One layer's cache from k, v [B, kv_heads, len, head_dim] (after rotary, as transformers caches them):
+  // sequence b's last lengths[b] positions (a left-padded prompt's tokens) become its positions
+  // 0..lengths[b]-1.
+  void set_cache(int64_t layer, at::Tensor k, at::Tensor v, at::Tensor lengths) {
     TORCH_CHECK(batch > 0, "CpuDecoder.set_cache: call reset(batch) first");
     TORCH_CHECK(layer >= 0 && layer < n_layers, "CpuDecoder.set_cache: layer out of range");
     TORCH_CHECK(k.dim() == 4 && k.sizes() == v.sizes() && k.size(0) == batch && k.size(1) == kv_heads &&
-                    k.size(2) <= max_len && k.size(3) == head_dim,
-                "CpuDecoder.set_cache: k / v must be [batch, kv_heads, len <= max_len, head_dim]");
-    const int64_t len = k.size(2);
-    layers[layer].k_cache.narrow(2, 0, len).copy_(k);
-    layers[layer].v_cache.narrow(2, 0, len).copy_(v);
+                    k.size(3) == head_dim, "CpuDecoder.set_cache: k / v must be [batch, kv_heads, len, head_dim]");
+    const at::Tensor kf = k.to(at::kFloat).contiguous(), vf = v.to(at::kFloat).contiguous();
+    const at::Tensor n = lengths.to(at::kLong).contiguous();
+    TORCH_CHECK(n.numel() == batch, "CpuDecoder.set_cache: one length per sequence");
+    const int64_t len = k.size(2), *np = n.data_ptr<int64_t>();
+    int64_t longest = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      TORCH_CHECK(np[b] >= 0 && np[b] <= len, "CpuDecoder.set_cache: length ", np[b], " outside 0..", len);
+      longest = std::max(longest, np[b]);
+    }
+    reserve(longest);
+    Layer& L = layers[layer];
+    const float* kp = kf.data_ptr<float>();
+    const float* vp = vf.data_ptr<float>();
+    at::parallel_for(0, batch * kv_heads, 1, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t b = r / kv_heads, h = r % kv_heads, skip = len - np[b];
+        for (int64_t j = 0; j < np[b]; ++j) {
+          const int64_t at = (r * len + skip + j) * head_dim;
+          write(L, b, h, j, kp + at, vp + at);
+        }
+      }
+    });
   }
 
   int64_t cache_bytes() const {
     int64_t total = 0;
     for (const auto& L : layers)
-      if (L.k_cache.defined()) total += (L.k_cache.numel() + L.v_cache.numel()) * 4;
+      for (const auto* list : {&L.k_blocks, &L.v_blocks, &L.k_scales, &L.v_scales})
+        for (const auto& t : *list) total += t.numel() * static_cast<int64_t>(t.element_size());
     return total;
   }
 
-  // tokens int64 [B] at position pos (each sequence has pos cached positions) -> logits fp32 [B, V];
-  // writes the step's keys and values at pos.
-  at::Tensor step(at::Tensor tokens, int64_t pos) {
+  // tokens int64 [B] (ids in the vocabulary), positions int64 [B] (sequence b has positions[b] cached
+  // positions, below max_len) -> logits fp32 [B, V]; writes the step's keys and values at positions[b].
+  at::Tensor step(at::Tensor tokens, at::Tensor positions) {
     TORCH_CHECK(batch > 0, "CpuDecoder.step: call reset(batch) first");
-    TORCH_CHECK(tokens.numel() == batch, "CpuDecoder.step: ", tokens.numel(), " tokens for a cache of ", batch,
-                " sequences");
-    TORCH_CHECK(pos >= 0 && pos < max_len, "CpuDecoder.step: position ", pos, " outside the cache (max_len ",
-                max_len, ")");
-    const int64_t B = batch, H = hidden, hd = head_dim, qd = heads * hd, kvd = kv_heads * hd;
-    const int64_t group = heads / kv_heads, len = pos + 1;
+    TORCH_CHECK(tokens.numel() == batch && positions.numel() == batch, "CpuDecoder.step: ", tokens.numel(),
+                " tokens for a cache of ", batch, " sequences");
+    const at::Tensor pos = positions.to(at::kLong).contiguous();
+    const int64_t* pp = pos.data_ptr<int64_t>();
+    std::vector<int64_t> lengths(batch);
+    for (int64_t b = 0; b < batch; ++b) {
+      TORCH_CHECK(pp[b] >= 0 && pp[b] < max_len, "CpuDecoder.step: position ", pp[b], " outside the cache (max_len ",
+                  max_len, ")");
+      lengths[b] = pp[b] + 1;
+    }
+    reserve(*std::max_element(lengths.begin(), lengths.end()));
+    const int64_t B = batch, H = hidden, hd = head_dim, qd = heads * hd, kvd = kv_heads * hd, half = hd / 2;
     at::Tensor h = at::index_select(embed, 0, tokens.reshape({-1}).to(at::kLong)).to(at::kFloat).contiguous();
     at::Tensor xn = at::empty({B, H}, at::kFloat);
     at::Tensor attn = at::empty({B, qd}, at::kFloat);
     at::Tensor act = at::empty({B, intermediate}, at::kFloat);
     float* hp = h.data_ptr<float>();
     float* xp = xn.data_ptr<float>();
-    const float* cr = cos.data_ptr<float>() + pos * hd;
-    const float* sr = sin.data_ptr<float>() + pos * hd;
+    std::vector<float> cos_sin(B * 2 * hd);  // per sequence: cos [hd], sin [hd]
+    const float* inv = inv_freq.data_ptr<float>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < half; ++i) {
+        const float f = static_cast<float>(pp[b]) * inv[i];
+        const float c = std::cos(f) * static_cast<float>(rope_scaling), sn = std::sin(f) * static_cast<float>(rope_scaling);
+        cos_sin[b * 2 * hd + i] = cos_sin[b * 2 * hd + i + half] = c;
+        cos_sin[b * 2 * hd + hd + i] = cos_sin[b * 2 * hd + hd + i + half] = sn;
+      }
     for (auto& L : layers) {
       rms_norm(hp, L.in_norm.data_ptr<float>(), xp, B, H, H, eps);
       at::Tensor qkv = run_group(L.qkv, xn);  // [B, qd + 2 kvd]
       float* p = qkv.data_ptr<float>();
       const int64_t w = qd + 2 * kvd;
-      float* kc = L.k_cache.data_ptr<float>();
-      float* vc = L.v_cache.data_ptr<float>();
       for (int64_t b = 0; b < B; ++b) {
         float* q = p + b * w;
         float* k = q + qd;
         const float* v = k + kvd;
+        const float* cr = cos_sin.data() + b * 2 * hd;
+        const float* sr = cr + hd;
         if (L.q_norm.defined()) rms_norm(q, L.q_norm.data_ptr<float>(), q, heads, hd, hd, eps);
         if (L.k_norm.defined()) rms_norm(k, L.k_norm.data_ptr<float>(), k, kv_heads, hd, hd, eps);
         for (int64_t i = 0; i < heads; ++i) rotate(q + i * hd, cr, sr, hd);
         for (int64_t i = 0; i < kv_heads; ++i) {
           rotate(k + i * hd, cr, sr, hd);
-          const int64_t at_pos = ((b * kv_heads + i) * max_len + pos) * hd;
-          std::copy(k + i * hd, k + (i + 1) * hd, kc + at_pos);
-          std::copy(v + i * hd, v + (i + 1) * hd, vc + at_pos);
+          write(L, b, i, pp[b], k + i * hd, v + i * hd);
         }
       }
-      float* ap = attn.data_ptr<float>();
-      const float sc = static_cast<float>(scaling);
-      at::parallel_for(0, B * heads, 1, [&](int64_t t0, int64_t t1) {
-        std::vector<float> score(len);
-        for (int64_t t = t0; t < t1; ++t) {
-          const int64_t b = t / heads, i = t % heads, kvh = i / group;
-          const float* q = p + b * w + i * hd;
-          const float* K = kc + (b * kv_heads + kvh) * max_len * hd;
-          const float* V = vc + (b * kv_heads + kvh) * max_len * hd;
-          float mx = -INFINITY;
-          for (int64_t j = 0; j < len; ++j) {
-            float dot = 0.f;
-            for (int64_t e = 0; e < hd; ++e) dot += q[e] * K[j * hd + e];
-            score[j] = dot * sc;
-            mx = std::max(mx, score[j]);
-          }
-          float sum = 0.f;
-          for (int64_t j = 0; j < len; ++j) sum += (score[j] = std::exp(score[j] - mx));
-          float* o = ap + b * qd + i * hd;
-          std::fill(o, o + hd, 0.f);
-          for (int64_t j = 0; j < len; ++j) {
-            const float pj = score[j] / sum;
-            for (int64_t e = 0; e < hd; ++e) o[e] += pj * V[j * hd + e];
-          }
+      quantkit::KvBlocks view;
+      view.dtype = cache_dtype, view.batch = B, view.kv_heads = kv_heads, view.head_dim = hd, view.block = BLOCK;
+      for (int64_t i = 0; i < blocks; ++i) {
+        view.k.push_back(L.k_blocks[i].data_ptr());
+        view.v.push_back(L.v_blocks[i].data_ptr());
+        if (cache_dtype == quantkit::KV_INT8) {
+          view.k_scale.push_back(L.k_scales[i].data_ptr<float>());
+          view.v_scale.push_back(L.v_scales[i].data_ptr<float>());
         }
-      });
+      }
+      if (cache_dtype == quantkit::KV_FP8)
+        view.k_head_scale = L.k_head_scale.data_ptr<float>(), view.v_head_scale = L.v_head_scale.data_ptr<float>();
+      quantkit::decode_attention_cpu(p, w, attn.data_ptr<float>(), heads, view, lengths.data(),
+                                     static_cast<float>(scaling), 0, isa);
       h.add_(run_linear(L.o, attn));
       rms_norm(hp, L.post_norm.data_ptr<float>(), xp, B, H, H, eps);
       at::Tensor gu = run_group(L.gate_up, xn);  // [B, 2I]: gate, up
@@ -263,8 +379,9 @@ struct CpuDecoder : torch::CustomClassHolder {
 
 TORCH_LIBRARY_FRAGMENT(quantkit, m) {
   m.class_<CpuDecoder>("CpuDecoder")
-      .def(torch::init<std::vector<int64_t>, std::vector<double>, at::Tensor, at::Tensor, at::Tensor, at::Tensor>())
+      .def(torch::init<std::vector<int64_t>, std::vector<double>, at::Tensor, at::Tensor, at::Tensor>())
       .def("add_linear", &CpuDecoder::add_linear)
+      .def("set_kv_scales", &CpuDecoder::set_kv_scales)
       .def("set_norms", &CpuDecoder::set_norms)
       .def("reset", &CpuDecoder::reset)
       .def("set_cache", &CpuDecoder::set_cache)

@@ -111,9 +111,9 @@ def _decode_loop(recipes) -> tuple[str, str]:
     kernels = load_cpu_kernels()
     if not kernels.available:
         return "transformers", kernels.reason
-    other = [r.name for r in recipes if r.kv_cache is not None or (r.weights and r.weights.grid != "uniform")]
+    other = [r.name for r in recipes if r.weights and r.weights.grid != "uniform"]
     if other:
-        return "transformers", f"the loop runs uniform-grid weights with a float KV cache, not {', '.join(other)}"
+        return "transformers", f"the loop runs uniform-grid weights (with a float or FP8 KV cache), not {', '.join(other)}"
     return "quantkit", ""
 
 

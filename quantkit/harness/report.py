@@ -62,6 +62,8 @@ def summary_lines(bench: dict) -> list[str]:
             shape = ", ".join(f"{k}={r[k]}" for k in SHAPE_KEYS[phase])
             lo, hi = time_range(r)
             line = f"  {unit} {shape:<26} {r['variant']:<18} {_fmt_ms(r['median_s']):>8} ms [{_fmt_ms(lo)}-{_fmt_ms(hi)}]"
+            if "cache_dtype" in r:  # quantkit's decode loop: the cache it decoded with
+                line += f"   {r['cache_dtype']} KV cache {_fmt_bytes(r['memory']['kv_cache_bytes'])}"
             if not problem:
                 line += f"   x{r['roofline']['measured_over_predicted']:.2f} of roofline ({r['roofline']['bound']})"
             lines.append(line)

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from ..modules.kv_scales import cache_keyword
+from ..modules.kv_scales import attach_kv_scales, cache_keyword, read_kv_scales
 from .hardware import DeviceSpec, capture_cuda_graph, cpu_name, synchronize
 from .roofline import ModelShape, decode_cost, kv_cache_bytes, moe_roofline_note, predict, prefill_cost
 from .variants import Variant, model_tensor_bytes
@@ -389,13 +389,17 @@ def decode_run(variant: Variant, shape: ModelShape, batch: int, context_len: int
 
 def _cpu_decoder_run(variant: Variant, shape: ModelShape, batch: int, context_len: int, settings: BenchSettings,
                      device: torch.device) -> TimedRun:
-    """The decode step in quantkit.CpuDecoder's C++ loop: its own fp32 cache of ``context_len + 1``
-    positions holds random K/V; each call decodes at position ``context_len`` (overwriting it)."""
+    """The decode step in quantkit.CpuDecoder's C++ loop: its own cache (the model's dtype, or fp8 for a
+    variant whose model holds k/v scales) holds random K/V of ``context_len`` positions; each call
+    decodes at position ``context_len`` (overwriting it)."""
     from quantkit.cpu_decoder import CpuDecoder
 
     if device.type != "cpu":
         raise UsageError("the quantkit decode loop runs on the CPU: time decode on CUDA in transformers")
-    decoder = CpuDecoder(variant.model, max_len=context_len + 1)
+    if variant.kv_cache is not None and not read_kv_scales(variant.model)[0]:
+        # a recipe's FP8 cache before calibration: scales of 1.0, as its transformers cache takes (variants.py)
+        attach_kv_scales(variant.model, {i: (torch.ones(1), torch.ones(1)) for i in range(shape.layers)})
+    decoder = CpuDecoder(variant.model, max_len=context_len + 1, cache_dtype="auto" if variant.kv_cache is None else "fp8")
     g = torch.Generator().manual_seed(settings.seed)
     size = (batch, shape.kv_heads, context_len, shape.head_dim)
     decoder.load_cache([torch.randn(size, generator=g) for _ in range(shape.layers)],
@@ -403,11 +407,20 @@ def _cpu_decoder_run(variant: Variant, shape: ModelShape, batch: int, context_le
     tokens = _random_ids(shape.vocab, batch, 1, device, settings.seed + 1)[:, 0]  # [B]
 
     def step():
-        decoder.position = context_len
+        decoder.truncate(context_len)
         decoder.step(tokens)
 
+    step()  # the block of position context_len is allocated before the cache's bytes are counted
+    dtype = decoder.cache_dtype
     return TimedRun(variant, device, step, cache=lambda: decoder, cache_allocated_before=True,
-                    info={"mode": "quantkit C++ decode loop", "cache": "CpuDecoder (fp32)"})
+                    info={"mode": f"quantkit C++ decode loop, {dtype} KV cache", "cache": f"CpuDecoder ({dtype})",
+                          "cache_dtype": dtype})
+
+
+def _loop_cache_value_bytes(cache_dtype: str) -> int:
+    from quantkit.cpu_decoder import CACHE_VALUE_BYTES
+
+    return CACHE_VALUE_BYTES[cache_dtype]
 
 
 def measure(runs: Sequence[TimedRun], settings: BenchSettings) -> list[dict]:
@@ -520,7 +533,8 @@ def run_bench(variants: Sequence[Variant], spec: DeviceSpec, settings: BenchSett
     for c, b in _announced(decode_shapes, "decode", variants, settings, len(prefill_shapes), total, enabled=progress):
         measured = _measure_variants(variants, lambda v: decode_run(v, shape, b, c, settings, device), settings, device)
         for v, m in zip(variants, measured):
-            scheme = v.scheme if settings.decode_loop == "transformers" else replace(v.scheme, kv_bytes=4)  # fp32 cache
+            scheme = v.scheme if settings.decode_loop == "transformers" else replace(  # the loop's own cache
+                v.scheme, kv_bytes=_loop_cache_value_bytes(m["cache_dtype"]))
             rec = _record(v, shape, spec, decode_cost(shape, scheme, c, b), m, batch=b, context_len=c)
             rec["tokens_per_s"] = b / rec["median_s"]
             rec["dtype"] = dtype

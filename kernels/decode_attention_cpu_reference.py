@@ -1,0 +1,46 @@
+"""Pure-torch reference of the CPU decode attention (``torch.ops.quantkit.decode_attention_cpu``,
+csrc/decode_attention_cpu.cpp): the same inputs, dequantized in fp64, one softmax over each sequence's
+cached positions.
+
+    out = decode_attention_cpu_reference(q, k_blocks, v_blocks, k_scales, v_scales, k_head_scale,
+                                         v_head_scale, lengths, sm_scale)   # fp32 [B, Hq, D]
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def dequantize_blocks(blocks: list[torch.Tensor], token_scales: list[torch.Tensor],
+                      head_scale: torch.Tensor | None, *, keys: bool) -> torch.Tensor:
+    """Cache blocks (fp32 / bf16 / fp16 / float8_e4m3fn / int8; keys [B, Hkv, block / 16, D, 16],
+    values [B, Hkv, block, D]) -> fp64 [B, Hkv, T, D].
+
+    int8: each block's fp32 scales [B, Hkv, block] multiply their tokens; float8_e4m3fn: head_scale
+    fp32 [Hkv] (or [1]) multiplies its heads."""
+    if keys:  # tiles [D, 16] -> positions [16, D]
+        blocks = [b.transpose(3, 4).reshape(b.shape[0], b.shape[1], -1, b.shape[3]) for b in blocks]
+    x = torch.cat(blocks, dim=2).double()
+    if blocks[0].dtype == torch.int8:
+        x = x * torch.cat(token_scales, dim=2).double()[..., None]
+    if blocks[0].dtype == torch.float8_e4m3fn:
+        x = x * head_scale.double().reshape(1, -1, 1, 1)
+    return x
+
+
+def decode_attention_cpu_reference(q: torch.Tensor, k_blocks: list[torch.Tensor], v_blocks: list[torch.Tensor],
+                                   k_scales: list[torch.Tensor], v_scales: list[torch.Tensor],
+                                   k_head_scale: torch.Tensor | None, v_head_scale: torch.Tensor | None,
+                                   lengths: torch.Tensor, sm_scale: float) -> torch.Tensor:
+    """q fp32 [B, Hq, D] -> fp32 [B, Hq, D] (block layouts as csrc/decode_attention_cpu.cpp's op): softmax(q k^T * sm_scale) v over positions < lengths[b] of
+    sequence b, query head h reading kv head h // (Hq / Hkv)."""
+    k = dequantize_blocks(k_blocks, k_scales, k_head_scale, keys=True)
+    v = dequantize_blocks(v_blocks, v_scales, v_head_scale, keys=False)
+    group = q.shape[1] // k.shape[1]
+    out = torch.empty_like(q)
+    for b, n in enumerate(lengths.tolist()):
+        kb = k[b, :, :n].repeat_interleave(group, dim=0)  # [Hq, n, D]
+        vb = v[b, :, :n].repeat_interleave(group, dim=0)
+        p = torch.softmax(torch.einsum("hd,hnd->hn", q[b].double(), kb) * sm_scale, dim=-1)
+        out[b] = torch.einsum("hn,hnd->hd", p, vb).float()
+    return out

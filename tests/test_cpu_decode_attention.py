@@ -1,0 +1,93 @@
+"""torch.ops.quantkit.decode_attention_cpu (kernels/csrc/decode_attention_cpu.cpp) against its pure-torch
+reference (kernels/decode_attention_cpu_reference.py) on fresh random caches of every stored type, over
+head_dim 64 / 128 / 80, GQA ratios 1-7, batches of rows of different lengths, contexts across chunk and
+block boundaries, on each code path this CPU runs.
+
+Tolerance: the kernel reads the same stored values as the reference and differs only in fp32 arithmetic
+(the reference is fp64): max |error| <= 2e-5 of max |out|.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quantkit.kernels.cpu_extension import ISA_NAMES, cpu_kernel_isa, load_cpu_kernels
+from quantkit.kernels.decode_attention_cpu_reference import decode_attention_cpu_reference
+
+pytestmark = pytest.mark.skipif(not load_cpu_kernels().available, reason=load_cpu_kernels().reason)
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.int8]
+#: batch, query heads, kv heads, head_dim, positions of the longest row, block
+SHAPES = [(1, 9, 3, 64, 300, 256), (2, 8, 2, 128, 700, 128), (3, 4, 4, 64, 37, 64), (1, 14, 2, 64, 1000, 512),
+          (2, 6, 3, 80, 200, 256), (1, 8, 1, 128, 33, 32)]
+
+
+def random_cache(shape, dtype, seed):
+    """Fresh inputs of the op: q, key / value blocks in `dtype`, int8 token scales, fp8 head scales, lengths."""
+    batch, heads, kv_heads, head_dim, longest, block = shape
+    g = torch.Generator().manual_seed(seed)
+    blocks = -(-longest // block)
+    q = torch.randn(batch, heads, head_dim, generator=g)
+    k = [torch.randn(batch, kv_heads, block // 16, head_dim, 16, generator=g) * 3 for _ in range(blocks)]
+    v = [torch.randn(batch, kv_heads, block, head_dim, generator=g) for _ in range(blocks)]
+    k_scales, v_scales, k_head, v_head = [], [], None, None
+    if dtype == torch.int8:
+        k_scales = [torch.rand(batch, kv_heads, block, generator=g) * 0.05 + 0.001 for _ in range(blocks)]
+        v_scales = [torch.rand(batch, kv_heads, block, generator=g) * 0.05 + 0.001 for _ in range(blocks)]
+        k = [torch.randint(-127, 128, t.shape, generator=g).to(torch.int8) for t in k]
+        v = [torch.randint(-127, 128, t.shape, generator=g).to(torch.int8) for t in v]
+    elif dtype == torch.float8_e4m3fn:  # every code but NaN, subnormals included
+        k_head = torch.rand(kv_heads, generator=g) * 0.02 + 0.001
+        v_head = torch.rand(kv_heads, generator=g) * 0.02 + 0.001
+        k = [(t * 100).clamp(-448, 448).to(dtype) for t in k]
+        v = [(t * 10 ** torch.empty(t.shape).uniform_(-3, 2.6, generator=g)).clamp(-448, 448).to(dtype) for t in v]
+    else:
+        k, v = [t.to(dtype) for t in k], [t.to(dtype) for t in v]
+    lengths = torch.randint(max(1, longest - block), longest + 1, (batch,), generator=g)
+    lengths[0] = longest
+    return q, k, v, k_scales, v_scales, k_head, v_head, lengths
+
+
+def code_paths():
+    """The code paths this CPU runs (the kernel caps a path at the CPU's best)."""
+    return ISA_NAMES[: ISA_NAMES.index(cpu_kernel_isa()) + 1]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_matches_the_reference(dtype, shape):
+    inputs = random_cache(shape, dtype, seed=sum(shape) + DTYPES.index(dtype))
+    want = decode_attention_cpu_reference(*inputs, 0.125)
+    for isa in code_paths():
+        for chunk in (0, 32, 96):  # chosen by the kernel, and chunks that end inside and across blocks
+            got = torch.ops.quantkit.decode_attention_cpu(*inputs, 0.125, chunk, ISA_NAMES.index(isa))
+            err = (got - want).abs().max() / want.abs().max()
+            assert err <= 2e-5, f"{isa}, chunk {chunk}: max error {err:.2g} of max |out|"
+
+
+def test_fp8_reads_every_code_as_torch_does():
+    """One sequence of one position per e4m3 code (all but NaN, which is never stored, subnormals
+    included): the output is the code's value times the scale, exactly as torch converts it."""
+    codes = torch.arange(256, dtype=torch.int32)
+    codes = codes[(codes & 0x7F) != 0x7F].to(torch.uint8)  # [254]
+    batch = len(codes)
+    v = torch.zeros(batch, 1, 32, 16, dtype=torch.uint8)
+    v[:, 0, 0, 0] = codes
+    k = torch.zeros(batch, 1, 2, 16, 16, dtype=torch.float8_e4m3fn)
+    scale = torch.tensor([0.5])
+    want = codes.view(torch.float8_e4m3fn).float() * 0.5
+    for isa in code_paths():
+        out = torch.ops.quantkit.decode_attention_cpu(torch.zeros(batch, 1, 16), [k], [v.view(torch.float8_e4m3fn)],
+                                                      [], [], scale, scale, torch.ones(batch, dtype=torch.int64), 1.0,
+                                                      0, ISA_NAMES.index(isa))
+        assert torch.equal(out[:, 0, 0], want), isa
+
+
+def test_refuses_bad_inputs():
+    q, k, v, *_ = random_cache((1, 4, 2, 64, 40, 64), torch.float32, seed=0)
+    with pytest.raises(RuntimeError, match="length 65 outside"):
+        torch.ops.quantkit.decode_attention_cpu(q, k, v, [], [], None, None, torch.tensor([65]), 0.125)
+    with pytest.raises(RuntimeError, match="int8 cache needs a scale"):
+        torch.ops.quantkit.decode_attention_cpu(q, [t.to(torch.int8) for t in k], [t.to(torch.int8) for t in v], [], [],
+                                                None, None, torch.tensor([4]), 0.125)
