@@ -245,3 +245,13 @@ def test_a_qwen3_file_with_head_dim_32_is_scored(tmp_path):
 def test_metadata_edited_in_place_is_refused(tiny_gguf, tmp_path):
     with pytest.raises(CheckpointError, match="head_count_kv = 3"):
         read_gguf(set_field(tiny_gguf, tmp_path / "kv.gguf", "llama.attention.head_count_kv", 3))
+
+
+def test_a_sentencepiece_file_has_its_sources_vocabulary(tmp_path_factory):
+    """A SentencePiece vocabulary (llama.cpp's `llama` tokenizer: pieces, padded to the model's vocabulary, no
+    merges) is its source tokenizer's, so eval accepts it."""
+    pytest.importorskip("sentencepiece")
+    from .test_gguf_sentencepiece import exported
+
+    folder, _, out = exported.__wrapped__(tmp_path_factory)
+    assert "same vocabulary" in check_gguf_tokenizer(out, load_tokenizer(str(folder)), str(folder))
