@@ -1,4 +1,4 @@
-"""GGUF outputs (`quantize --out FILE.gguf`, `export --format gguf`): what they may replace, what they cannot hold, what they say."""
+"""GGUF outputs (`quantize --out FILE.gguf`, `export`): what they replace, cannot hold and say."""
 
 from __future__ import annotations
 

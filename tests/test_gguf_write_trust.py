@@ -25,6 +25,7 @@ from quantkit.formats import gguf as gguf_format  # noqa: E402
 from quantkit.formats.gguf import MARKER_KEY, export_gguf, not_written_by_quantkit  # noqa: E402
 
 from .robustness_cases_gguf_write import TOKENIZER_FILES, foreign_gguf  # noqa: E402
+from .test_disk_full import small_tmpfs  # noqa: E402, F401  (a fixture: a 256 KiB tmpfs)
 
 _Usage = namedtuple("_Usage", "total used free")
 
@@ -162,23 +163,6 @@ def test_a_short_write_is_one_line(ckpt, tmp_path, monkeypatch, capsys, free):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    """A 512 KiB tmpfs (root only: skipped where mounting is refused)."""
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], capture_output=True)
-    except OSError:
-        pytest.skip("no mount command")
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
-
-
 def test_a_real_full_disk(ckpt, small_tmpfs, monkeypatch, capsys):
     assert _export(ckpt, small_tmpfs / "m.gguf") == 1
     assert "not enough free space" in capsys.readouterr().err
@@ -238,9 +222,9 @@ def test_a_sliding_window_is_refused_in_python_too(tmp_path, family, extra, refu
 def test_no_stray_lines_from_the_libraries(ckpt, tmp_path):
     """As a user sees it: a process of its own, whose library warnings reach stderr (pytest's log capture
     and transformers' handlers would hide them in process)."""
-    done = subprocess.run([sys.executable, "-c", "import sys; from quantkit.cli import main; sys.exit(main(sys.argv[1:]))",
-                           "export", str(ckpt), "--format", "gguf", "--out", str(tmp_path / "m.gguf")],
-                          capture_output=True, text=True, timeout=300)
+    cli = "import sys; from quantkit.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run([sys.executable, "-c", cli, "export", str(ckpt), "--format", "gguf", "--out",
+                           str(tmp_path / "m.gguf")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = [line for line in done.stderr.replace("\r", "\n").splitlines() if line and "it/s]" not in line]
     assert lines == [], lines
