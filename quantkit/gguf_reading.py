@@ -355,16 +355,13 @@ def _transformers_config(contents: GGUFContents):
         return AutoConfig.for_model(**parsed)
 
 
-def gguf_vocabulary_mismatch(path: str | os.PathLike, tokenizer) -> str | None:
-    """How the GGUF file's own vocabulary (tokenizer.ggml.tokens by id, and its BPE merges) differs from
-    `tokenizer`'s (a transformers tokenizer); None when every id the tokenizer has is the file's token of that
-    id (the file may pad its list beyond) and the merges agree."""
+def gguf_vocabulary_mismatch(fields: dict, tokenizer) -> str | None:
+    """How a GGUF file's own vocabulary (`fields`: its metadata; tokenizer.ggml.tokens by id, and its BPE merges)
+    differs from `tokenizer`'s (a transformers tokenizer); None when every id the tokenizer has is the file's
+    token of that id (the file may pad its list beyond) and the merges agree."""
     import json
 
-    fields = read_gguf(path).fields
-    tokens = fields.get("tokenizer.ggml.tokens")
-    if tokens is None:
-        return "the file has no tokenizer.ggml.tokens"
+    tokens = fields["tokenizer.ggml.tokens"]
     by_id = {i: t for t, i in tokenizer.get_vocab().items()}
     differ = sum(tokens[i] != t if i < len(tokens) else True for i, t in by_id.items())
     if differ:
@@ -382,9 +379,12 @@ def gguf_vocabulary_mismatch(path: str | os.PathLike, tokenizer) -> str | None:
 
 def check_gguf_tokenizer(path: str | os.PathLike, tokenizer, baseline: str) -> str:
     """Which tokenizer an evaluation of the GGUF file uses, in words for the log: `tokenizer` (the baseline's),
-    when it is the file's own (gguf_vocabulary_mismatch); EvaluationError when it is not (the file's ids mean
-    other tokens: llama.cpp would score it on text read with its own vocabulary)."""
-    problem = gguf_vocabulary_mismatch(path, tokenizer)
+    which must be the file's own when it carries one (gguf_vocabulary_mismatch); EvaluationError when it is not
+    (the file's ids mean other tokens: llama.cpp would read the text with its own vocabulary)."""
+    fields = read_gguf(path).fields
+    if "tokenizer.ggml.tokens" not in fields:
+        return f"the baseline's tokenizer ({baseline}); {path} carries no vocabulary of its own"
+    problem = gguf_vocabulary_mismatch(fields, tokenizer)
     if problem:
         raise EvaluationError(f"{path} carries its own vocabulary, which is not the baseline's ({problem}): the "
                               f"evaluation would feed it ids that mean other tokens to it; give the baseline the file "

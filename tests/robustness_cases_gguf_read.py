@@ -43,8 +43,8 @@ def set_field(src: Path, dest: Path, key: str, value) -> Path:
 
 
 def rewrite(src: Path, dest: Path, *, fields: dict | None = None, tensors=None) -> Path:
-    """`src` written again as `dest` with the metadata values of `fields` (key -> value) and the tensor list
-    `tensors` makes of [(name, data, type)] (default: as they are)."""
+    """`src` written again as `dest` with the metadata values of `fields` (key -> value; None: left out) and the
+    tensor list `tensors` makes of [(name, data, type)] (default: as they are)."""
     import gguf
 
     reader = gguf.GGUFReader(str(src))
@@ -52,9 +52,10 @@ def rewrite(src: Path, dest: Path, *, fields: dict | None = None, tensors=None) 
     for field in reader.fields.values():
         if field.name == "general.architecture" or field.name.startswith("GGUF."):
             continue
-        kind = field.types[0]
-        writer.add_key_value(field.name, (fields or {}).get(field.name, field.contents()), kind,
-                             sub_type=field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
+        kind, value = field.types[0], (fields or {}).get(field.name, field.contents())
+        if value is not None:
+            writer.add_key_value(field.name, value, kind,
+                                 sub_type=field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
     listed = [(t.name, t.data, t.tensor_type) for t in reader.tensors]
     listed = tensors(listed) if tensors else listed
     for name, data, kind in listed:

@@ -255,3 +255,9 @@ def test_a_sentencepiece_file_has_its_sources_vocabulary(tmp_path_factory):
 
     folder, _, out = exported.__wrapped__(tmp_path_factory)
     assert "same vocabulary" in check_gguf_tokenizer(out, load_tokenizer(str(folder)), str(folder))
+
+
+def test_a_file_without_a_vocabulary_is_read_with_the_baseline_tokenizer(tiny_gguf, tmp_path):
+    bare = rewrite(tiny_gguf, tmp_path / "bare.gguf",
+                   fields={key: None for key in gguf.GGUFReader(str(tiny_gguf)).fields if key.startswith("tokenizer.")})
+    assert "carries no vocabulary of its own" in check_gguf_tokenizer(bare, load_tokenizer("ref:tiny"), "ref:tiny")
