@@ -1,5 +1,5 @@
-"""GGUF (ggml) block layouts Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q4_K, Q5_K, Q6_K: the only home
-of their byte and nibble orders in quantkit.
+"""GGUF (ggml) block layouts Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K: the only
+home of their byte and nibble orders in quantkit.
 
 ggml stores a row of K weights as K / 32 blocks of 32 (ggml-common.h), little-endian:
 
@@ -12,9 +12,18 @@ ggml stores a row of K weights as K / 32 blocks of 32 (ggml-common.h), little-en
 - Q5_1, 24 bytes: fp16 d, fp16 m, then qh and qs as Q5_0; y = d * u + m.
 - Q8_0, 34 bytes: fp16 d, then 32 int8 qs; y = d * q.
 
-The K-quants store a row as K / 256 super-blocks (ggml-common.h block_q4_K / block_q5_K / block_q6_K,
-ggml-quants.c dequantize_row_q4_K / q5_K / q6_K and get_scale_min_k4):
+The K-quants store a row as K / 256 super-blocks (ggml-common.h block_q2_K ... block_q6_K, ggml-quants.c
+dequantize_row_q2_K ... q6_K and get_scale_min_k4):
 
+- Q2_K, 84 bytes: 16 bytes scales, 64 bytes qs, fp16 d, fp16 dmin. Sixteen sub-blocks of 16, sub-block j
+  with a 4-bit scale sc_j (low nibble of scales[j]) and a 4-bit min m_j (high nibble): y = (d * sc_j) * u -
+  (dmin * m_j), u in 0..3. qs: each 128 weights take 32 bytes, weight l + 32 s (l in 0..31, s in 0..3) in
+  bits 2s..2s+1 of byte l.
+- Q3_K, 110 bytes: 32 bytes hmask, 64 bytes qs, 12 bytes scales, fp16 d. Sixteen sub-blocks of 16 with a
+  6-bit scale v_j = sc_j + 32 (sc_j in -32..31): y = (d * sc_j) * q, q in -4..3 stored as u = q + 4: its low
+  2 bits in qs as Q2_K's, bit 2 of weight 32 b + l (l in 0..31) in bit b of hmask[l]. The 12 scale bytes:
+  the low 4 bits of v_j in the low nibble of byte j (j < 8) or the high nibble of byte j - 8 (j >= 8), the
+  high 2 bits of v_j in bits 2 (j / 4) of byte 8 + j % 4.
 - Q4_K, 144 bytes: fp16 d, fp16 dmin, 12 bytes of scales, 128 bytes qs. Eight sub-blocks of 32, each with a
   6-bit scale sc_j and a 6-bit min m_j (0..63): y = (d * sc_j) * u - (dmin * m_j), u in 0..15. The 12 scale
   bytes: bytes 0-3 hold sc_0..3 in bits 0-5 and bits 4-5 of sc_4..7 in bits 6-7; bytes 4-7 the same for the
@@ -39,10 +48,11 @@ BLOCK = 32  # weights per block of Q4_0, Q4_1, Q8_0 (and per sub-block of Q4_K /
 SUPER_BLOCK = 256  # weights per block of the K-quants (ggml's QK_K)
 K_SCALE_BYTES = 12  # the packed 6-bit scales and mins of a Q4_K / Q5_K super-block
 #: bytes per block of each type
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q2_K": 84, "Q3_K": 110, "Q4_K": 144,
+               "Q5_K": 176, "Q6_K": 210}
 #: weights per block of each type
-BLOCK_WEIGHTS = {"Q4_0": BLOCK, "Q4_1": BLOCK, "Q5_0": BLOCK, "Q5_1": BLOCK, "Q8_0": BLOCK, "Q4_K": SUPER_BLOCK,
-                 "Q5_K": SUPER_BLOCK, "Q6_K": SUPER_BLOCK}
+BLOCK_WEIGHTS = {"Q4_0": BLOCK, "Q4_1": BLOCK, "Q5_0": BLOCK, "Q5_1": BLOCK, "Q8_0": BLOCK, "Q2_K": SUPER_BLOCK,
+                 "Q3_K": SUPER_BLOCK, "Q4_K": SUPER_BLOCK, "Q5_K": SUPER_BLOCK, "Q6_K": SUPER_BLOCK}
 
 
 def _check(q: torch.Tensor, name: str, lo: int, hi: int, block: int = BLOCK) -> tuple[int, int]:
@@ -194,6 +204,63 @@ def pack_q5_k(u: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: torch.Te
     return torch.cat([_k_header(d, dmin, sc, mn, n, g, "Q5_K"), qh, _k_nibbles(u)], dim=-1).reshape(n, g * 176)
 
 
+def _two_bits(u: torch.Tensor) -> torch.Tensor:
+    """uint [N, G, 256] (low 2 bits used) -> uint8 [N, G, 64]: per 128 weights, weight l + 32 s in bits 2s of byte l."""
+    u = (u & 3).reshape(*u.shape[:2], 2, 4, 32)
+    shifts = torch.arange(0, 8, 2, dtype=torch.int16, device=u.device).view(4, 1)
+    return (u << shifts).sum(dim=3).to(torch.uint8).reshape(*u.shape[:2], 64)
+
+
+def _untwo_bits(qs: torch.Tensor) -> torch.Tensor:
+    """Inverse of _two_bits: uint8 [N, G, 64] -> int16 [N, G, 256] in 0..3."""
+    qs = qs.to(torch.int16).reshape(*qs.shape[:2], 2, 1, 32)
+    shifts = torch.arange(0, 8, 2, dtype=torch.int16, device=qs.device).view(4, 1)
+    return ((qs >> shifts) & 3).reshape(*qs.shape[:2], SUPER_BLOCK)
+
+
+def k3_scale_bytes(v: torch.Tensor) -> torch.Tensor:
+    """The 12 scale bytes of Q3_K: v int [..., 16] in 0..63 (sc + 32) -> uint8 [..., 12], as quantize_row_q3_K_ref
+    writes them."""
+    v = v.to(torch.int16)
+    low = v & 0xF
+    high = (v >> 4).reshape(*v.shape[:-1], 4, 4)  # [..., j / 4, j % 4]
+    shifts = torch.arange(0, 8, 2, dtype=torch.int16, device=v.device).view(4, 1)
+    return torch.cat([low[..., :8] | (low[..., 8:] << 4), (high << shifts).sum(dim=-2)], dim=-1).to(torch.uint8)
+
+
+def k3_scales_from_bytes(b: torch.Tensor) -> torch.Tensor:
+    """Inverse of k3_scale_bytes (ggml's dequantize_row_q3_K): uint8 [..., 12] -> int16 [..., 16] in 0..63."""
+    b = b.to(torch.int16)
+    low = torch.cat([b[..., :8] & 0xF, b[..., :8] >> 4], dim=-1)
+    shifts = torch.arange(0, 8, 2, dtype=torch.int16, device=b.device).view(4, 1)
+    high = ((b[..., 8:12].unsqueeze(-2) >> shifts) & 3).flatten(-2)  # [..., 16]: j / 4 major, j % 4 minor
+    return low | (high << 4)
+
+
+def pack_q2_k(u: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: torch.Tensor,
+              mn: torch.Tensor) -> torch.Tensor:
+    """u: int [N, K] in [0, 3] (K % 256 == 0); d, dmin: fp16 [N, K/256]; sc, mn: int [N, K/16] in [0, 15].
+    returns uint8 [N, K/256*84] Q2_K blocks: weight i of sub-block j (16 weights) is (d*sc_j)*u_i - (dmin*mn_j)."""
+    n, g = _check(u, "Q2_K", 0, 3, SUPER_BLOCK)
+    sc = _check_fields(sc, "Q2_K sc", n, g * 16, 0, 15).reshape(n, g, 16)
+    mn = _check_fields(mn, "Q2_K mn", n, g * 16, 0, 15).reshape(n, g, 16)
+    u = u.to(torch.int16).reshape(n, g, SUPER_BLOCK)
+    return torch.cat([(sc | (mn << 4)).to(torch.uint8), _two_bits(u), _half_bytes(d, n, g, "Q2_K d"),
+                      _half_bytes(dmin, n, g, "Q2_K dmin")], dim=-1).reshape(n, g * 84)
+
+
+def pack_q3_k(q: torch.Tensor, d: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
+    """q: int [N, K] in [-4, 3] (K % 256 == 0); d: fp16 [N, K/256]; sc: int [N, K/16] in [-32, 31].
+    returns uint8 [N, K/256*110] Q3_K blocks: weight i of sub-block j (16 weights) is (d*sc_j)*q_i."""
+    n, g = _check(q, "Q3_K", -4, 3, SUPER_BLOCK)
+    sc = _check_fields(sc, "Q3_K sc", n, g * 16, -32, 31).reshape(n, g, 16)
+    u = (q.to(torch.int16) + 4).reshape(n, g, SUPER_BLOCK)
+    high = (u >> 2).reshape(n, g, 8, 32) << torch.arange(8, dtype=torch.int16, device=q.device).view(8, 1)
+    hmask = high.sum(dim=2).to(torch.uint8)  # bit b of hmask[l]: bit 2 of weight 32*b + l
+    return torch.cat([hmask, _two_bits(u), k3_scale_bytes(sc + 32), _half_bytes(d, n, g, "Q3_K d")],
+                     dim=-1).reshape(n, g * 110)
+
+
 def pack_q6_k(q: torch.Tensor, d: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
     """q: int [N, K] in [-32, 31] (K % 256 == 0); d: fp16 [N, K/256]; sc: int [N, K/16] in [-128, 127].
     returns uint8 [N, K/256*210] Q6_K blocks: weight i of sub-block j (16 weights) is (d*sc_j)*q_i."""
@@ -278,6 +345,29 @@ def unpack_q5_k(data: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return (u.to(torch.uint8).reshape(n, g * SUPER_BLOCK), *_unpack_k_header(b))
 
 
+def unpack_q2_k(data: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Inverse of pack_q2_k: uint8 [N, G*84] -> (u uint8 [N, G*256] in [0, 3], d fp16 [N, G], dmin fp16 [N, G],
+    sc uint8 [N, G*16] in [0, 15], mn uint8 [N, G*16] in [0, 15])."""
+    b = _blocks(data, "Q2_K")
+    n, g = b.shape[:2]
+    u = _untwo_bits(b[..., 16:80]).to(torch.uint8).reshape(n, g * SUPER_BLOCK)
+    scales = b[..., :16].reshape(n, g * 16)
+    return u, _half(b[..., 80:82]), _half(b[..., 82:84]), scales & 0xF, scales >> 4
+
+
+def unpack_q3_k(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse of pack_q3_k: uint8 [N, G*110] -> (q int8 [N, G*256] in [-4, 3], d fp16 [N, G],
+    sc int8 [N, G*16] in [-32, 31])."""
+    b = _blocks(data, "Q3_K")
+    n, g = b.shape[:2]
+    hm = b[..., :32].to(torch.int16).reshape(n, g, 1, 32)
+    high = (hm >> torch.arange(8, dtype=torch.int16, device=b.device).view(8, 1)) & 1  # [N, G, 8, 32]
+    u = _untwo_bits(b[..., 32:96]) | (high.reshape(n, g, SUPER_BLOCK) << 2)
+    sc = k3_scales_from_bytes(b[..., 96:108]) - 32
+    q = (u - 4).to(torch.int8).reshape(n, g * SUPER_BLOCK)
+    return q, _half(b[..., 108:110]), sc.to(torch.int8).reshape(n, g * 16)
+
+
 def unpack_q6_k(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Inverse of pack_q6_k: uint8 [N, G*210] -> (q int8 [N, G*256] in [-32, 31], d fp16 [N, G],
     sc int8 [N, G*16])."""
@@ -301,8 +391,14 @@ def dequantize_blocks(data: torch.Tensor, kind: str) -> torch.Tensor:
         scale = (d.float().unsqueeze(-1) * sc.float().reshape(n, g, 8)).unsqueeze(-1)
         shift = (dmin.float().unsqueeze(-1) * mn.float().reshape(n, g, 8)).unsqueeze(-1)
         return (scale * u.float().reshape(n, g, 8, 32) - shift).reshape(n, g * SUPER_BLOCK)
-    if kind == "Q6_K":
-        q, d, sc = unpack_q6_k(data)
+    if kind == "Q2_K":
+        u, d, dmin, sc, mn = unpack_q2_k(data)
+        n, g = d.shape
+        scale = (d.float().unsqueeze(-1) * sc.float().reshape(n, g, 16)).unsqueeze(-1)
+        shift = (dmin.float().unsqueeze(-1) * mn.float().reshape(n, g, 16)).unsqueeze(-1)
+        return (scale * u.float().reshape(n, g, 16, 16) - shift).reshape(n, g * SUPER_BLOCK)
+    if kind in ("Q3_K", "Q6_K"):
+        q, d, sc = unpack_q6_k(data) if kind == "Q6_K" else unpack_q3_k(data)
         n, g = d.shape
         scale = (d.float().unsqueeze(-1) * sc.float().reshape(n, g, 16)).unsqueeze(-1)
         return (scale * q.float().reshape(n, g, 16, 16)).reshape(n, g * SUPER_BLOCK)

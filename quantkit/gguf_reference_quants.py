@@ -106,9 +106,11 @@ def _seq_sum(*terms: torch.Tensor) -> tuple[torch.Tensor, ...] | torch.Tensor:
 # Each works on x [..., n] (the C's x[0..n-1] as the last dimension), vectorised over the leading ones.
 
 def _make_qkx_quants(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, rdelta: float, nstep: int,
-                     qkx3: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """make_qkx2_quants (qkx3 False) or make_qkx3_quants with weights (use_mad false).
-    x, w: fp32 [..., n]. returns (L int32 [..., n] in 0..nmax, scale fp32 [...], the_min fp32 [...])."""
+                     qkx3: bool, use_mad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """make_qkx2_quants (qkx3 False) or make_qkx3_quants with weights; use_mad: weighted absolute errors
+    instead of squared ones (quantize_row_q2_K_ref's). x, w: fp32 [..., n]. returns (L int32 [..., n] in
+    0..nmax, scale fp32 [...], the_min fp32 [...])."""
+    err = torch.abs if use_mad else _sq
     n = x.shape[-1]
     mn, mx = x[..., 0], x[..., 0]
     sum_w = w[..., 0]
@@ -127,7 +129,7 @@ def _make_qkx_quants(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, r
     scale = _div(_f(1), iscale)
     L = _nearest_int(iscale.unsqueeze(-1) * (x - mn.unsqueeze(-1))).clamp(0, nmax)
     Lf = L.float()
-    best = _seq_sum(w * _sq(scale.unsqueeze(-1) * Lf + mn.unsqueeze(-1) - x))
+    best = _seq_sum(w * err(scale.unsqueeze(-1) * Lf + mn.unsqueeze(-1) - x))
     flat_min = mn
     for step in range(nstep + 1):
         num = _f(_f(rmin) + _f(rdelta) * _f(step)) + _f(nmax)
@@ -147,7 +149,7 @@ def _make_qkx_quants(x: torch.Tensor, w: torch.Tensor, nmax: int, rmin: float, r
         pos = this_min > 0
         this_min = _where(pos, zero, this_min)
         this_scale = _where(pos, torch.div(sum_xl, sum_l2), this_scale)
-        cur = _seq_sum(w * _sq(this_scale.unsqueeze(-1) * la + this_min.unsqueeze(-1) - x))
+        cur = _seq_sum(w * err(this_scale.unsqueeze(-1) * la + this_min.unsqueeze(-1) - x))
         better = (D > 0) & (cur < best)
         L = _where(better.unsqueeze(-1), Laux, L)
         best = _where(better, cur, best)
@@ -211,17 +213,23 @@ def _make_qp_quants(x: torch.Tensor, qw: torch.Tensor, nmax: int) -> tuple[torch
     return _where(zero_group.unsqueeze(-1), torch.zeros_like(L), L), _where(zero_group, zero, scale)
 
 
-def _make_qx_quants(x: torch.Tensor, nmax: int, qw: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """make_qx_quants with rmse_type 1 (weights x*x, or qw). x: fp32 [..., n]; qw broadcastable to x.
-    returns (L int32 [..., n] in 0..2*nmax-1 (q + nmax), scale fp32 [...])."""
-    n = x.shape[-1]
+def _signed_max(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The C's `if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); max = x[i]; }` over the last dimension of x
+    fp32 [..., n]: (amax, max) [...], the first of equal magnitudes."""
     amax = torch.zeros_like(x[..., 0])
     mx = torch.zeros_like(amax)
-    for i in range(n):
+    for i in range(x.shape[-1]):
         ax = x[..., i].abs()
         up = ax > amax
         amax = _where(up, ax, amax)
         mx = _where(up, x[..., i], mx)
+    return amax, mx
+
+
+def _make_qx_quants(x: torch.Tensor, nmax: int, qw: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """make_qx_quants with rmse_type 1 (weights x*x, or qw). x: fp32 [..., n]; qw broadcastable to x.
+    returns (L int32 [..., n] in 0..2*nmax-1 (q + nmax), scale fp32 [...])."""
+    amax, mx = _signed_max(x)
     zero_group = amax < _t(GROUP_MAX_EPS, amax)
     w = x * x if qw is None else qw.expand_as(x)
 
@@ -244,6 +252,37 @@ def _make_qx_quants(x: torch.Tensor, nmax: int, qw: torch.Tensor | None) -> tupl
         scale = _where(take, torch.div(sumlx, suml2), scale)
         best = _where(take, scale * sumlx, best)
     return _where(zero_group.unsqueeze(-1), torch.zeros_like(L), L), _where(zero_group, zero, scale)
+
+
+def _make_q3_quants(x: torch.Tensor, nmax: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """make_q3_quants with do_rmse (weights x*x; five passes of moving one level at a time). x: fp32 [..., n].
+    returns (L int32 [..., n] in 0..2*nmax-1 (q + nmax; 0 for an all-zero group), scale fp32 [...])."""
+    n = x.shape[-1]
+    amax, mx = _signed_max(x)
+    zero_group = amax < _t(GROUP_MAX_EPS, amax)
+    L = _nearest_int(_div(_f(-nmax), mx).unsqueeze(-1) * x).clamp(-nmax, nmax - 1)
+    w = x * x
+    lf = L.float()
+    sumlx, suml2 = _seq_sum(w * x * lf, w * lf * lf)
+    # five passes; a pass that changes nothing leaves the state as it was, so the C's early exit changes nothing
+    for _ in range(5):
+        for i in range(n):
+            wi, xi, Li = w[..., i], x[..., i], L[..., i]
+            Lif = Li.float()
+            slx = sumlx - wi * xi * Lif
+            sl2 = suml2 - wi * Lif * Lif
+            new_l = _nearest_int(torch.div(xi * sl2, slx)).clamp(-nmax, nmax - 1)
+            nf = new_l.float()
+            slx_new = slx + wi * xi * nf
+            sl2_new = sl2 + wi * nf * nf
+            take = (slx > 0) & (new_l != Li) & (sl2_new > 0) & (slx_new * slx_new * suml2 > sumlx * sumlx * sl2_new)
+            L = L.clone()
+            L[..., i] = _where(take, new_l, Li)
+            sumlx = _where(take, slx_new, sumlx)
+            suml2 = _where(take, sl2_new, suml2)
+    zero = torch.zeros_like(amax)
+    scale = _where(suml2 > 0, torch.div(sumlx, suml2), zero)
+    return _where(zero_group.unsqueeze(-1), torch.zeros_like(L), L + nmax), _where(zero_group, zero, scale)
 
 
 # ------------------------------------------------------------------------------------------- the rows
@@ -346,13 +385,7 @@ def _q6_fields(x: torch.Tensor, qw: torch.Tensor | None) -> tuple[torch.Tensor, 
     """quantize_row_q6_K_ref (qw None) or _impl. x: fp32 [N, G, 16, 16]; qw: fp32 [G, 16, 16] or None.
     returns (L int32 [N, G, 16, 16] in 0..63 (q + 32), d fp16 [N, G], sc int32 [N, G, 16] in -128..127)."""
     L, scales = _make_qx_quants(x, 32, qw)
-    max_abs = torch.zeros_like(scales[..., 0])
-    max_scale = torch.zeros_like(max_abs)
-    for ib in range(16):
-        a = scales[..., ib].abs()
-        up = a > max_abs
-        max_abs = _where(up, a, max_abs)
-        max_scale = _where(up, scales[..., ib], max_scale)
+    max_abs, max_scale = _signed_max(scales)
     zero_block = max_abs < _t(GROUP_MAX_EPS, max_abs)
     iscale = _div(_f(-128), max_scale)
     d = _to_fp16(_div(_f(1), iscale))
@@ -381,6 +414,115 @@ def q6_k_fields(w: torch.Tensor, importance: torch.Tensor | None = None) -> tupl
                 torch.zeros(0, g * 16, dtype=torch.int8))
     L, d, sc = (torch.cat(p, dim=0) for p in zip(*parts))
     return (L - 32).to(torch.int8).reshape(n, k), d, sc.to(torch.int8).reshape(n, g * 16)
+
+
+def _sub16_weights(x: torch.Tensor, qw: torch.Tensor, twice: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The imatrix paths' weights of Q2_K / Q3_K: qw * sqrt(sigma^2 + x^2), sigma^2 the super-block's mean x^2
+    (twice that for Q3_K), and their sums per sub-block. x: fp32 [N, G, 16, 16]; qw: [G, 16, 16].
+    returns (weights [N, G, 16, 16], sums [N, G, 16])."""
+    flat = x.flatten(-2)
+    sum_x2 = _seq_sum(flat * flat)
+    sigma2 = torch.div(2 * sum_x2 if twice else sum_x2, _t(QK_K, sum_x2))
+    weights = qw * _sqrtf(sigma2[..., None, None] + x * x)
+    return weights, _seq_sum(weights)
+
+
+def _q3_fields(x: torch.Tensor, qw: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """quantize_row_q3_K_ref (qw None) or _impl. x: fp32 [N, G, 16, 16]; qw: fp32 [G, 16, 16] or None.
+    returns (L int32 [N, G, 16, 16] in 0..7 (q + 4), d fp16 [N, G], v int32 [N, G, 16] in 0..63 (sc + 32))."""
+    if qw is None:
+        L, scales = _make_q3_quants(x, 4)
+        _, max_scale = _signed_max(scales)
+        some = max_scale != 0
+        iscale = _div(_f(-32), max_scale)
+        v = _i8(_nearest_int(iscale.unsqueeze(-1) * scales)).clamp(-32, 31) + 32
+        v = _where(some.unsqueeze(-1), v, torch.zeros_like(v))  # the C leaves the 12 bytes zero: sc = -32
+        d = _where(some, _to_fp16(_div(_f(1), iscale)), torch.zeros_like(max_scale, dtype=torch.float16))
+    else:
+        weights, sw = _sub16_weights(x, qw, twice=True)
+        L, scales = _make_qx_quants(x, 4, weights)
+        v, d_block = _make_qx_quants(scales, 32, sw)
+        d = _to_fp16(d_block)
+    dd = d.float().unsqueeze(-1) * (v - 32).float()
+    l = _nearest_int(torch.div(x, dd.unsqueeze(-1).expand_as(x))).clamp(-4, 3) + 4
+    return _where((dd == 0).unsqueeze(-1), L, l), d, v
+
+
+def _q2_fields(x: torch.Tensor, qw: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """quantize_row_q2_K_ref (qw None) or _impl. x: fp32 [N, G, 16, 16]; qw: fp32 [G, 16, 16] or None.
+    returns (L int32 [N, G, 16, 16] in 0..3, d fp16 [N, G], dmin fp16 [N, G], sc [N, G, 16], mn [N, G, 16]
+    int32 in 0..15)."""
+    if qw is None:
+        L, scales, mins = _make_qkx_quants(x, x.abs(), 3, -0.5, 0.1, 15, qkx3=False, use_mad=True)
+        max_scale = torch.zeros_like(scales[..., 0])
+        max_min = torch.zeros_like(max_scale)
+        for j in range(16):
+            max_scale = _where(scales[..., j] > max_scale, scales[..., j], max_scale)
+            max_min = _where(mins[..., j] > max_min, mins[..., j], max_min)
+        zero, zero16 = torch.zeros_like(max_scale), torch.zeros_like(max_scale, dtype=torch.float16)
+        has_scale, has_min = max_scale > 0, max_min > 0
+        ls = _nearest_int(_div(_f(15), max_scale).unsqueeze(-1) * scales)
+        lm = _nearest_int(_div(_f(15), max_min).unsqueeze(-1) * mins)
+        byte = _where(has_scale.unsqueeze(-1), _u8(ls), torch.zeros_like(ls))
+        byte = _where(has_min.unsqueeze(-1), _u8(byte | (lm << 4)), byte)
+        d = _where(has_scale, _to_fp16(torch.div(max_scale, _t(15, zero))), zero16)
+        dmin = _where(has_min, _to_fp16(torch.div(max_min, _t(15, zero))), zero16)
+    else:
+        weights, sw = _sub16_weights(x, qw, twice=False)
+        L, scales, mins = _make_qkx_quants(x, weights, 3, -0.9, 0.05, 36, qkx3=True)
+        ls, d_block = _make_qp_quants(scales, sw, 15)
+        lm, m_block = _make_qp_quants(mins, sw, 15)
+        byte = _u8(ls | (lm << 4))
+        d, dmin = _to_fp16(d_block), _to_fp16(m_block)
+    sc, mn = byte & 0xF, byte >> 4
+    dd = d.float().unsqueeze(-1) * sc.float()
+    dm = dmin.float().unsqueeze(-1) * mn.float()
+    l = _nearest_int(torch.div(x + dm.unsqueeze(-1), dd.unsqueeze(-1).expand_as(x))).clamp(0, 3)
+    return _where((dd == 0).unsqueeze(-1), L, l), d, dmin, sc, mn
+
+
+def _sub16_rows(fields, w, importance, name):
+    """Run `fields` (_q2_fields / _q3_fields) over w float [N, K] in chunks of rows: returns its outputs
+    concatenated, each [N, G, ...] (int32 / fp16)."""
+    w, importance = _check(w, importance, name)
+    n, k = w.shape
+    g = k // QK_K
+    qw = None if importance is None else importance.reshape(g, 16, 16)
+    parts = [fields(w[rows].reshape(-1, g, 16, 16), qw) for rows in _chunks(n, k)]
+    if not parts:
+        parts = [fields(torch.zeros(0, g, 16, 16), qw)]
+    return [torch.cat(p, dim=0) for p in zip(*parts)]
+
+
+def q3_k_fields(w: torch.Tensor, importance: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """llama.cpp's Q3_K quantization (quantize_row_q3_K_ref without importance: make_q3_quants; with it
+    quantize_row_q3_K_impl: make_qx_quants weighted, then make_qx_quants of the scales) of w float [N, K]
+    (K % 256 == 0). returns (q int8 [N, K] in -4..3, d fp16 [N, K/256], sc int8 [N, K/16] in -32..31): the
+    arguments of gguf_blocks.pack_q3_k."""
+    L, d, v = _sub16_rows(_q3_fields, w, importance, "Q3_K")
+    n, g = d.shape
+    return (L - 4).to(torch.int8).reshape(n, g * QK_K), d, (v - 32).to(torch.int8).reshape(n, g * 16)
+
+
+def q2_k_fields(w: torch.Tensor, importance: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """llama.cpp's Q2_K quantization (quantize_row_q2_K_ref without importance: make_qkx2_quants with absolute
+    errors; with it quantize_row_q2_K_impl: make_qkx3_quants, make_qp_quants for the 4-bit scales and mins) of
+    w float [N, K] (K % 256 == 0). returns (u uint8 [N, K] in 0..3, d fp16 [N, K/256], dmin fp16 [N, K/256],
+    sc uint8 [N, K/16] in 0..15, mn uint8 [N, K/16] in 0..15): the arguments of gguf_blocks.pack_q2_k."""
+    L, d, dmin, sc, mn = _sub16_rows(_q2_fields, w, importance, "Q2_K")
+    n, g = d.shape
+    return (L.to(torch.uint8).reshape(n, g * QK_K), d, dmin, sc.to(torch.uint8).reshape(n, g * 16),
+            mn.to(torch.uint8).reshape(n, g * 16))
+
+
+def quantize_q2_k(w: torch.Tensor, importance: torch.Tensor | None = None) -> torch.Tensor:
+    """ggml_quantize_chunk(GGML_TYPE_Q2_K, w, ..., importance): w float [N, K] -> uint8 [N, K/256*84]."""
+    return gguf_blocks.pack_q2_k(*q2_k_fields(w, importance))
+
+
+def quantize_q3_k(w: torch.Tensor, importance: torch.Tensor | None = None) -> torch.Tensor:
+    """ggml_quantize_chunk(GGML_TYPE_Q3_K, w, ..., importance): w float [N, K] -> uint8 [N, K/256*110]."""
+    return gguf_blocks.pack_q3_k(*q3_k_fields(w, importance))
 
 
 def quantize_q4_k(w: torch.Tensor, importance: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""Weights on llama.cpp's block types as grids (QuantScheme grid "q4_k", "q5_k", "q6_k", "q4_1", "q5_1",
-"q4_0", "q5_0", "q8_0"; scheme.GGUF_GRIDS): the fields, their search and their rounding.
+"""Weights on llama.cpp's block types as grids (QuantScheme grid "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_1",
+"q5_1", "q4_0", "q5_0", "q8_0"; scheme.GGUF_GRIDS): the fields, their search and their rounding.
 
 The K-quants: a row of K inputs is K / 256 super-blocks. Q4_K and Q5_K have eight groups of 32; group j
 dequantizes as
@@ -9,7 +9,9 @@ dequantizes as
 each product in fp32 first (ggml's dequantize_row_q4_K). The group's scale s_j = d * sc_j and minimum
 m_j = dmin * mn_j (>= 0: the lowest level -m_j is <= 0) are floats, not an integer zero point, which is
 why compressed-tensors cannot hold them and such weights are written as GGUF (kernels/gguf_blocks.py has
-the byte layouts). Q6_K has sixteen groups of 16, symmetric: y = (d * sc_j) * (u - 32), u in 0..63, sc_j int8.
+the byte layouts). Q2_K is the same with sixteen groups of 16, u in 0..3 and 4-bit sc_j, mn_j (0..15).
+Q6_K has sixteen groups of 16, symmetric: y = (d * sc_j) * (u - 32), u in 0..63, sc_j int8; Q3_K likewise
+with y = (d * sc_j) * (u - 4), u in 0..7, sc_j a 6-bit signed -32..31.
 
 The blocks of 32: Q4_1 / Q5_1 y = d * u + m (fp16 d and m per group, u in 0..15 / 0..31: a float minimum
 without the super-block's 6-bit rounding); Q4_0 y = d * (u - 8), Q5_0 y = d * (u - 16) and Q8_0 y = d * (u - 128)
@@ -39,7 +41,7 @@ from .kernels import gguf_blocks
 
 SUPER_BLOCK = 256  # inputs per super-block
 GROUP = 32  # inputs per group (sub-block) of every grid but Q6_K's 16
-FIELD_MAX = 63  # 6-bit sub-block scales and minimums
+FIELD_MAX = 63  # 6-bit sub-block scales and minimums (Q4_K, Q5_K)
 
 
 def _groups(x: torch.Tensor, group: int = GROUP) -> torch.Tensor:
@@ -152,6 +154,7 @@ class KQuantWeight(_OnGrid):
     FIELDS = ("d", "dmin", "sc", "mn")
     BLOCK = SUPER_BLOCK
     GGUF_TYPE = "Q4_K"
+    FIELD_MAX = FIELD_MAX  # the largest sc / mn
 
     u: torch.Tensor
     d: torch.Tensor
@@ -162,24 +165,24 @@ class KQuantWeight(_OnGrid):
 
     def __post_init__(self) -> None:
         self._check((("d", SUPER_BLOCK, torch.float16), ("dmin", SUPER_BLOCK, torch.float16),
-                     ("sc", GROUP, torch.uint8), ("mn", GROUP, torch.uint8)))
+                     ("sc", self.GROUP, torch.uint8), ("mn", self.GROUP, torch.uint8)))
 
-    @staticmethod
-    def steps(d, dmin, sc, mn) -> tuple[torch.Tensor, torch.Tensor]:
-        """(d * sc_j, dmin * mn_j) fp32 [N, K/32]: each group's step and minimum (its lowest level is minus it)."""
-        return group_scale(d, sc), group_scale(dmin, mn)
+    @classmethod
+    def steps(cls, d, dmin, sc, mn) -> tuple[torch.Tensor, torch.Tensor]:
+        """(d * sc_j, dmin * mn_j) fp32 [N, K/GROUP]: each group's step and minimum (its lowest level is minus it)."""
+        return group_scale(d, sc, cls.GROUP), group_scale(dmin, mn, cls.GROUP)
 
     @classmethod
     def choose_fields(cls, w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
                       clip_ratio=None) -> tuple[torch.Tensor, ...]:
         """(d, dmin, sc, mn) of w [N, K] (K % 256 == 0): with search, llama.cpp's own (searched_fields, weighted
         by `importance` [K] where given); else each group's min-max range (shrunk by clip_ratio), rounded
-        to the 6-bit grid (super_block_fields)."""
+        to the 6-bit (Q2_K: 4-bit) grid (super_block_fields)."""
         _need_blocks(w, cls)
         if search:
             return searched_fields(w, importance, cls.GGUF_TYPE)
-        lo, hi = _ranges(w, clip_ratio, include_zero=True)
-        return super_block_fields((hi - lo) / cls.LEVELS, -lo)
+        lo, hi = _ranges(w, clip_ratio, include_zero=True, group=cls.GROUP)
+        return super_block_fields((hi - lo) / cls.LEVELS, -lo, cls.GROUP, cls.FIELD_MAX)
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/256 * 144]: the Q4_K blocks."""
@@ -199,6 +202,21 @@ class Q5KWeight(KQuantWeight):
 
 
 @dataclass
+class Q2KWeight(KQuantWeight):
+    """A weight on the Q2_K grid (grid "q2_k"): as KQuantWeight with sixteen groups of 16 a super-block, u in
+    0..3 and sc, mn uint8 [N, K/16] in 0..15."""
+
+    LEVELS = 3
+    GROUP = 16
+    FIELD_MAX = 15
+    GGUF_TYPE = "Q2_K"
+
+    def blocks(self) -> torch.Tensor:
+        """uint8 [N, K/256 * 84]: the Q2_K blocks."""
+        return gguf_blocks.pack_q2_k(self.u, self.d, self.dmin, self.sc, self.mn)
+
+
+@dataclass
 class Q6KWeight(_OnGrid):
     """A weight on the Q6_K grid (grid "q6_k"): u uint8 [N, K] in 0..63 (q = u - 32); d fp16 [N, K/256];
     sc int8 [N, K/16]: y = (d * sc_j) * (u - 32)."""
@@ -209,6 +227,7 @@ class Q6KWeight(_OnGrid):
     OFFSET = 32
     BLOCK = SUPER_BLOCK
     GGUF_TYPE = "Q6_K"
+    SCALE_LEVELS = 128  # sc in -SCALE_LEVELS..SCALE_LEVELS-1
 
     u: torch.Tensor
     d: torch.Tensor
@@ -218,38 +237,52 @@ class Q6KWeight(_OnGrid):
     def __post_init__(self) -> None:
         self._check((("d", SUPER_BLOCK, torch.float16), ("sc", 16, torch.int8)))
 
-    @staticmethod
-    def steps(d, sc) -> tuple[torch.Tensor, torch.Tensor]:
-        """(d * sc_j, 32 * d * sc_j) fp32 [N, K/16]."""
-        s = d.float().repeat_interleave(SUPER_BLOCK // 16, dim=1) * sc.float()
-        return s, 32 * s
+    @classmethod
+    def steps(cls, d, sc) -> tuple[torch.Tensor, torch.Tensor]:
+        """(d * sc_j, OFFSET * d * sc_j) fp32 [N, K/16]."""
+        s = group_scale(d, sc, 16)
+        return s, cls.OFFSET * s
 
     @classmethod
     def choose_fields(cls, w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
                       clip_ratio=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(d, sc) of w [N, K] (K % 256 == 0): with search, llama.cpp's own (quantize_row_q6_K_ref's
-        make_qx_quants, or its imatrix path with `importance` [K]); else each group's signed extreme on -32
-        (shrunk by clip_ratio), the scales rounded to int8 against the super-block's largest, as
-        quantize_row_q6_K_ref rounds them."""
+        make_qx_quants, Q3_K's make_q3_quants, or their imatrix paths with `importance` [K]); else each group's
+        signed extreme on -OFFSET (shrunk by clip_ratio), the scales rounded to int8 (Q3_K: 6 bits) against the
+        super-block's largest, as quantize_row_q6_K_ref / q3_K_ref round them."""
         _need_blocks(w, cls)
         if search:
-            from .gguf_reference_quants import q6_k_fields
-
-            return q6_k_fields(w.float(), None if importance is None else importance.float())[1:]
-        scale = _signed_extremes(w, clip_ratio, 16) / -32  # [N, K/16]
+            return searched_fields(w, importance, cls.GGUF_TYPE)
+        scale = _signed_extremes(w, clip_ratio, 16) / -cls.OFFSET  # [N, K/16]
         n = scale.shape[0]
         v = scale.reshape(n, -1, 16)
         top = v.gather(-1, v.abs().argmax(dim=-1, keepdim=True))  # [N, S, 1] the scale of largest magnitude
         zero = top.abs() < 1e-15
-        iscale = torch.where(zero, torch.zeros_like(top), -128 / torch.where(zero, torch.ones_like(top), top))
-        sc = torch.round(iscale * v).clamp_(-128, 127).to(torch.int8).reshape(n, -1)
+        levels = cls.SCALE_LEVELS
+        iscale = torch.where(zero, torch.zeros_like(top), -levels / torch.where(zero, torch.ones_like(top), top))
+        sc = torch.round(iscale * v).clamp_(-levels, levels - 1).to(torch.int8).reshape(n, -1)
         d = _fp16(torch.where(zero, torch.zeros_like(top), 1 / torch.where(zero, torch.ones_like(top), iscale)),
-                  "a Q6_K super-block scale").squeeze(-1)
+                  f"a {cls.GGUF_TYPE} super-block scale").squeeze(-1)
         return d, sc
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/256 * 210]: the Q6_K blocks."""
         return gguf_blocks.pack_q6_k(self.u.to(torch.int16) - 32, self.d, self.sc)
+
+
+@dataclass
+class Q3KWeight(Q6KWeight):
+    """A weight on the Q3_K grid (grid "q3_k"): as Q6KWeight with u in 0..7 (q = u - 4) and sc int8 [N, K/16] in
+    -32..31 (6 bits): y = (d * sc_j) * (u - 4)."""
+
+    LEVELS = 7
+    OFFSET = 4
+    GGUF_TYPE = "Q3_K"
+    SCALE_LEVELS = 32
+
+    def blocks(self) -> torch.Tensor:
+        """uint8 [N, K/256 * 110]: the Q3_K blocks."""
+        return gguf_blocks.pack_q3_k(self.u.to(torch.int16) - 4, self.d, self.sc)
 
 
 @dataclass
@@ -387,8 +420,8 @@ class Q80Weight(Q50Weight):
 
 
 #: a scheme's grid -> the class of its weights
-GRID_WEIGHTS = {"q4_k": KQuantWeight, "q5_k": Q5KWeight, "q6_k": Q6KWeight, "q4_1": Q41Weight, "q5_1": Q51Weight,
-                "q4_0": Q40Weight, "q5_0": Q50Weight, "q8_0": Q80Weight}
+GRID_WEIGHTS = {"q2_k": Q2KWeight, "q3_k": Q3KWeight, "q4_k": KQuantWeight, "q5_k": Q5KWeight, "q6_k": Q6KWeight,
+                "q4_1": Q41Weight, "q5_1": Q51Weight, "q4_0": Q40Weight, "q5_0": Q50Weight, "q8_0": Q80Weight}
 GridWeight = _OnGrid
 
 
@@ -398,36 +431,40 @@ def _need_blocks(w: torch.Tensor, cls) -> None:
                          f"got {tuple(w.shape)}")
 
 
-def group_scale(super_value: torch.Tensor, field: torch.Tensor) -> torch.Tensor:
-    """fp16 [N, S] super-block value times 6-bit [N, S*8] fields -> fp32 [N, S*8] (an exact product)."""
-    return (super_value.float().repeat_interleave(SUPER_BLOCK // GROUP, dim=1) * field.float())
+def group_scale(super_value: torch.Tensor, field: torch.Tensor, group: int = GROUP) -> torch.Tensor:
+    """fp16 [N, S] super-block value times integer [N, S*256/group] fields -> fp32 [N, S*256/group] (an exact
+    product)."""
+    return (super_value.float().repeat_interleave(SUPER_BLOCK // group, dim=1) * field.float())
 
 
-def super_block_fields(scale: torch.Tensor, minimum: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Float group steps and minimums (>= 0) fp32 [N, K/32] -> the 6-bit grid nearest them, as
-    llama.cpp's quantize_row_q4_K_ref rounds them: sc_j = round(63 / max_j s_j * s_j) (<= 63), d = fp16(max_j
-    s_j / 63), and likewise mn_j and dmin. returns (d, dmin fp16 [N, K/256], sc, mn uint8 [N, K/32])."""
+def super_block_fields(scale: torch.Tensor, minimum: torch.Tensor, group: int = GROUP,
+                       field_max: int = FIELD_MAX) -> tuple[torch.Tensor, ...]:
+    """Float group steps and minimums (>= 0) fp32 [N, K/group] -> the grid of integer fields 0..field_max
+    nearest them, as llama.cpp's quantize_row_q4_K_ref (6 bits, groups of 32) and q2_K_ref (4 bits, groups of
+    16) round them: sc_j = round(field_max / max_j s_j * s_j), d = fp16(max_j s_j / field_max), and likewise
+    mn_j and dmin. returns (d, dmin fp16 [N, K/256], sc, mn uint8 [N, K/group])."""
     n = scale.shape[0]
-    per = SUPER_BLOCK // GROUP
+    per = SUPER_BLOCK // group
     out = []
     for values in (scale, minimum):
-        v = values.reshape(n, -1, per)  # [N, S, 8]
+        v = values.reshape(n, -1, per)  # [N, S, per]
         top = v.amax(dim=-1, keepdim=True)  # [N, S, 1]
-        inv = torch.where(top > 0, FIELD_MAX / top.clamp(min=torch.finfo(torch.float32).tiny), torch.zeros_like(top))
-        field = torch.round(inv * v).clamp_(0, FIELD_MAX).to(torch.uint8).reshape(n, -1)
-        out.append((_fp16((top / FIELD_MAX).squeeze(-1), "a K-quant super-block scale"), field))
+        inv = torch.where(top > 0, field_max / top.clamp(min=torch.finfo(torch.float32).tiny), torch.zeros_like(top))
+        field = torch.round(inv * v).clamp_(0, field_max).to(torch.uint8).reshape(n, -1)
+        out.append((_fp16((top / field_max).squeeze(-1), "a K-quant super-block scale"), field))
     (d, sc), (dmin, mn) = out
     return d, dmin, sc, mn
 
 
 def searched_fields(w: torch.Tensor, importance: torch.Tensor | None = None,
                     kind: str = "Q4_K") -> tuple[torch.Tensor, ...]:
-    """The Q4_K (or Q5_K) fields llama.cpp's own quantizer chooses (quantkit.gguf_reference_quants:
-    make_qkx2_quants' weighted least-squares search of each group's step and minimum, or with `importance`
-    [K] the imatrix path's make_qkx3_quants / make_qp_quants): (d, dmin, sc, mn)."""
-    from .gguf_reference_quants import q4_k_fields, q5_k_fields
+    """The fields of K-quant `kind` (Q2_K ... Q6_K) llama.cpp's own quantizer chooses for w [N, K]
+    (quantkit.gguf_reference_quants: e.g. Q4_K's make_qkx2_quants weighted least-squares search of each group's
+    step and minimum, or with `importance` [K] the imatrix path's make_qkx3_quants / make_qp_quants): the
+    grid's FIELDS, (d, dmin, sc, mn) or (d, sc)."""
+    from . import gguf_reference_quants
 
-    fields = q4_k_fields if kind == "Q4_K" else q5_k_fields
+    fields = getattr(gguf_reference_quants, f"{kind.lower()}_fields")
     return fields(w.float(), None if importance is None else importance.float())[1:]
 
 

@@ -39,6 +39,8 @@ class GGUFGrid:
 #: 6-bit / 8-bit multiples of a super-block's fp16 scale and whose minimums (Q4_K, Q5_K, Q4_1, Q5_1) are
 #: floats, which compressed-tensors cannot hold: such weights are written as GGUF.
 GGUF_GRIDS = {
+    "q2_k": GGUFGrid(2, False, 16, "Q2_K", 256, 2.625),  # y = d*sc*u - dmin*mn, 4-bit sc / mn per 16
+    "q3_k": GGUFGrid(3, True, 16, "Q3_K", 256, 3.4375),  # y = d*sc*(u - 4), 6-bit signed sc per 16
     "q4_k": GGUFGrid(4, False, 32, "Q4_K", 256, 4.5),  # y = d*sc*u - dmin*mn, 6-bit sc / mn per 32
     "q5_k": GGUFGrid(5, False, 32, "Q5_K", 256, 5.5),
     "q6_k": GGUFGrid(6, True, 16, "Q6_K", 256, 6.5625),  # y = d*sc*(u - 32), int8 sc per 16
@@ -52,9 +54,9 @@ GRIDS = ("uniform", *GGUF_GRIDS)
 #: the grid a linear whose inputs are no whole block of its grid gets: quantkit's Q4_K recipes keep 4 bits
 #: with a float minimum (Q4_1); the others go where llama.cpp's llama-quantize sends them (LLAMA_CPP_FALLBACK);
 #: a 32-block grid goes to the uniform grid.
-GRID_FALLBACK = {"q4_k": "q4_1", "q5_k": "q5_1", "q6_k": "q8_0"}
-#: llama-quantize's tensor_type_fallback (what its Q4_K_M / Q4_K_S mixes write for such a linear)
-LLAMA_CPP_FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
+GRID_FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q4_1", "q5_k": "q5_1", "q6_k": "q8_0"}
+#: llama-quantize's tensor_type_fallback (what its K-quant mixes write for such a linear)
+LLAMA_CPP_FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
 
 
 def grid_scheme(grid: str) -> "QuantScheme":

@@ -1,8 +1,8 @@
-"""A line-by-line Python transcription of ggml-quants.c's Q4_K / Q5_K / Q6_K quantizers, one block at a time,
-in numpy float32 scalars: the slow, obviously-the-C reference that quantkit/gguf_reference_quants.py's
+"""A line-by-line Python transcription of ggml-quants.c's Q2_K / Q3_K / Q4_K / Q5_K / Q6_K quantizers, one block at a
+time, in numpy float32 scalars: the slow, obviously-the-C reference that quantkit/gguf_reference_quants.py's
 vectorised port is tested against (tests/test_gguf_reference_quants.py). Written from the C, not from the
 port: the loops, the order of every fp32 operation, the uint8 / int8 stores and the struct byte layouts
-(block_q4_K, block_q5_K, block_q6_K) are the C's.
+(block_q2_K, block_q3_K, block_q4_K, block_q5_K, block_q6_K) are the C's.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def i8(i: int) -> int:
     return ((i + 128) & 0xFF) - 128
 
 
-def make_qkx_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, qkx3):
-    """make_qkx2_quants (qkx3 False) / make_qkx3_quants (weights given), use_mad false. returns (scale, the_min)."""
+def make_qkx_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, qkx3, use_mad=False):
+    """make_qkx2_quants (qkx3 False) / make_qkx3_quants (weights given). returns (scale, the_min)."""
     mn = x[0]
     mx = x[0]
     sum_w = weights[0]
@@ -59,7 +59,7 @@ def make_qkx_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, qkx3):
         l = nearest_int(f(iscale * f(x[i] - mn)))
         L[i] = max(0, min(nmax, l))
         diff = f(f(f(scale * f(L[i])) + mn) - x[i])
-        diff = f(diff * diff)
+        diff = abs(diff) if use_mad else f(diff * diff)
         best_error = f(best_error + f(weights[i] * diff))
     for is_ in range(nstep + 1):
         iscale = f(f(f(f(rmin) + f(f(rdelta) * f(is_))) + f(nmax)) / f(mx - mn))
@@ -85,7 +85,7 @@ def make_qkx_quants(n, nmax, x, weights, L, Laux, rmin, rdelta, nstep, qkx3):
             cur_error = f(0)
             for i in range(n):
                 diff = f(f(f(this_scale * f(Laux[i])) + this_min) - x[i])
-                diff = f(diff * diff)
+                diff = abs(diff) if use_mad else f(diff * diff)
                 cur_error = f(cur_error + f(weights[i] * diff))
             if cur_error < best_error:
                 for i in range(n):
@@ -333,6 +333,197 @@ def quantize_block_q6_k(x, qw=None) -> bytes:
     return bytes(ql) + bytes(qh) + np.array(sc, np.int8).tobytes() + np.array([d], np.float16).tobytes()
 
 
+def make_q3_quants(n, nmax, x, L):
+    """do_rmse true."""
+    mx = amax = f(0)
+    for i in range(n):
+        ax = abs(x[i])
+        if ax > amax:
+            amax = ax
+            mx = x[i]
+    if amax < GROUP_MAX_EPS:
+        for i in range(n):
+            L[i] = 0
+        return f(0)
+    iscale = f(f(-nmax) / mx)
+    sumlx = suml2 = f(0)
+    for i in range(n):
+        l = max(-nmax, min(nmax - 1, nearest_int(f(iscale * x[i]))))
+        L[i] = l
+        w = f(x[i] * x[i])
+        sumlx = f(sumlx + f(f(w * x[i]) * f(l)))
+        suml2 = f(suml2 + f(f(w * f(l)) * f(l)))
+    for _ in range(5):
+        n_changed = 0
+        for i in range(n):
+            w = f(x[i] * x[i])
+            slx = f(sumlx - f(f(w * x[i]) * f(L[i])))
+            if slx > 0:
+                sl2 = f(suml2 - f(f(w * f(L[i])) * f(L[i])))
+                new_l = max(-nmax, min(nmax - 1, nearest_int(f(f(x[i] * sl2) / slx))))
+                if new_l != L[i]:
+                    slx = f(slx + f(f(w * x[i]) * f(new_l)))
+                    sl2 = f(sl2 + f(f(w * f(new_l)) * f(new_l)))
+                    if sl2 > 0 and f(f(slx * slx) * suml2) > f(f(sumlx * sumlx) * sl2):
+                        L[i] = new_l
+                        sumlx = slx
+                        suml2 = sl2
+                        n_changed += 1
+        if not n_changed:
+            break
+    for i in range(n):
+        L[i] += nmax
+    return f(sumlx / suml2) if suml2 > 0 else f(0)
+
+
+def _qs_2bit(L) -> bytes:
+    q = [0] * 64
+    for j in range(0, QK_K, 128):
+        for l in range(32):
+            q[j // 4 + l] = L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6)
+    return bytes(q)
+
+
+def quantize_block_q3_k(x, qw=None) -> bytes:
+    """quantize_row_q3_K_ref (qw None) or _impl of one super-block x [256] -> its 110 bytes."""
+    x = [f(v) for v in x]
+    L = [0] * QK_K
+    scales = [f(0)] * 16
+    sc_bytes = [0] * 12
+    if qw is None:
+        max_scale = amax = f(0)
+        for j in range(16):
+            sub = L[16 * j:16 * j + 16]
+            scales[j] = make_q3_quants(16, 4, x[16 * j:16 * j + 16], sub)
+            L[16 * j:16 * j + 16] = sub
+            scale = abs(scales[j])
+            if scale > amax:
+                amax = scale
+                max_scale = scales[j]
+        if max_scale:
+            iscale = f(f(-32) / max_scale)
+            for j in range(16):
+                l = i8(nearest_int(f(iscale * scales[j])))
+                l = max(-32, min(31, l)) + 32
+                if j < 8:
+                    sc_bytes[j] = l & 0xF
+                else:
+                    sc_bytes[j - 8] |= (l & 0xF) << 4
+                l >>= 4
+                sc_bytes[j % 4 + 8] |= l << (2 * (j // 4))
+            d = fp16(f(f(1) / iscale))
+        else:
+            d = fp16(0)
+    else:
+        qw = [f(v) for v in qw]
+        sumx2 = f(0)
+        for j in range(QK_K):
+            sumx2 = f(sumx2 + f(x[j] * x[j]))
+        sigma2 = f(f(f(2) * sumx2) / f(QK_K))
+        sw = [f(0)] * 16
+        for j in range(16):
+            weight = [f(qw[16 * j + l] * np.sqrt(f(sigma2 + f(x[16 * j + l] * x[16 * j + l])))) for l in range(16)]
+            sumw = f(0)
+            for l in range(16):
+                sumw = f(sumw + weight[l])
+            sw[j] = sumw
+            sub = L[16 * j:16 * j + 16]
+            scales[j] = make_qx_quants(16, 4, x[16 * j:16 * j + 16], sub, weight)
+            L[16 * j:16 * j + 16] = sub
+        Ls = [0] * 16
+        d_block = make_qx_quants(16, 32, scales, Ls, sw)
+        for j in range(16):
+            l = Ls[j]
+            if j < 8:
+                sc_bytes[j] = l & 0xF
+            else:
+                sc_bytes[j - 8] |= (l & 0xF) << 4
+            l >>= 4
+            sc_bytes[j % 4 + 8] |= l << (2 * (j // 4))
+        d = fp16(d_block)
+    for j in range(16):
+        sc = sc_bytes[j] & 0xF if j < 8 else sc_bytes[j - 8] >> 4
+        sc = (sc | (((sc_bytes[8 + j % 4] >> (2 * (j // 4))) & 3) << 4)) - 32
+        dd = f(f(d) * f(sc))
+        if not dd:
+            continue
+        for ii in range(16):
+            L[16 * j + ii] = max(-4, min(3, nearest_int(f(x[16 * j + ii] / dd)))) + 4
+    hmask = [0] * 32
+    m, hm = 0, 1
+    for j in range(QK_K):
+        if L[j] > 3:
+            hmask[m] |= hm
+            L[j] -= 4
+        m += 1
+        if m == QK_K // 8:
+            m, hm = 0, hm << 1
+    return bytes(hmask) + _qs_2bit(L) + bytes(sc_bytes) + np.array([d], np.float16).tobytes()
+
+
+def quantize_block_q2_k(x, qw=None) -> bytes:
+    """quantize_row_q2_K_ref (qw None) or _impl of one super-block x [256] -> its 84 bytes."""
+    x = [f(v) for v in x]
+    L, Laux = [0] * QK_K, [0] * 16
+    scales, mins = [f(0)] * 16, [f(0)] * 16
+    sc_bytes = [0] * 16
+    if qw is None:
+        max_scale = max_min = f(0)
+        for j in range(16):
+            weights = [abs(x[16 * j + l]) for l in range(16)]
+            sub = L[16 * j:16 * j + 16]
+            scales[j], mins[j] = make_qkx_quants(16, 3, x[16 * j:16 * j + 16], weights, sub, Laux, -0.5, 0.1, 15,
+                                                 False, use_mad=True)
+            L[16 * j:16 * j + 16] = sub
+            if scales[j] > max_scale:
+                max_scale = scales[j]
+            if mins[j] > max_min:
+                max_min = mins[j]
+        if max_scale > 0:
+            iscale = f(f(15) / max_scale)
+            for j in range(16):
+                sc_bytes[j] = u8(nearest_int(f(iscale * scales[j])))
+            d = fp16(f(max_scale / f(15)))
+        else:
+            d = fp16(0)
+        if max_min > 0:
+            iscale = f(f(15) / max_min)
+            for j in range(16):
+                sc_bytes[j] = u8(sc_bytes[j] | (nearest_int(f(iscale * mins[j])) << 4))
+            dmin = fp16(f(max_min / f(15)))
+        else:
+            dmin = fp16(0)
+    else:
+        qw = [f(v) for v in qw]
+        sumx2 = f(0)
+        for j in range(QK_K):
+            sumx2 = f(sumx2 + f(x[j] * x[j]))
+        sigma2 = f(sumx2 / f(QK_K))
+        sw = [f(0)] * 16
+        for j in range(16):
+            weight = [f(qw[16 * j + l] * np.sqrt(f(sigma2 + f(x[16 * j + l] * x[16 * j + l])))) for l in range(16)]
+            for l in range(16):
+                sw[j] = f(sw[j] + weight[l])
+            sub = L[16 * j:16 * j + 16]
+            scales[j], mins[j] = make_qkx_quants(16, 3, x[16 * j:16 * j + 16], weight, sub, Laux, -0.9, 0.05, 36,
+                                                 True)
+            L[16 * j:16 * j + 16] = sub
+        Ls, Lm = [0] * 16, [0] * 16
+        dm = make_qp_quants(16, 15, scales, Ls, sw)
+        mm = make_qp_quants(16, 15, mins, Lm, sw)
+        d, dmin = fp16(dm), fp16(mm)
+        for j in range(16):
+            sc_bytes[j] = u8(Ls[j] | (Lm[j] << 4))
+    for j in range(16):
+        dd = f(f(d) * f(sc_bytes[j] & 0xF))
+        if not dd:
+            continue
+        dm = f(f(dmin) * f(sc_bytes[j] >> 4))
+        for ii in range(16):
+            L[16 * j + ii] = max(0, min(3, nearest_int(f(f(x[16 * j + ii] + dm) / dd))))
+    return bytes(sc_bytes) + _qs_2bit(L) + np.array([d, dmin], np.float16).tobytes()
+
+
 def quantize(kind: str, w: np.ndarray, importance: np.ndarray | None = None) -> np.ndarray:
     """ggml_quantize_chunk of w float32 [N, K] -> uint8 [N, K/256*bytes], block by block (fp32 overflow to
     inf and the NaN that follows are the C's too: numpy's warnings about them are silenced)."""
@@ -348,6 +539,10 @@ def _quantize(kind: str, w: np.ndarray, importance: np.ndarray | None) -> np.nda
             qw = None if importance is None else np.asarray(importance, np.float32)[i:i + QK_K]
             if kind == "Q6_K":
                 out += quantize_block_q6_k(row[i:i + QK_K], qw)
+            elif kind == "Q3_K":
+                out += quantize_block_q3_k(row[i:i + QK_K], qw)
+            elif kind == "Q2_K":
+                out += quantize_block_q2_k(row[i:i + QK_K], qw)
             else:
                 out += quantize_block_q45_k(row[i:i + QK_K], 15 if kind == "Q4_K" else 31, qw)
         rows.append(np.frombuffer(out, np.uint8))

@@ -1,7 +1,8 @@
-"""llama.cpp's other block types as weight grids (Q5_K, Q6_K, Q5_1, Q4_0, Q5_0, Q8_0: quantkit.kquant) and the
-Q4_K_M / Q4_K_S mixes built on them (quantkit.gguf_mix): each grid dequantizes as the gguf package's own
-code reads its blocks, RTN with llama.cpp's search writes llama.cpp's bytes, GPTQ onto each grid beats
-RTN, and a mix recipe writes llama-quantize's type tensor by tensor, read back bit for bit."""
+"""llama.cpp's other block types as weight grids (Q2_K, Q3_K, Q5_K, Q6_K, Q5_1, Q4_0, Q5_0, Q8_0: quantkit.kquant)
+and the K-quant mixes built on them (quantkit.gguf_mix: Q4_K_M, Q4_K_S, Q3_K_L, Q3_K_M, Q3_K_S, Q2_K): each grid
+dequantizes as the gguf package's own code reads its blocks, RTN with llama.cpp's search writes llama.cpp's
+bytes, GPTQ onto each grid beats RTN, and a mix recipe writes llama-quantize's type tensor by tensor, read
+back bit for bit."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from quantkit.algorithms.gptq import GPTQOptions, gptq_quantize, hessian_update 
 from quantkit.algorithms.rtn import RTNOptions, rtn_quantize  # noqa: E402
 from quantkit.cli import main  # noqa: E402
 from quantkit.config_utils import ConfigError  # noqa: E402
-from quantkit.gguf_mix import MixModel, mix_grid, use_more_bits  # noqa: E402
+from quantkit.gguf_mix import MIX_GRIDS, MixModel, mix_grid, use_more_bits  # noqa: E402
 from quantkit.modules.kquant_linear import KQuantLinear  # noqa: E402
 from quantkit.refmodels import resolve_model_name  # noqa: E402
 from quantkit.scheme import GGUF_GRIDS, LLAMA_CPP_FALLBACK, QuantScheme, grid_scheme  # noqa: E402
@@ -29,7 +30,10 @@ from .conftest import make_random_model  # noqa: E402
 from .test_kquant import read_back  # noqa: E402
 
 T = gguf.GGMLQuantizationType
-NEW_GRIDS = ("q5_k", "q6_k", "q5_1", "q4_0", "q5_0", "q8_0")
+NEW_GRIDS = ("q2_k", "q3_k", "q5_k", "q6_k", "q5_1", "q4_0", "q5_0", "q8_0")
+#: bounds on the relative squared error of RTN with min-max fields on _weight (measured: Q3_K 0.033-0.040, Q2_K
+#: 0.145-0.163)
+BELOW_4_BITS = {"q3_k": 0.05, "q2_k": 0.2}
 
 
 def _weight(n, k, seed):
@@ -62,16 +66,21 @@ def test_each_grid_dequantizes_as_the_gguf_package_reads_its_blocks(grid, n, k, 
         inside = (level > 0.5) & (level < levels - 0.5)
         assert ((kw.u.float() - level).abs()[inside] <= 0.5 + 1e-3).all()
     rel = {g: ((rtn_quantize(w, grid_scheme(g)).dequantize() - w).pow(2).sum() / w.pow(2).sum()).item()
-           for g in ("q4_k", "q4_1", grid)}
+           for g in ("q4_k", "q4_1", "q3_k", grid)}
     if spec.num_bits > 4:  # more bits, less error: each beats both 4-bit grids with a float minimum
         assert rel[grid] < 0.7 * min(rel["q4_k"], rel["q4_1"])
+    elif spec.num_bits < 4:  # fewer bits, more error, within what these grids reach
+        assert rel["q4_k"] < rel[grid] < BELOW_4_BITS[grid]
+        if grid == "q2_k":
+            assert rel["q3_k"] < rel[grid]
     else:  # Q4_0's signed scales: no worse than the uniform grid's best rule for positive scales
         uniform = QuantScheme(num_bits=4, symmetric=True, strategy="group", group_size=32)
         signed = rtn_quantize(w, uniform, RTNOptions(symmetric_scale="signed")).dequantize()
         assert rel[grid] < ((signed - w).pow(2).sum() / w.pow(2).sum()).item()
 
 
-@pytest.mark.parametrize("grid,port", [("q4_k", ref.quantize_q4_k), ("q5_k", ref.quantize_q5_k),
+@pytest.mark.parametrize("grid,port", [("q2_k", ref.quantize_q2_k), ("q3_k", ref.quantize_q3_k),
+                                       ("q4_k", ref.quantize_q4_k), ("q5_k", ref.quantize_q5_k),
                                        ("q6_k", ref.quantize_q6_k)])
 def test_rtn_with_llama_cpps_search_writes_llama_cpps_bytes(grid, port):
     """The K-quant recipes' RTN (observer mse) is llama.cpp's own quantizer: the same bytes as the port of
@@ -115,10 +124,17 @@ def test_grid_schemes_fallbacks_and_mix_validation():
     with pytest.raises(ValueError, match="whole blocks of 256"):
         grid_scheme("q6_k").fitted(320, "error", LLAMA_CPP_FALLBACK)
     base = {"weights": {"num_bits": 4, "symmetric": False, "strategy": "group", "group_size": 32, "grid": "q4_k"}}
-    with pytest.raises(ConfigError, match="mix must be one of q4_k_m, q4_k_s"):
-        quantkit.load_recipe({**base, "mix": "q3_k_m"})
+    with pytest.raises(ConfigError, match="mix must be one of q4_k_m, q4_k_s, q3_k_l, q3_k_m, q3_k_s, q2_k"):
+        quantkit.load_recipe({**base, "mix": "q5_k_m"})
     with pytest.raises(ConfigError, match="needs weights on grid q4_k"):
         quantkit.load_recipe({"weights": {"num_bits": 4, "strategy": "group", "group_size": 32}, "mix": "q4_k_m"})
+    with pytest.raises(ConfigError, match=r"around Q3_K: it needs weights on grid q3_k \(\{num_bits: 3, "
+                                          r"symmetric: true, strategy: group, group_size: 16, grid: q3_k\}\)"):
+        quantkit.load_recipe({**base, "mix": "q3_k_m"})
+    for name, mix in (("w3a16-rtn-q3ks", "q3_k_s"), ("w3a16-gptq-q3km", "q3_k_m"), ("w3a16-rtn-q3kl", "q3_k_l"),
+                      ("w2a16-gptq-q2k", "q2_k")):
+        r = quantkit.load_recipe(name)
+        assert r.mix == mix and r.weights == grid_scheme(mix[:4])
     recipe = quantkit.load_recipe("w4a16-gptq-q4km")
     assert recipe.mix == "q4_k_m" and recipe.to_dict()["mix"] == "q4_k_m"
     with pytest.raises(ValueError, match="by its name and layer"):
@@ -140,6 +156,35 @@ def test_the_mix_rules_are_llama_cpps():
     seventy = MixModel(80, llama_70b=True)  # llama.cpp's 70B type: attn_v at least Q5_K
     assert mix_grid("q4_k_m", "model.layers.40.self_attn.v_proj", seventy) == "q5_k"
     assert mix_grid("q4_k_m", "model.layers.0.self_attn.v_proj", seventy) == "q6_k"
+    assert {mix_grid(m, "model.layers.40.self_attn.v_proj", seventy) for m in ("q3_k_s", "q3_k_m", "q2_k")} == {"q5_k"}
+
+
+def _types(mix: str, model: MixModel) -> dict[str, list[str]]:
+    """The grid of each role, layer by layer, under the mix."""
+    roles = {"v": "self_attn.v_proj", "down": "mlp.down_proj", "o": "self_attn.o_proj", "q": "self_attn.q_proj",
+             "k": "self_attn.k_proj", "gate": "mlp.gate_proj", "up": "mlp.up_proj"}
+    return {r: [mix_grid(mix, f"model.layers.{i}.{p}", model) for i in range(model.n_layers)] for r, p in roles.items()}
+
+
+def test_the_q3_k_and_q2_k_mix_rules_are_llama_cpps():
+    """llama_tensor_get_type_impl for a dense Llama of 32 layers (not Falcon, no experts), rule by rule."""
+    n = 32
+    plain = ("q", "k", "gate", "up")
+    t = _types("q3_k_s", MixModel(n))
+    assert all(t[r] == ["q3_k"] * n for r in t)
+    t = _types("q3_k_m", MixModel(n))
+    assert t["v"] == ["q5_k"] * 2 + ["q4_k"] * (n - 2)  # i_attention_wv < 2
+    assert t["down"] == ["q5_k"] * (n // 16) + ["q4_k"] * (n - n // 16)  # i < n/16, else Q4_K (not Falcon)
+    assert t["o"] == ["q4_k"] * n and all(t[r] == ["q3_k"] * n for r in plain)
+    t = _types("q3_k_l", MixModel(n))
+    assert t["v"] == t["down"] == t["o"] == ["q5_k"] * n and all(t[r] == ["q3_k"] * n for r in plain)
+    t = _types("q2_k", MixModel(n, n_gqa=2))
+    assert t["v"] == t["down"] == t["o"] == ["q3_k"] * n and all(t[r] == ["q2_k"] * n for r in plain)
+    assert _types("q2_k", MixModel(n, n_gqa=4))["v"] == ["q4_k"] * n  # n_gqa() >= 4
+    assert _types("q4_k_m", MixModel(n))["o"] == ["q4_k"] * n  # the Q4 mixes leave attn_output alone
+    for mix in ("q3_k_m", "q2_k"):
+        assert mix_grid(mix, "lm_head", MixModel(n)) == "q6_k"
+    assert MixModel.of(quantkit.load("ref:small").config) == MixModel(4, False, 2)  # 8 heads, 4 KV heads
 
 
 def _source(tmp_path, hidden, intermediate, tied=False, family="llama"):
@@ -154,19 +199,26 @@ def _source(tmp_path, hidden, intermediate, tied=False, family="llama"):
 
 
 def _expected_type(mix: str, name: str, k: int) -> str:
-    grid = mix_grid(mix, name, MixModel(8))
+    grid = mix_grid(mix, name, MixModel(8, n_gqa=2))
     if k % 256:
         grid = LLAMA_CPP_FALLBACK[grid]
     return GGUF_GRIDS[grid].ggml_type
 
 
-@pytest.mark.parametrize("hidden,intermediate,mix", [(256, 512, "q4_k_m"), (320, 768, "q4_k_m"), (320, 768, "q4_k_s")])
+RTN_MIX_RECIPES = {"q4_k_m": "w4a16-rtn-q4km", "q4_k_s": "w4a16-rtn-q4ks", "q3_k_m": "w3a16-rtn-q3km",
+                   "q3_k_l": "w3a16-rtn-q3kl", "q2_k": "w2a16-rtn-q2k"}
+
+
+@pytest.mark.parametrize("hidden,intermediate,mix", [(256, 512, "q4_k_m"), (320, 768, "q4_k_m"), (320, 768, "q4_k_s"),
+                                                     (256, 512, "q3_k_m"), (320, 768, "q3_k_l"), (256, 768, "q2_k"),
+                                                     (320, 512, "q2_k")])
 def test_a_mix_recipe_writes_llama_quantizes_types_read_back_bit_for_bit(tmp_path, capsys, hidden, intermediate, mix):
     """8 layers: Q4_K_M puts Q6_K on v_proj / down_proj of layers 0, 3, 6, 7 (use_more_bits(i, 8): i < 1, i >= 7, (i - 1) % 3 == 2); 320-wide
-    inputs fall back as llama-quantize does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0); the output head is
-    Q6_K (Q8_0 at 320) and the untied embedding Q4_K (Q5_0 at 320), llama-quantize's defaults."""
+    inputs fall back as llama-quantize does (Q2_K, Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0); the
+    output head is Q6_K (Q8_0 at 320) and the untied embedding the mix's default type (its fallback at 320),
+    llama-quantize's defaults."""
     src = _source(tmp_path, hidden, intermediate)
-    recipe = {"q4_k_m": "w4a16-rtn-q4km", "q4_k_s": "w4a16-rtn-q4ks"}[mix]
+    recipe = RTN_MIX_RECIPES[mix]
     out = tmp_path / "mix.gguf"
     assert main(["quantize", str(src), "--recipe", recipe, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -190,7 +242,12 @@ def test_a_mix_recipe_writes_llama_quantizes_types_read_back_bit_for_bit(tmp_pat
         assert six == {f"model.layers.{i}.{p}" for i in (0, 3, 6, 7) for p in ("self_attn.v_proj", "mlp.down_proj")
                        if hidden == 256 or p == "self_attn.v_proj"}
     assert tensors["output.weight"].tensor_type.name == ("Q6_K" if hidden == 256 else "Q8_0")
-    assert tensors["token_embd.weight"].tensor_type.name == ("Q4_K" if hidden == 256 else "Q5_0")
+    embd = MIX_GRIDS[mix] if hidden == 256 else LLAMA_CPP_FALLBACK[MIX_GRIDS[mix]]
+    assert tensors["token_embd.weight"].tensor_type.name == embd.upper()
+    if embd in ("q3_k", "q2_k"):  # llama.cpp's own rounding of the float embedding
+        weight = quantkit.load(src, dtype=torch.float32).get_input_embeddings().weight.detach()
+        port = getattr(ref, f"quantize_{embd}")(weight)
+        assert np.array_equal(np.asarray(tensors["token_embd.weight"].data).reshape(-1), port.numpy().reshape(-1))
 
 
 def test_calibrated_mix_recipes_quantize_each_linear_onto_its_grid(tmp_path, capsys):

@@ -1,4 +1,5 @@
-"""quantkit/gguf_reference_quants.py against llama.cpp's own Q4_K / Q5_K / Q6_K quantizers, byte for byte.
+"""quantkit/gguf_reference_quants.py against llama.cpp's own Q2_K / Q3_K / Q4_K / Q5_K / Q6_K quantizers, byte for
+byte.
 
 Three references, with and without an importance (imatrix) vector:
 - always: a line-by-line Python transcription of the C (tests/kquants_transcription.py) on fresh random
@@ -42,11 +43,11 @@ else:  # run as a script to write the fixture
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import kquants_transcription as KT
 
-KINDS = ("Q4_K", "Q5_K", "Q6_K")
-QUANTIZE = {"Q4_K": R.quantize_q4_k, "Q5_K": R.quantize_q5_k, "Q6_K": R.quantize_q6_k}
-FIELDS = {"Q4_K": R.q4_k_fields, "Q5_K": R.q5_k_fields, "Q6_K": R.q6_k_fields}
-PACK = {"Q4_K": gguf_blocks.pack_q4_k, "Q5_K": gguf_blocks.pack_q5_k, "Q6_K": gguf_blocks.pack_q6_k}
-GGML_TYPE = {"Q4_1": 3, "Q5_1": 7, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # enum ggml_type (ggml.h)
+KINDS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+QUANTIZE = {kind: getattr(R, f"quantize_{kind.lower()}") for kind in KINDS}
+FIELDS = {kind: getattr(R, f"{kind.lower()}_fields") for kind in KINDS}
+PACK = {kind: getattr(gguf_blocks, f"pack_{kind.lower()}") for kind in KINDS}
+GGML_TYPE = {"Q4_1": 3, "Q5_1": 7, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # enum ggml_type (ggml.h)
 FIXTURE = Path(__file__).parent / "data" / "gguf_kquants_ggml.npz"
 DISTRIBUTIONS = ("gauss", "heavy", "mixed", "tiny")
 #: corner cases: rounding ties, mostly zeros, rare outliers, far from 1 in both directions, an integer grid
@@ -147,26 +148,30 @@ def test_fields_are_the_packs_arguments(kind, shape):
     w = sample("mixed", n, k, g)
     for imp in (None, sample_importance(k, g)):
         fields = FIELDS[kind](w, imp)
-        if kind == "Q6_K":
+        if kind in ("Q3_K", "Q6_K"):
             q, d, sc = fields
-            assert q.dtype == torch.int8 and q.shape == (n, k) and (n == 0 or -32 <= int(q.min()) <= int(q.max()) <= 31)
+            top, sc_top = (4, 32) if kind == "Q3_K" else (32, 128)
+            assert q.dtype == torch.int8 and q.shape == (n, k)
+            assert n == 0 or -top <= int(q.min()) <= int(q.max()) <= top - 1
             assert d.dtype == torch.float16 and d.shape == (n, k // 256)
             assert sc.dtype == torch.int8 and sc.shape == (n, k // 16)
+            assert n == 0 or -sc_top <= int(sc.min()) <= int(sc.max()) <= sc_top - 1
         else:
             u, d, dmin, sc, mn = fields
-            top = 15 if kind == "Q4_K" else 31
+            top, group, field_top = {"Q2_K": (3, 16, 15), "Q4_K": (15, 32, 63), "Q5_K": (31, 32, 63)}[kind]
             assert u.dtype == torch.uint8 and u.shape == (n, k) and (n == 0 or int(u.max()) <= top)
             assert d.dtype == dmin.dtype == torch.float16 and d.shape == dmin.shape == (n, k // 256)
             for t in (sc, mn):
-                assert t.dtype == torch.uint8 and t.shape == (n, k // 32) and (n == 0 or int(t.max()) <= 63)
+                assert t.dtype == torch.uint8 and t.shape == (n, k // group) and (n == 0 or int(t.max()) <= field_top)
         assert torch.equal(PACK[kind](*fields), QUANTIZE[kind](w, imp))
 
 
-@pytest.mark.parametrize("kind, bound", [("Q4_K", 0.12), ("Q5_K", 0.06), ("Q6_K", 0.03)])
+@pytest.mark.parametrize("kind, bound", [("Q2_K", 0.36), ("Q3_K", 0.19), ("Q4_K", 0.12), ("Q5_K", 0.06),
+                                         ("Q6_K", 0.03)])
 def test_dequantized_weights_are_close(kind, bound):
-    """A sanity bound on what the quantizers are for: relative RMS error of a Gaussian weight (Q4_K ~0.09,
-    Q5_K ~0.045, Q6_K ~0.02 measured), with and without importance; and the importance lowers the
-    importance-weighted error."""
+    """A sanity bound on what the quantizers are for: relative RMS error of a Gaussian weight (Q2_K ~0.3,
+    Q3_K ~0.15, Q4_K ~0.09, Q5_K ~0.045, Q6_K ~0.02 measured), with and without importance; and the
+    importance lowers the importance-weighted error."""
     g = torch.Generator().manual_seed(11)
     w = sample("gauss", 16, 1024, g)
     imp = torch.exp(2.0 * torch.randn(1024, generator=g))

@@ -406,10 +406,10 @@ def float_fallback(float_type: str, width: int) -> tuple[str, str | None]:
     llama-quantize falls back, a width that is no multiple of 256 gets Q8_0 for q6_k and Q5_0 for q4_k, one
     that is no multiple of 32 F16."""
     asked, why = float_type, None
-    if float_type in ("q6_k", "q4_k") and width % gguf_blocks.SUPER_BLOCK:
+    if float_type in LLAMA_CPP_FALLBACK and width % gguf_blocks.SUPER_BLOCK:  # a mix's q3_k / q2_k: Q4_0
         float_type = LLAMA_CPP_FALLBACK[float_type]
         why = f"{width} inputs are no whole super-block of {gguf_blocks.SUPER_BLOCK}"
-    if float_type in ("q8_0", "q5_0") and width % gguf_blocks.BLOCK:
+    if float_type in ("q8_0", "q5_0", "q4_0") and width % gguf_blocks.BLOCK:
         float_type = "f16"
         why = f"{width} inputs are no whole block of {gguf_blocks.BLOCK}"
     return float_type, why if float_type != asked else None
@@ -426,11 +426,10 @@ def _float_tensor(t: torch.Tensor, float_type: str):
     qtype = getattr(gguf.GGMLQuantizationType, float_type.upper())
     if float_type == "f32":
         return data.numpy(), qtype
-    if float_type in ("q6_k", "q4_k"):
+    if float_type in LLAMA_CPP_FALLBACK:  # the K-quants
         from .. import gguf_reference_quants
 
-        quantize = gguf_reference_quants.quantize_q6_k if float_type == "q6_k" else gguf_reference_quants.quantize_q4_k
-        return quantize(data).numpy(), qtype
+        return getattr(gguf_reference_quants, f"quantize_{float_type}")(data).numpy(), qtype
     return gguf.quants.quantize(data.numpy(), qtype), qtype
 
 
@@ -490,8 +489,8 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
     tied = bool(hparams.get("tie_word_embeddings", False))
     float_types = {}  # gguf name -> its type where a mix's defaults choose it
     if float_type == "auto" and mix is not None:
-        float_types = {"output.weight": OUTPUT_TYPES["output"],
-                       "token_embd.weight": OUTPUT_TYPES["output" if tied else "token_embd"]}
+        float_types = {"output.weight": OUTPUT_TYPES[mix]["output"],
+                       "token_embd.weight": OUTPUT_TYPES[mix]["output" if tied else "token_embd"]}
     if float_type == "auto":
         float_type = "bf16" if source_dtype(model) == torch.bfloat16 else "f16"  # as stored, not as loaded
     n_blocks = hparams["num_hidden_layers"]
