@@ -78,13 +78,19 @@ def _export_dev_null(work):
     return ["export", str(checkpoint(work)), "--format", "gguf", "--out", os.devnull]
 
 
-def _stale_temporary(work):
-    """A temporary file a killed export left beside the output (its process is gone)."""
+def stale_temporary(out: Path) -> Path:
+    """A temporary file a killed run left beside the output `out` (its process is gone)."""
     import subprocess
 
     ended = subprocess.Popen(["true"])
     ended.wait()  # its process id names no process now
-    (work / f".out.gguf.tmp-{ended.pid}-0badc0de").write_bytes(b"\0" * 4096)
+    tmp = out.with_name(f".{out.name}.tmp-{ended.pid}-0badc0de")
+    tmp.write_bytes(b"\0" * 4096)
+    return tmp
+
+
+def _stale_temporary(work):
+    stale_temporary(work / "out.gguf")
     return _export(work)
 
 

@@ -24,7 +24,7 @@ from quantkit.errors import UsageError  # noqa: E402
 from quantkit.formats import gguf as gguf_format  # noqa: E402
 from quantkit.formats.gguf import MARKER_KEY, export_gguf, not_written_by_quantkit  # noqa: E402
 
-from .robustness_cases_gguf_write import TOKENIZER_FILES, foreign_gguf  # noqa: E402
+from .robustness_cases_gguf_write import TOKENIZER_FILES, foreign_gguf, stale_temporary  # noqa: E402
 from .test_disk_full import small_tmpfs  # noqa: E402, F401  (a fixture: a 256 KiB tmpfs)
 
 _Usage = namedtuple("_Usage", "total used free")
@@ -124,6 +124,21 @@ def test_a_write_killed_by_sigkill_is_cleaned_by_the_next_run(ckpt, tmp_path):
     assert left.startswith(".m.gguf.tmp-")
     assert _export(ckpt, out) == 0
     assert _hidden(tmp_path) == [] and out.is_file()
+
+
+def test_quantize_removes_a_killed_runs_temporary_before_measuring_the_space(tmp_path, monkeypatch):
+    from quantkit.errors import NoSpaceError
+
+    stale = stale_temporary(tmp_path / "m.gguf")
+    seen = []
+
+    def measure(out, needed):
+        seen.append(stale.exists())
+        raise NoSpaceError("no room")
+
+    monkeypatch.setattr(outputs, "check_free_space", measure)
+    assert main(["quantize", "ref:tiny", "--recipe", "w4a16-rtn-q40", "--out", str(tmp_path / "m.gguf")]) == 1
+    assert seen == [False]
 
 
 def test_too_little_space_is_found_before_writing(ckpt, tmp_path, monkeypatch, capsys):

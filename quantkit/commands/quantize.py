@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from quantkit import provenance
     from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source, source_dtype
     from quantkit.device import resolve_device
-    from quantkit.outputs import check_free_space, check_writable, output_state
+    from quantkit.outputs import check_free_space, check_writable, clean_stale, output_state
     from quantkit.summaries import SizeOnDisk, dtype_name, quantization_summary, state_bytes
 
     from quantkit.errors import UsageError
@@ -88,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         from quantkit.formats.gguf import not_written_by_quantkit as owned
     out = check_writable(args.out, force=args.force, file=gguf_out, inputs=inputs, owned=owned)  # before any work
     out_state = None if gguf_out else output_state(out)  # a folder another process writes meanwhile is never replaced
+    if gguf_out and out.parent.is_dir():
+        clean_stale(out)  # a killed run's temporary file goes before the free space is measured
     resolve_device(args.device, option="--device")
     if args.calib_device is not None:
         resolve_device(args.calib_device, option="--calib-device")
