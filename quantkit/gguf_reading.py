@@ -83,6 +83,7 @@ class Hyperparameters:
     value_dim: int | None  # attention.value_length, or head_dim
     context: int | None
     vocab: int  # tokens in tokenizer.ggml.tokens (or vocab_size)
+    experts: int = 0  # expert_count: 0 for a dense model
 
 
 @dataclass(frozen=True)
@@ -99,9 +100,12 @@ class GGUFContents:
 def check_header(path: Path) -> None:
     """CheckpointError unless the file starts with a GGUF header (magic, version 2 or 3) whose tensor and
     key/value counts a file of this size can hold: a corrupt count would have the reader index past the end."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        raw = f.read(_HEADER.size)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(_HEADER.size)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot be read ({e.strerror or e}); check its permissions") from None
     if len(raw) < _HEADER.size or raw[:4] != b"GGUF":
         raise CheckpointError(f"{path}: not a GGUF file (no GGUF header); give a .gguf file that llama.cpp or "
                               f"quantkit wrote")
@@ -215,7 +219,11 @@ def check_hyperparameters(architecture: str, fields: dict, *, where: str = "the 
         value = fields.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab):
             raise bad(key, value, f"is no token id of the vocabulary of {vocab}")
-    return Hyperparameters(blocks, embedding, feed_forward, heads, kv_heads, head_dim, value_dim, context, vocab)
+    experts = fields.get(f"{architecture}.expert_count", 0)  # 0: a dense model
+    if experts != 0:
+        experts = size("expert_count")
+    return Hyperparameters(blocks, embedding, feed_forward, heads, kv_heads, head_dim, value_dim, context, vocab,
+                           experts)
 
 
 def _shown(value) -> str:
@@ -227,7 +235,7 @@ def expected_tensors(architecture: str, hp: Hyperparameters) -> tuple[dict, set]
     """({name: ggml shape} the architecture needs, names it may also have) as llama.cpp's loader lists them
     for the dense llama, qwen2 and qwen3 architectures (llama-model.cpp: a required tensor missing or of
     another shape, or any tensor more, and it refuses the file); None for other architectures or MoE files."""
-    if architecture not in ("llama", "qwen2", "qwen3") or hp.feed_forward is None or hp.heads is None:
+    if architecture not in ("llama", "qwen2", "qwen3") or hp.feed_forward is None or hp.heads is None or hp.experts:
         return None
     e, q, kv, v = hp.embedding, hp.heads * hp.head_dim, hp.kv_heads * hp.head_dim, hp.kv_heads * hp.value_dim
     need = {"token_embd.weight": (e, hp.vocab), "output_norm.weight": (e,)}

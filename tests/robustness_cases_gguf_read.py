@@ -97,6 +97,13 @@ def _tensor_count(work):
     return _eval(path)
 
 
+def _unreadable(work):
+    path = work / "locked.gguf"
+    shutil.copyfile(gguf_file(work), path)
+    path.chmod(0)
+    return _eval(path)
+
+
 def _truncated(work):
     path = work / "bad.gguf"
     path.write_bytes(gguf_file(work).read_bytes()[:600_000])
@@ -196,6 +203,7 @@ CASES = [
     Case("gguf-truncated", "a GGUF file cut short", _truncated, "truncated"),
     Case("gguf-nan", "a GGUF file with a NaN in a float tensor", _nan_norm, "1 NaN/Inf value"),
     Case("gguf-not-gguf", "a text file named notes.gguf", _not_gguf, "not a GGUF file"),
+    Case("gguf-unreadable", "a GGUF file without read permission", _unreadable, "cannot be read", needs_non_root=True),
     Case("gguf-missing", "a .gguf path that does not exist (not asked of the hub)",
          lambda work: _eval(work / "nope.gguf"), "does not exist"),
     Case("gguf-dropped-tensor", "a GGUF file without one of its tensors (llama.cpp refuses it)", _dropped,

@@ -53,7 +53,7 @@ _VALUES = st.one_of(st.integers(-3, 2**40), st.just(0), st.booleans(), st.floats
 @settings(max_examples=300, deadline=None)
 @given(key=st.sampled_from(["block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
                             "feed_forward_length", "context_length", "rope.dimension_count", "attention.key_length",
-                            "attention.layer_norm_rms_epsilon", "rope.freq_base", "vocab_size"]),
+                            "attention.layer_norm_rms_epsilon", "rope.freq_base", "vocab_size", "expert_count"]),
        value=_VALUES)
 def test_any_metadata_value_is_accepted_consistently_or_refused_by_name(key, value):
     """Whatever one metadata value holds, the validator returns consistent shapes or raises CheckpointError
@@ -146,6 +146,11 @@ def test_qwen_tensor_sets():
     assert qwen2["blk.0.attn_k.bias"] == (32,) and "blk.0.attn_q_norm.weight" not in qwen2
     assert qwen3["blk.0.attn_q_norm.weight"] == (32,) and "blk.0.attn_q.bias" not in qwen3
     assert expected_tensors("phi3", hp) is None
+    moe = check_hyperparameters("llama", _fields(expert_count=8))  # Mixtral's files: architecture llama, experts
+    assert moe.experts == 8 and expected_tensors("llama", moe) is None
+    assert check_hyperparameters("llama", _fields(expert_count=0)).experts == 0
+    with pytest.raises(CheckpointError, match="expert_count = -1"):
+        check_hyperparameters("llama", _fields(expert_count=-1))
 
 
 # -- the vocabulary the file carries --------------------------------------------------------------------------
