@@ -298,7 +298,7 @@ def load_gguf_model(path: str | os.PathLike, *, dtype: torch.dtype | None = None
     otherwise). The model is the one llama.cpp runs: architecture `llama` is a Llama model whatever its name
     (llama.cpp runs Mistral files so, without a sliding window), heads of attention.key_length values.
     Records its GGUFOrigin on the model (gguf_origin). CheckpointError when transformers leaves a weight unread."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, GgufConfig
 
     from .device import resolve_device
 
@@ -313,9 +313,9 @@ def load_gguf_model(path: str | os.PathLike, *, dtype: torch.dtype | None = None
     config = _transformers_config(contents)
     try:
         with _quiet_loading_report():  # what it would report is checked below
-            model, info = AutoModelForCausalLM.from_pretrained(
+            model, info = AutoModelForCausalLM.from_pretrained(  # dequantized whether or not `kernels` is installed
                 str(path.parent), gguf_file=path.name, config=config, dtype=dtype or torch.float32,
-                output_loading_info=True)
+                quantization_config=GgufConfig(dequantize=True), output_loading_info=True)
     except (ValueError, KeyError, TypeError, RuntimeError, OSError) as e:
         raise CheckpointError(f"{path}: transformers could not load this GGUF file ({type(e).__name__}: "
                               f"{_one_line(e)})") from None
