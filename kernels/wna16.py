@@ -47,7 +47,7 @@ from .wna16_layout import (
     to_triton_layout,
     uniform_groups,
 )
-from .wna16_cpu_q8 import wna16_cpu_q8_linear
+from .cpu_kernel_choice import choose as choose_cpu_kernel
 from .wna16_triton import check_triton_operands, triton_can_run_on
 
 BACKENDS = ("auto", "triton", "torch", "reference")
@@ -216,9 +216,9 @@ def wna16_linear(
         check_activation(x, in_features)  # raises, naming the problem
     x2 = x.reshape(-1, in_features) if x.dim() != 2 else x  # [M, K]
     if "cpu_q8_weight" in prepared and backend == "torch":
-        y = wna16_cpu_q8_linear(
-            x2, prepared["cpu_q8_weight"], prepared["cpu_q8_scale"], prepared.get("cpu_q8_zero"), bias
-        )
+        w = prepared["cpu_q8_weight"]
+        path = choose_cpu_kernel(x2.shape[0], in_features, w.shape[0], x2.dtype, "cpu_q8")
+        y = path.apply(x2, w, prepared["cpu_q8_scale"], prepared.get("cpu_q8_zero"), bias)
     elif "cpu_int4_weight" in prepared and backend == "torch":
         y = torch.ops.quantkit.wna16_int4_cpu(
             x2, prepared["cpu_int4_weight"], prepared["cpu_int4_scales_zeros"],

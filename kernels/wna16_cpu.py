@@ -11,19 +11,18 @@ bf16: x is cast to bf16, the scales are stored in bf16, and the result is cast b
 fp32 or fp16 models this trades precision (about bf16's: relative error ~2^-9) for speed; backend
 "reference" keeps full precision. Layouts: quantkit.kernels.wna16_layout.
 
-Both ops switch by the number of rows: below ``DEQUANT_MIN_ROWS`` rows (decode) they run the fused aten
-kernels above; from it on (prefill) they dequantize the weight once into a scratch and run the dense
-matmul (quantkit.kernels.wna16_cpu_dequant, where the rule and its reasoning are written down).
+Both ops switch by the number of rows (``cpu_kernel_choice``): below ``DEQUANT_MIN_ROWS`` rows (decode)
+they run the fused aten kernels above; from it on (prefill) they dequantize the weight once into a
+scratch and run the dense matmul (quantkit.kernels.wna16_cpu_dequant, where the rule is reasoned).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .wna16_cpu_dequant import int4_linear_dequantized, int8_linear_dequantized, use_dequantized
+from .cpu_kernel_choice import ATEN_DTYPE as COMPUTE_DTYPE
+from .cpu_kernel_choice import choose
 from .wna16_layout import ACTIVATION_DTYPES
-
-COMPUTE_DTYPE = torch.bfloat16
 
 # Registered through the low-level torch.library.Library API rather than torch.library.custom_op:
 # same schema, fake implementation and opcheck, but ~4 us of dispatch per eager call instead of ~20
@@ -36,13 +35,6 @@ _LIB.define(
 _LIB.define(
     "wna16_int8_cpu(Tensor x, Tensor weight, Tensor scale, Tensor? zero_scale=None, Tensor? bias=None) -> Tensor"
 )
-
-
-def _as_compute(x: torch.Tensor) -> torch.Tensor:
-    """x in bf16, contiguous (no op when it already is)."""
-    if x.dtype != COMPUTE_DTYPE:
-        x = x.to(COMPUTE_DTYPE)
-    return x if x.is_contiguous() else x.contiguous()
 
 
 def _check_x(x: torch.Tensor, k: int, op: str) -> None:
@@ -99,7 +91,7 @@ def wna16_int4_cpu(
 
     Args:
         x: fp16/bf16/fp32 [M, K], any M. Cast to bf16 for the fused product; from
-            ``DEQUANT_MIN_ROWS`` rows on, W is dequantized once and multiplied in ``compute_dtype(x.dtype)``.
+            ``DEQUANT_MIN_ROWS`` rows on, W is dequantized once and multiplied in ``cpu_flags.compute_dtype(x.dtype)``.
         weight: uint8 [N, K/2], the output of ``aten._convert_weight_to_int4pack_for_cpu(u, 1)`` where u
             is int32 [N, K] of unsigned values in [0, 15]. N % 16 == 0.
         scales_zeros: bf16 [K/gc, N, 2], gc = K / scales_zeros.shape[0] in {32, 64, 128, 256}:
@@ -117,20 +109,8 @@ def wna16_int4_cpu(
         and weight_lo is None and scales_zeros_lo is None and (bias is None or bias.shape == (weight.shape[0],))
     ):
         _check_int4_operands(x, weight, scales_zeros, weight_lo, scales_zeros_lo, bias)
-    if use_dequantized(x.shape[0], "int4"):
-        return int4_linear_dequantized(x, weight, scales_zeros, weight_lo, scales_zeros_lo, bias)
-    group = x.shape[1] // scales_zeros.shape[0]
-    xb = _as_compute(x)
-    mm = torch.ops.aten._weight_int4pack_mm_for_cpu
-    y = mm(xb, weight, group, scales_zeros)
-    if weight_lo is None and bias is None:
-        return y if x.dtype == COMPUTE_DTYPE else y.to(x.dtype)
-    y = y.to(torch.float32)
-    if weight_lo is not None:
-        y = y + mm(xb, weight_lo, group, scales_zeros_lo).to(torch.float32)
-    if bias is not None:
-        y = y + bias.to(torch.float32)
-    return y.to(x.dtype)
+    path = choose(x.shape[0], x.shape[1], weight.shape[0], x.dtype, "cpu_int4")
+    return path.apply(x, weight, scales_zeros, weight_lo, scales_zeros_lo, bias)
 
 
 @torch.library.register_fake("quantkit::wna16_int4_cpu", lib=_LIB)
@@ -165,7 +145,7 @@ def wna16_int8_cpu(
 
     Args:
         x: fp16/bf16/fp32 [M, K], any M. Cast to bf16 for the fused product; from
-            ``DEQUANT_MIN_ROWS`` rows on, q is converted once and multiplied in ``compute_dtype(x.dtype)``.
+            ``DEQUANT_MIN_ROWS`` rows on, q is converted once and multiplied in ``cpu_flags.compute_dtype(x.dtype)``.
         weight: int8 [N, K], signed q (row-major, K contiguous).
         scale: bf16 [N]; w[n, k] = (q[n, k] - zp[n]) * scale[n].
         zero_scale: fp32 [N] = zp * scale for asymmetric weights (y -= sum_k x[m, k] * zero_scale[n]), or None.
@@ -179,18 +159,7 @@ def wna16_int8_cpu(
         and (bias is None or bias.shape == (weight.shape[0],))
     ):
         _check_int8_operands(x, weight, scale, zero_scale, bias)
-    if use_dequantized(x.shape[0], "int8"):
-        return int8_linear_dequantized(x, weight, scale, zero_scale, bias)
-    xb = _as_compute(x)
-    y = torch.ops.aten._weight_int8pack_mm(xb, weight, scale)
-    if zero_scale is None and bias is None:
-        return y if x.dtype == COMPUTE_DTYPE else y.to(x.dtype)
-    y = y.to(torch.float32)
-    if zero_scale is not None:
-        y = y - xb.to(torch.float32).sum(dim=1, keepdim=True) * zero_scale  # [M, 1] * [N]
-    if bias is not None:
-        y = y + bias.to(torch.float32)
-    return y.to(x.dtype)
+    return choose(x.shape[0], x.shape[1], weight.shape[0], x.dtype, "cpu_int8").apply(x, weight, scale, zero_scale, bias)
 
 
 @torch.library.register_fake("quantkit::wna16_int8_cpu", lib=_LIB)

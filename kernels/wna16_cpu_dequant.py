@@ -6,9 +6,9 @@ M ~ 16 they lose to the dense matmul (0.4-0.9x at M = 16..64). For many rows (pr
 decode each weight once into a scratch in the compute dtype and hand it to the dense GEMM, whose time
 per row is far lower.
 
-The switch (``use_dequantized``): dequantize once when M >= ``DEQUANT_MIN_ROWS[format]``: 32 rows for
-int8 per channel, 128 for int4 (and int8 groups, which run as two int4 halves). Reasoning, in units that
-do not depend on the CPU's speed:
+The switch (``cpu_kernel_choice``, ``DEQUANT_MIN_ROWS``): dequantize once from 32 rows for int8 per
+channel, 128 for int4 (and int8 groups, which run as two int4 halves). Reasoning, in units that do not
+depend on the CPU's speed:
 
 - the fused kernel's time is about M x (one pass of multiply-adds over the weight): it re-decodes the
   packed weight for each row (or small block of rows), so its time per row stays near a GEMV's;
@@ -23,8 +23,8 @@ do not depend on the CPU's speed:
   ~1.3x of the other there, and decode and short prompts (M = 1..8, where the fused kernels stream the
   packed bytes at 2-5x a dense GEMV) never take the dequantization.
 
-Compute dtype (``compute_dtype``): fp32 activations compute in fp32; bf16 in bf16 where the CPU has
-native bf16 arithmetic (x86 avx512_bf16 / AMX), else in fp32 (bf16 GEMM is emulated there, far
+Compute dtype (``cpu_flags.compute_dtype``): fp32 activations compute in fp32; bf16 in bf16 where the
+CPU has native bf16 arithmetic (x86 avx512_bf16 / AMX), else in fp32 (bf16 GEMM is emulated there, far
 slower than fp32); fp16 computes in fp32. The result is cast back to x's dtype.
 
 Numerics: the scales are the bf16 ones of the CPU layout (the fused kernels read the same), so the
@@ -48,43 +48,10 @@ import functools
 
 import torch
 
-DEQUANT_MIN_ROWS = {"int8": 32, "int4": 128}  # rows of x; reasoning above
+from .cpu_flags import compute_dtype
+
 _BLOCK_N_CANDIDATES = (64, 32, 16)
 _SCRATCH: dict[tuple[str, torch.dtype], torch.Tensor] = {}
-
-
-def _probe_native_bf16() -> bool:
-    cpu = getattr(torch, "cpu", None)
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(bool(getattr(cpu, name, lambda: False)()) for name in probes)
-
-
-# Probed once at import: torch.compile cannot trace torch.cpu's probes (dynamo skips them), and a
-# compiled forward (vLLM's, fullgraph) reaches compute_dtype.
-_NATIVE_BF16 = _probe_native_bf16()
-
-
-def native_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (x86 avx512_bf16 or AMX tiles), per torch's own probe."""
-    return _NATIVE_BF16
-
-
-def compute_dtype(x_dtype: torch.dtype) -> torch.dtype:
-    """The dtype the dense GEMM runs in for activations of ``x_dtype`` (see the module docstring)."""
-    if x_dtype == torch.bfloat16 and native_bf16():
-        return torch.bfloat16
-    return torch.float32
-
-
-def use_dequantized(m: int, weight_format: str) -> bool:
-    """True when a call with ``m`` rows should dequantize once and run the dense matmul.
-
-    weight_format: "int8" (per channel, ``_weight_int8pack_mm`` layout) or "int4" (the CPU int4 layout,
-    which must be one this process can read).
-    """
-    if m < DEQUANT_MIN_ROWS[weight_format]:
-        return False
-    return weight_format != "int4" or int4_block_n() is not None
 
 
 def scratch(slot: str, numel: int, dtype: torch.dtype) -> torch.Tensor:

@@ -9,9 +9,9 @@ int32 dot product (AVX-512 VNNI ``vpdpbusd``; AVX2 ``vpmaddubsw`` + ``vpmaddwd``
 checkpoint's), so the only rounding beyond fp32 is the activations' (``quantize_activations_q8``):
 relative error of one block ~ 2^-9 of its largest value.
 
-From ``Q8DOT_MAX_ROWS`` rows on (prefill), ``wna16_cpu_q8_linear`` instead dequantizes the weight once
-(``wna16_cpu_q8dot_unpack``) and runs the dense matmul on unrounded activations: bf16 for bf16 x where
-the CPU computes bf16 natively, else fp32 (``wna16_cpu_dequant.compute_dtype``).
+Batches and prompts run the same op (an int8 GEMM from a few rows on, with the same rounding);
+``cpu_kernel_choice`` says which path runs a call (on a CPU with native bf16, bf16 prompts dequantize
+the weight once with ``wna16_cpu_q8dot_unpack`` and run the dense bf16 matmul).
 
 The pure-torch reference ``wna16_cpu_q8dot_reference`` reproduces the activation rounding bit for bit
 and multiplies exactly (float64), so the kernel matches it to fp32 summation error, and
@@ -22,19 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .wna16_cpu_dequant import compute_dtype
-
 BLOCK = 32  # activation values per fp32 scale
-SUPER = 64  # values per superblock of the layout (K is padded to a multiple of it)
-# Rows of x from which the dequantize-once path runs. Decode (1 row) and short prompts stay on the
-# integer kernel, whose cost per row is one pass of integer dot products over the (cache-resident after
-# the first rows) weight; the dense matmul's per-row cost is far lower once the weight is decoded.
-Q8DOT_MAX_ROWS = 32
-
-
-def padded_k(k: int) -> int:
-    return -(-k // SUPER) * SUPER
-
 
 def quantize_activations_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's activation rounding, in torch: x [M, K] (K % 32 == 0) -> (q int8 [M, K], d fp32 [M, K/32]).
@@ -80,20 +68,6 @@ def wna16_cpu_q8dot_reference(
     if bias is not None:
         y = y + bias.to(torch.float64)
     return y.to(x.dtype)
-
-
-def wna16_cpu_q8_linear(
-    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
-    bias: torch.Tensor | None,
-) -> torch.Tensor:
-    """x [M, K] -> [M, N] in x's dtype: the integer kernel below ``Q8DOT_MAX_ROWS`` rows, else the weight
-    dequantized once (exact, fp32) and the dense matmul in ``compute_dtype(x.dtype)``."""
-    if x.shape[0] < Q8DOT_MAX_ROWS:
-        return torch.ops.quantkit.wna16_cpu_q8dot(x, weight, scale, zero, bias)
-    dtype = compute_dtype(x.dtype)
-    w = torch.ops.quantkit.wna16_cpu_q8dot_unpack(weight, scale, zero, x.shape[1], dtype == torch.bfloat16)
-    y = torch.nn.functional.linear(x.to(dtype), w, None if bias is None else bias.to(dtype))
-    return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 _FAKES_REGISTERED = False

@@ -3,17 +3,18 @@
     python evals/kernels/cpu_q8dot_quality.py CHECKPOINT --baseline ref:small --window 512 --max-tokens 32768 \
         --dtype float32 --json OUT.json
 
-An evaluation feeds whole windows (512 tokens) through each linear, so by default it runs the
-dequantize-once path (exact weights, unrounded activations: ``wna16_cpu_q8.Q8DOT_MAX_ROWS``), which
-is not what a decode step computes. This raises the switch above any window, so every call rounds
-its activations to int8 in blocks of 32 as decode does: the quality cost of the activation rounding,
-beside the same evaluation on the default path. Arguments are `quantkit eval`'s.
+An evaluation feeds whole windows (512 tokens) through each linear; on a CPU with native bf16, bf16
+windows run the dequantize-once path (exact weights, unrounded activations:
+``cpu_kernel_choice.DEQUANT_MIN_ROWS["cpu_q8"]``), which is not what a decode step computes. This raises
+that switch above any window, so every call rounds its activations to int8 in blocks of 32 as decode
+does (elsewhere every call does so already): the quality cost of the activation rounding. Arguments
+are `quantkit eval`'s.
 """
 
 import sys
 
-import quantkit.kernels.wna16_cpu_q8 as q8
 from quantkit.cli import main
+from quantkit.kernels import cpu_kernel_choice
 
-q8.Q8DOT_MAX_ROWS = 1 << 30
+cpu_kernel_choice.DEQUANT_MIN_ROWS["cpu_q8"] = 1 << 30
 sys.exit(main(["eval", *sys.argv[1:]]))

@@ -18,10 +18,11 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from quantkit.kernels.cpu_flags import NATIVE_BF16_FLAGS, read_cpu_flags
+
 # Flags worth naming in a report, by architecture (as /proc/cpuinfo spells them).
 X86_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_fp16")
 ARM_FLAGS = ("asimd", "sve", "sve2", "bf16", "asimdbf16", "i8mm")
-NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16", "asimdbf16")
 
 PROBE_DTYPES = ("float32", "bfloat16")
 MATMUL_N = 512  # the probe's matmul: [n, n] @ [n, n]
@@ -29,19 +30,6 @@ GEMV_SHAPE = (4096, 2048)  # the probe's matrix-vector product: [1, K] x [K, N]^
 # bf16 is chosen unless float32 measures more than this much faster: a shared machine's timings
 # wobble by tens of percent, bf16 moves half the bytes, and emulated bf16 is ~100x slower, not 2x.
 FLOAT32_MARGIN = 2.0
-
-
-def read_cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str] | None:
-    """The feature flags of the first CPU in ``cpuinfo`` (x86 "flags", ARM "Features"); None when unreadable."""
-    try:
-        with open(cpuinfo) as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return set(value.split())
-    except OSError:
-        return None
-    return None
 
 
 def _interleaved_seconds(fns: dict[str, object], budget_s: float, min_rounds: int = 3,

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import quantkit.kernels as qk
-from quantkit.kernels import wna16_cpu_dequant
+from quantkit.kernels import cpu_kernel_choice
 from quantkit.modules.quant_linear import QuantLinear
 from quantkit.quantized_weight import QuantizedWeight
 from quantkit.scheme import QuantScheme
@@ -35,7 +35,7 @@ SCHEMES = {  # scheme -> the layout "auto" must pick on CPU for an fp32 model
 }
 SHAPES = [(96, 256), (208, 384), (48, 512)]  # (N, K): full and ragged row blocks of the int4 layout
 # decode (1, a few), int8's switch to dequantize-once, both formats on it
-ROWS = (1, 3, wna16_cpu_dequant.DEQUANT_MIN_ROWS["int8"], wna16_cpu_dequant.DEQUANT_MIN_ROWS["int4"] + 5)
+ROWS = (1, 3, cpu_kernel_choice.DEQUANT_MIN_ROWS["cpu_int8"], cpu_kernel_choice.DEQUANT_MIN_ROWS["cpu_int4"] + 5)
 
 
 @pytest.fixture

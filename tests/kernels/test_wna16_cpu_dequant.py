@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import quantkit.kernels as qk
-from quantkit.kernels import wna16_cpu, wna16_cpu_dequant
+from quantkit.kernels import cpu_flags, cpu_kernel_choice, wna16_cpu_dequant
 
 from .test_wna16_cpu import CPU_SCHEMES, _prepare
 from .wna16_cases import random_weight, reference_output, rel_mean_error, tolerance
@@ -41,13 +41,13 @@ def path_spy(monkeypatch):
     """Counts the calls that took the dequantize-once path."""
     calls = []
     for name in ("int4_linear_dequantized", "int8_linear_dequantized"):
-        original = getattr(wna16_cpu, name)
+        original = getattr(cpu_kernel_choice, name)
 
         def spy(*args, _original=original, _name=name):
             calls.append(_name)
             return _original(*args)
 
-        monkeypatch.setattr(wna16_cpu, name, spy)
+        monkeypatch.setattr(cpu_kernel_choice, name, spy)
     return calls
 
 
@@ -75,12 +75,12 @@ ACTIVATIONS = {  # id -> (x dtype, whether the CPU is taken to have native bf16)
 @pytest.mark.parametrize("scheme", list(CPU_SCHEMES), ids=lambda s: s.id)
 def test_both_sides_of_the_switch_match_the_reference(scheme, activation, gen, poisoned_scratch, path_spy, monkeypatch):
     dtype, native_bf16 = ACTIVATIONS[activation]
-    monkeypatch.setattr(wna16_cpu_dequant, "native_bf16", lambda: native_bf16)
+    monkeypatch.setattr(cpu_flags, "native_bf16", lambda: native_bf16)
     n = 208  # three full blocks of 64 (six of 32) and a tail of 16
     weight = random_weight(scheme, n, K, dtype, gen)
     prep = _prepare(weight)
     layout = CPU_SCHEMES[scheme]
-    threshold = wna16_cpu_dequant.DEQUANT_MIN_ROWS["int8" if layout == "cpu_int8" else "int4"]
+    threshold = cpu_kernel_choice.DEQUANT_MIN_ROWS[layout]
     bias = torch.randn(n, generator=gen).to(dtype)
     for m, dequantized in ((threshold - 1, False), (threshold, True)):
         calls_before = len(path_spy)
@@ -94,19 +94,19 @@ def test_both_sides_of_the_switch_match_the_reference(scheme, activation, gen, p
 
 
 def test_compute_dtype_rule(monkeypatch):
-    monkeypatch.setattr(wna16_cpu_dequant, "native_bf16", lambda: True)
-    assert wna16_cpu_dequant.compute_dtype(torch.bfloat16) == torch.bfloat16
-    assert wna16_cpu_dequant.compute_dtype(torch.float32) == torch.float32
-    assert wna16_cpu_dequant.compute_dtype(torch.float16) == torch.float32
-    monkeypatch.setattr(wna16_cpu_dequant, "native_bf16", lambda: False)
-    assert wna16_cpu_dequant.compute_dtype(torch.bfloat16) == torch.float32
+    monkeypatch.setattr(cpu_flags, "native_bf16", lambda: True)
+    assert cpu_flags.compute_dtype(torch.bfloat16) == torch.bfloat16
+    assert cpu_flags.compute_dtype(torch.float32) == torch.float32
+    assert cpu_flags.compute_dtype(torch.float16) == torch.float32
+    monkeypatch.setattr(cpu_flags, "native_bf16", lambda: False)
+    assert cpu_flags.compute_dtype(torch.bfloat16) == torch.float32
 
 
 def test_fp32_activations_keep_fp32_products_on_the_dequantized_path(gen):
     """Only the bf16 scales round: the error is far below the fused kernels', which round x to bf16."""
     weight = random_weight(next(iter(CPU_SCHEMES)), 96, K, torch.float32, gen)
     prep = _prepare(weight)
-    m = wna16_cpu_dequant.DEQUANT_MIN_ROWS["int4"]
+    m = cpu_kernel_choice.DEQUANT_MIN_ROWS["cpu_int4"]
     x = torch.randn(m, K, generator=gen)
     ref = reference_output(x, weight)
     big = qk.wna16_linear(x, prep, bits=4, in_features=K, out_features=96, backend="torch")

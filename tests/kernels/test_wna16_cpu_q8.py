@@ -15,9 +15,8 @@ import pytest
 import torch
 
 import quantkit.kernels as qk
-from quantkit.kernels import cpu_extension, wna16_cpu_q8
+from quantkit.kernels import cpu_extension, cpu_flags, cpu_kernel_choice
 from quantkit.kernels.cpu_extension import cpu_kernel_isa, load_cpu_kernels
-from quantkit.kernels.wna16_cpu_dequant import compute_dtype
 from quantkit.kernels.wna16_cpu_q8 import quantize_activations_q8, wna16_cpu_q8dot_reference
 from quantkit.kernels.wna16_layout import check_wna16_weight, cpu_q8_supports
 
@@ -30,7 +29,8 @@ SCHEMES = [
     Scheme(4, None, False), Scheme(8, None, True), Scheme(8, None, False), Scheme(8, 32, False), Scheme(8, 128, True),
 ]
 SHAPES = [(37, 96), (130, 256), (64, 576)]  # (N, K): ragged N, K % 64 == 32 (a padded superblock), K = 9 * 64
-ROWS = (1, 2, 3, 4, 5, 8, 13, 16)
+# the per-row code (1-3 rows), the lanes code from 4 (int4) / 8 (int8) rows in chunks of 8 or 16, ragged chunks
+ROWS = (1, 2, 3, 4, 7, 8, 9, 15, 16, 17, 64, 200)
 
 
 @pytest.fixture(scope="session")
@@ -118,24 +118,37 @@ def test_activation_rounding_is_round_half_even_per_block_of_32():
     assert q[0, :5].tolist() == [127, 0, 2, -2, 3] and q[0, 32:36].tolist() == [-127, 0, 2, -2]
 
 
-def test_many_rows_dequantize_once_and_match_the_float_product(q8_kernels, gen):
+def test_unpack_is_the_exact_dequantized_weight(q8_kernels, gen):
     n, k = 80, 256
     for scheme in (Scheme(4, 128, False), Scheme(8, None, True)):
-        weight = random_weight(scheme, n, k, torch.float32, gen)
-        prep = qk.prepare_wna16(weight.weight_packed, weight.weight_scale, weight.weight_zero_point,
-                                bits=scheme.bits, in_features=k, backend="torch")
-        assert qk.prepared_layout(prep) == "cpu_q8"
+        weight, prep = _prepared(scheme, n, k, torch.float32, gen)
         unpacked = torch.ops.quantkit.wna16_cpu_q8dot_unpack(
             prep["cpu_q8_weight"], prep["cpu_q8_scale"], prep.get("cpu_q8_zero"), k, False)
         assert torch.equal(unpacked, weight.dequantized)  # exact
         unpacked_bf16 = torch.ops.quantkit.wna16_cpu_q8dot_unpack(
             prep["cpu_q8_weight"], prep["cpu_q8_scale"], prep.get("cpu_q8_zero"), k, True)
         assert torch.equal(unpacked_bf16, weight.dequantized.to(torch.bfloat16))  # torch's round to nearest even
-        for dtype in (torch.float32, torch.bfloat16):
-            x = torch.randn(wna16_cpu_q8.Q8DOT_MAX_ROWS + 3, k, generator=gen).to(dtype)
+
+
+@pytest.mark.parametrize("native", (False, True), ids=("emulated-bf16", "native-bf16"))
+def test_prompts_take_the_chosen_path_and_match_its_reference(q8_kernels, native, monkeypatch, gen):
+    """Prompts run the int8 GEMM (int8-rounded activations), except bf16 prompts where the CPU has native
+    bf16: those dequantize once and run the bf16 matmul on unrounded activations."""
+    monkeypatch.setattr(cpu_flags, "native_bf16", lambda: native)
+    n, k = 80, 256
+    rows = cpu_kernel_choice.DEQUANT_MIN_ROWS["cpu_q8"]
+    for scheme in (Scheme(4, 128, False), Scheme(8, None, True)):
+        weight, prep = _prepared(scheme, n, k, torch.float32, gen)
+        operands = (prep["cpu_q8_weight"], prep["cpu_q8_scale"], prep.get("cpu_q8_zero"), None)
+        for dtype, m in ((torch.float32, rows + 3), (torch.bfloat16, rows - 1), (torch.bfloat16, rows)):
+            path = cpu_kernel_choice.choose(m, k, n, dtype, "cpu_q8")
+            dequantized = native and dtype == torch.bfloat16 and m >= rows
+            assert isinstance(path, cpu_kernel_choice.Q8Dequantized if dequantized else cpu_kernel_choice.Q8Dot)
+            x = torch.randn(m, k, generator=gen).to(dtype)
             y = qk.wna16_linear(x, prep, bits=scheme.bits, in_features=k, out_features=n, backend="torch")
+            assert rel_mean_error(y, path.reference(x, *operands)) <= tolerance(dtype), f"{scheme.id} {dtype} M={m}"
             err = rel_mean_error(y, reference_output(x.float(), weight))
-            assert err <= max(tolerance(compute_dtype(dtype)), tolerance(dtype)), f"{scheme.id} {dtype}: {err:.2e}"
+            assert err <= (tolerance(dtype) if dequantized else Q8_TOL), f"{scheme.id} {dtype} M={m}: {err:.2e}"
 
 
 def test_auto_on_cpu_picks_the_q8_kernel_and_names_it(q8_kernels, gen):
@@ -192,8 +205,8 @@ def test_opcheck_and_compile(q8_kernels, gen):
 
     compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(x), f(x))
-    # prompts of Q8DOT_MAX_ROWS rows or more take the dequantize-once path, in bf16 or fp32 by the CPU's
-    # features: that choice must trace too (vLLM compiles its forward with fullgraph)
+    # prompts choose their path by rows, dtype and the CPU's features: that choice must trace too (vLLM
+    # compiles its forward with fullgraph)
     x_long = torch.randn(40, 128, generator=gen, dtype=torch.bfloat16)
     torch._dynamo.reset()
     torch.testing.assert_close(compiled(x_long), f(x_long), rtol=0, atol=0)
