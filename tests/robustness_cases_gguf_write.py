@@ -180,7 +180,8 @@ def _check_fallback_line(work, out):
 
 
 def _quantize_provenance(work):
-    return _quantize_gguf(work, recipe="w4a16-gptq-q40") + ["--calib-samples", "2", "--calib-seq-len", "256"]
+    return _quantize_gguf(work, recipe="w4a16-gptq-q40") + ["--calib-samples", "2", "--calib-seq-len", "256",
+                                                             "--float-type", "q8_0"]
 
 
 def _check_provenance(work, out):
@@ -189,7 +190,8 @@ def _check_provenance(work, out):
     assert Path(made["quantkit.source"]).name == "tiny", made
     assert "name: gptq" in made["quantkit.recipe"], made["quantkit.recipe"]
     assert "2 samples x 256 tokens" in made["quantkit.calibration"], made
-    assert "--recipe w4a16-gptq-q40" in made["quantkit.command"] and "--calib-samples 2" in made["quantkit.command"]
+    command = made["quantkit.command"]
+    assert "--recipe w4a16-gptq-q40" in command and "--calib-samples 2" in command and "--float-type q8_0" in command
     [line] = [line for line in out.splitlines() if line.strip().startswith("calibration")]
     assert "2 samples x 256 tokens" in line, line
     return "quantkit.recipe, .calibration, .command in the file; the calibration line printed"

@@ -181,6 +181,8 @@ def _write_gguf(model, recipe, args, source, size_before, start, inputs, out) ->
     calibration = made.calibration if made else None
     recipe_arg = args.recipe if args.recipe in builtin_recipes() else str(Path(args.recipe).expanduser().resolve())
     command = provenance.reproduce_command(calibration, source, recipe_arg, str(out))
+    command += ["--float-type", args.float_type] if args.float_type != "auto" else []
+    command += ["--tie-output"] if args.tie_output else []
     with atomic_output_file(out, force=args.force, inputs=inputs, owned=not_written_by_quantkit) as tmp:
         result = export_gguf(model, source, tmp, float_type=args.float_type, mix=recipe.mix,
                              tie_output=args.tie_output,
