@@ -129,6 +129,12 @@ def load_float_model(
     local = Path(source)
     stored = dtypes = None
     if local.exists():
+        if local.suffix.lower() == ".gguf":
+            raise CheckpointError(
+                f"{source} is a GGUF file, not a float model folder (config.json and *.safetensors); its weights are "
+                f"on a quantization grid already, unless it is an F16/F32 file, and quantizing them again rounds "
+                f"rounded weights: quantize the float model it was made from (quantkit.load and `quantkit eval` run "
+                f"the file as it is)")
         if not local.is_dir():
             raise CheckpointError(f"{source} is a file; pass the model folder (with config.json and *.safetensors)")
         if "quantization_config" in read_config_json(local):

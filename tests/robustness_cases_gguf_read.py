@@ -218,6 +218,9 @@ CASES = [
     Case("gguf-inspect", "inspect of a GGUF file", _inspect, "each tensor's type", status=0, check=_check_inspect),
     Case("gguf-inspect-other-file", "inspect of a file that is no model folder, by a relative path", _inspect_file, "not a model folder but a file",
          absent="(.)"),
+    Case("gguf-quantize", "a GGUF file as the model to quantize", lambda work: [
+        "quantize", str(gguf_file(work)), "--recipe", "w4a16-rtn", "--out", "out"], "on a quantization grid already",
+        creates="out"),
     Case("gguf-bench-variant", "a GGUF file as a bench variant", _bench_variant, "llama-bench", absent="YAML"),
     Case("gguf-bench-model", "a GGUF file as bench's float model", _bench_model, "a GGUF file loads as float weights"),
 ]
