@@ -8,7 +8,9 @@
   GPTQ, AWQ, W4 g64) generates the same greedy tokens as ``quantkit.load`` + ``generate`` in bf16 (a
   continuation may part only at a near-tie, within bf16 noise), with teacher-forced top-1 agreement and
   log-probabilities as close as the unquantized model's;
-- a kv-fp8 checkpoint runs with an explicit bf16 KV cache where vLLM has no FP8 cache (no AVX-512);
+- a kv-fp8 checkpoint runs vLLM's FP8 cache with its saved k/v scales where vLLM has one (AVX-512 or
+  AMX) and generates quantkit's tokens within a tolerance the FP8 cache's own effect sets; it runs with
+  an explicit bf16 KV cache where vLLM has none;
 - vLLM's OpenAI server answers a completion request with the same tokens.
 
 bf16 throughout: vLLM with a float32 model and its default bf16 KV cache gives wrong tokens on AVX2
@@ -314,25 +316,37 @@ def engine_outputs(llm: LLM, prompts: list[list[int]], sequences: list[list[int]
     }
 
 
+def kv_cache_facts(llm: LLM) -> dict:
+    """The KV cache a running engine holds: its dtype ("auto" = the model's; "fp8", "fp8_e4m3", ...) and
+    the per-tensor k/v scales its attention layers run with ({layer name: (k_scale, v_scale)})."""
+    def scales(model):
+        return {name: (m._k_scale_float, m._v_scale_float) for name, m in model.named_modules()
+                if hasattr(m, "_k_scale_float")}
+
+    return {"cache_dtype": llm.llm_engine.vllm_config.cache_config.cache_dtype, "kv_scales": llm.apply_model(scales)[0]}
+
+
 def vllm_side(folder: Path, prompts: list[list[int]], sequences: list[list[int]]) -> dict:
-    """vllm.LLM: greedy continuations, and teacher-forced log-probs on quantkit's sequences."""
+    """vllm.LLM: greedy continuations, teacher-forced log-probs on quantkit's sequences, the kernels
+    vLLM chose and its KV cache (kv_cache_facts)."""
     CompressedTensorsWNA16._kernel_backends_being_used.clear()
     llm = LLM(model=str(folder), **ENGINE)
     try:
         check_amx_tile_permission()
-        outputs = engine_outputs(llm, prompts, sequences)
+        outputs = {**engine_outputs(llm, prompts, sequences), **kv_cache_facts(llm)}
     finally:
         shut_down(llm)
     return {**outputs, "kernels": set(CompressedTensorsWNA16._kernel_backends_being_used)}
 
 
 def compare(quantkit_result: dict, vllm_result: dict, prompts: list[list[int]]) -> dict:
-    """Teacher-forced on quantkit's sequences: top-1 agreement and the largest |log p(token)| difference
-    over every position. Greedy: where the continuations first part (if they do), the margin by which
-    quantkit preferred its token to vLLM's (log-prob difference under quantkit's own distribution)."""
+    """Teacher-forced on quantkit's sequences: top-1 agreement, the margin by which quantkit preferred its
+    top-1 to vLLM's wherever they differ, and the largest |log p(token)| difference over every position.
+    Greedy: where the continuations first part (if they do), the margin by which quantkit preferred its
+    token to vLLM's (log-prob difference under quantkit's own distribution)."""
     agree = total = 0
     worst = 0.0
-    margins = []
+    margins, top1_margins = [], []
     for ids, cont, theirs_greedy, ours, theirs in zip(prompts, quantkit_result["greedy"], vllm_result["greedy"],
                                                       quantkit_result["logprobs"], vllm_result["prompt_logprobs"]):
         seq = ids + cont
@@ -341,12 +355,15 @@ def compare(quantkit_result: dict, vllm_result: dict, prompts: list[list[int]]) 
             top1 = next(t for t, lp in entries.items() if lp.rank == 1)
             agree += int(top1 == int(ours[i - 1].argmax()))
             total += 1
+            if top1 != int(ours[i - 1].argmax()):
+                top1_margins.append(float(ours[i - 1].max() - ours[i - 1, top1]))
             worst = max(worst, abs(entries[seq[i]].logprob - float(ours[i - 1, seq[i]])))
         parted = next((j for j, (a, b) in enumerate(zip(cont, theirs_greedy)) if a != b), None)
         if parted is not None:
             row = ours[len(ids) + parted - 1]
             margins.append(float(row[cont[parted]] - row[theirs_greedy[parted]]))
-    return {"top1_agreement": agree / total, "max_abs_logprob_delta": worst, "parting_margins": margins}
+    return {"top1_agreement": agree / total, "top1_margins": top1_margins, "max_abs_logprob_delta": worst,
+            "parting_margins": margins}
 
 
 @pytest.fixture(scope="module")
@@ -405,23 +422,95 @@ def test_teacher_forced_agreement_within_bf16_tolerance(engine_runs, name):
 
 
 # -- FP8 KV cache ---------------------------------------------------------------------------------------------
-def test_kv_fp8_checkpoint_runs_with_a_bf16_cache_where_vllm_has_no_fp8_cache(engine_runs, tmp_path):
+# vLLM's CPU attention has an FP8 (e4m3) cache on x86 with AVX-512 (ISA "vec") or AMX ("amx"), for head
+# sizes divisible by 32 (vllm/v1/attention/backends/cpu_attn.py, _get_attn_isa).
+VLLM_FP8_KV_CPU = torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()
+
+
+@pytest.fixture(scope="module")
+def kv_fp8_checkpoint(tmp_path_factory) -> Path:
+    """``quantkit quantize ref:small --recipe kv-fp8``: bf16 weights, calibrated per-tensor k/v scales."""
+    from quantkit.cli import main
+
+    folder = tmp_path_factory.mktemp("kv-fp8") / "kv-fp8"
+    assert main(["quantize", "ref:small", "--recipe", "kv-fp8", "--out", str(folder), *CALIBRATION]) == 0
+    return folder
+
+
+def checkpoint_kv_scales(folder: Path) -> dict[str, tuple[float, float]]:
+    """{attention layer name: (k_scale, v_scale)} as the checkpoint stores them (``...self_attn.k_scale``)."""
+    from safetensors import safe_open
+
+    stored = {}
+    for file in folder.glob("*.safetensors"):
+        with safe_open(file, "pt") as f:
+            stored.update({key: float(f.get_tensor(key)) for key in f.keys() if key.endswith(("k_scale", "v_scale"))})
+    return {key.removesuffix(".k_scale"): (value, stored[key.removesuffix("k_scale") + "v_scale"])
+            for key, value in stored.items() if key.endswith("k_scale")}
+
+
+def fp8_cache_effect(fp8: dict, float_folder: Path, prompts: list[list[int]]) -> float:
+    """How far quantkit's FP8 cache moves its own log-probs: the largest |log p(token)| difference
+    between ``fp8`` (quantkit_side of a kv-fp8 checkpoint) and the unquantized model of the same weights,
+    teacher-forced on fp8's sequences."""
+    import quantkit
+
+    model = quantkit.load(float_folder, dtype=torch.bfloat16)
+    worst = 0.0
+    with torch.no_grad():
+        for ids, cont, ours in zip(prompts, fp8["greedy"], fp8["logprobs"]):
+            seq = ids + cont
+            control = model(torch.tensor([seq])).logits[0].float().log_softmax(-1)
+            worst = max([worst] + [abs(float(ours[i - 1, seq[i]] - control[i - 1, seq[i]])) for i in range(1, len(seq))])
+    return worst
+
+
+@pytest.mark.skipif(not VLLM_FP8_KV_CPU, reason="vLLM's CPU build has an FP8 KV cache only on x86 with AVX-512 or AMX")
+def test_vllm_runs_a_kv_fp8_checkpoint_with_its_fp8_cache_and_scales(kv_fp8_checkpoint):
+    """With the checkpoint's own kv_cache_scheme (kv_cache_dtype "auto"), vLLM's CPU build runs an FP8
+    cache with the calibrated scales (each layer's k/v scale as stored, not vLLM's default 1.0), and
+    generates what quantkit.load (its own FP8 cache) generates, within a tolerance of twice the FP8
+    cache's own effect on quantkit's log-probs plus the two bf16 engines' (MIN_LOGPROB_TOLERANCE): two
+    caches round k and v to the same e4m3 grid (3 mantissa bits: a value moves by up to 1/16 of itself)
+    from bf16 values the engines computed apart, so each may move a log-prob by that effect, in
+    opposite directions. Teacher-forced top-1 and greedy continuations may differ only at a near-tie
+    within that tolerance (at most half of the prompts part); a wrong scale or cache layout moves
+    log-probs by O(1)."""
+    from quantkit.refmodels.registry import reference_model_path
+
+    prompts = prompt_ids(kv_fp8_checkpoint)
+    ours = quantkit_side(kv_fp8_checkpoint, prompts)
+    theirs = vllm_side(kv_fp8_checkpoint, prompts, [ids + cont for ids, cont in zip(prompts, ours["greedy"])])
+    assert theirs["cache_dtype"].startswith("fp8"), theirs["cache_dtype"]
+    stored = checkpoint_kv_scales(kv_fp8_checkpoint)
+    assert len(stored) == 4 and all(k != 1.0 and v != 1.0 for k, v in stored.values())
+    assert {name.removesuffix(".attn"): scales for name, scales in theirs["kv_scales"].items()} == stored
+    effect = fp8_cache_effect(ours, reference_model_path("small"), prompts)
+    tolerance = 2 * effect + MIN_LOGPROB_TOLERANCE
+    result = compare(ours, theirs, prompts)
+    print(f"kv-fp8: FP8 cache effect {effect:.4f}, tolerance {tolerance:.4f}; vLLM against quantkit: top-1 "
+          f"{result['top1_agreement']:.3f} (margins {result['top1_margins']}), max |d logprob| "
+          f"{result['max_abs_logprob_delta']:.4f}, margins where they part {result['parting_margins']}")
+    assert len(result["parting_margins"]) <= len(PROMPTS) // 2, result
+    assert all(abs(m) <= tolerance for m in result["parting_margins"] + result["top1_margins"]), result
+    assert result["max_abs_logprob_delta"] <= tolerance, result
+
+
+def test_kv_fp8_checkpoint_runs_with_a_bf16_cache_where_vllm_has_no_fp8_cache(engine_runs, kv_fp8_checkpoint):
     """A kv-fp8 checkpoint turns vLLM's FP8 cache on by itself (also with kv_cache_dtype="auto"); on CPUs
     without AVX-512 or AMX vLLM has none and refuses. An explicit kv_cache_dtype="bfloat16" wins over
     the checkpoint: the model runs (k/v scales unused), as the unquantized model does."""
-    from quantkit.cli import main
-
-    folder = tmp_path / "kv-fp8"
-    assert main(["quantize", "ref:small", "--recipe", "kv-fp8", "--out", str(folder), *CALIBRATION]) == 0
+    folder = kv_fp8_checkpoint
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids(folder)]
     greedy = SamplingParams(temperature=0, max_tokens=NEW_TOKENS)
     llm = LLM(model=str(folder), **ENGINE, kv_cache_dtype="bfloat16")
     try:
+        check_amx_tile_permission()
         tokens = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, greedy, use_tqdm=False)]
     finally:
         shut_down(llm)
     assert tokens == engine_runs["float"]["vllm"]["greedy"]
-    if not (torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()):
+    if not VLLM_FP8_KV_CPU:
         with pytest.raises(Exception, match="FP8 KV cache on CPU requires x86 with AVX-512 or AMX"):
             LLM(model=str(folder), **ENGINE)
     gc.collect()
