@@ -150,7 +150,8 @@ class FastGenerate:
         try:
             config, model_inputs = model._prepare_generation_config(given, **settings)
         except Exception as e:  # noqa: BLE001 (transformers raises its own error for these settings)
-            return f"transformers refuses these settings ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+            first = str(e).splitlines()[0] if str(e) else ""
+            return f"transformers refuses these settings ({type(e).__name__}: {first})"
         mode = config.get_generation_mode(None)
         if mode not in ("greedy_search", "sample"):
             return f"{getattr(mode, 'value', mode)} (quantkit's loop runs greedy search and sampling)"
@@ -232,7 +233,7 @@ def _setting_reason(config) -> str | None:
         return f"cache_implementation={config.cache_implementation!r} (quantkit's loop has its own cache)"
     if config.use_cache is False:
         return "use_cache=False"
-    defaults = config._get_default_generation_params()
+    defaults = getattr(config, "_get_default_generation_params", dict)()  # transformers 5.x; {}: any value set refuses
     for key, value in sorted(config.to_dict().items()):
         if key in HANDLED or key in INERT or value is None or value is False or value == defaults.get(key):
             continue

@@ -147,7 +147,8 @@ def test_what_the_loop_cannot_honour_runs_transformers_generate_saying_why(kwarg
     assert result.reason and reason in result.reason and result.loop == f"transformers, because {result.reason}"
     want = transformers_generate(model, ids, max_new_tokens=4, **kwargs())
     assert torch.equal(getattr(result.sequences, "sequences", result.sequences), getattr(want, "sequences", want))
-    with pytest.warns(UserWarning, match=f"quantkit: model.generate runs transformers' own generate, because .*{reason}"):
+    announced = f"quantkit: model.generate runs transformers' own generate, because .*{reason}"
+    with pytest.warns(UserWarning, match=announced):
         model.generate(ids, max_new_tokens=4, **kwargs())
 
 

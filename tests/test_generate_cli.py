@@ -35,12 +35,16 @@ def greedy_text(model_name, prompt, n):
     return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 
+def printed(text):
+    """What the command writes for `text`: it, and a newline if it ends without one."""
+    return text + ("" if text.endswith("\n") else "\n")
+
+
 @needs_kernels
 def test_streams_the_greedy_text_and_reports_the_loop_and_speeds(capsys):
     assert main(["generate", "ref:tiny", "--prompt", PROMPT, "--max-new-tokens", "12", "--threads", "1"]) == 0
     out, err = capsys.readouterr()
-    want = greedy_text("ref:tiny", PROMPT, 12)
-    assert out == want + ("" if want.endswith("\n") else "\n")
+    assert out == printed(greedy_text("ref:tiny", PROMPT, 12))
     line = err.strip().splitlines()[-1]
     assert "prefill: " in line and "decode: 11 tokens in" in line and "tokens/s" in line
     assert "greedy; quantkit's C++ loop, 1 thread; stopped at --max-new-tokens" in line
@@ -67,6 +71,18 @@ def test_a_stop_string_ends_the_text_where_it_ends(capsys):
     out, err = capsys.readouterr()
     assert out.rstrip("\n") == full[:full.index(stop) + len(stop)].rstrip("\n")
     assert "stopped at a --stop string" in err
+
+
+@needs_kernels
+def test_a_gguf_file_generates_with_its_own_tokenizer(tmp_path, capsys):
+    pytest.importorskip("gguf")
+    gguf_file = tmp_path / "tiny.gguf"
+    assert main(["export", "ref:tiny", "--format", "gguf", "--out", str(gguf_file), "--float-type", "f32"]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(gguf_file), "--prompt", PROMPT, "--max-new-tokens", "6"]) == 0
+    out, err = capsys.readouterr()
+    assert out == printed(greedy_text("ref:tiny", PROMPT, 6))  # f32 weights: the model itself
+    assert "quantkit's C++ loop" in err
 
 
 def test_a_model_the_loop_cannot_run_goes_to_transformers_with_the_reason(tmp_path, capsys):

@@ -84,8 +84,8 @@ def test_the_sampled_token_is_inside_the_top_k_and_top_p_sets(case):
     for row, token in zip(logits, tokens.tolist()):
         if config.top_k:
             assert (row > row[token]).sum() < config.top_k
-        kept = row if not config.top_k else row.masked_fill(row < torch.topk(row, min(config.top_k, row.numel()))[0][-1],
-                                                            -math.inf)
+        kth = torch.topk(row, min(config.top_k, row.numel()))[0][-1] if config.top_k else -math.inf
+        kept = row.masked_fill(row < kth, -math.inf)
         probs = torch.softmax(kept.double() / config.temperature, -1)
         assert probs[token] > 0
         assert probs[probs > probs[token]].sum() < config.top_p + 1e-5
