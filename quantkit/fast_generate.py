@@ -231,8 +231,6 @@ def _setting_reason(config) -> str | None:
     """Why the loop cannot honour a generation setting (one that is not transformers' default), or None."""
     if config.cache_implementation not in PLAIN_CACHES:
         return f"cache_implementation={config.cache_implementation!r} (quantkit's loop has its own cache)"
-    if config.use_cache is False:
-        return "use_cache=False"
     defaults = getattr(config, "_get_default_generation_params", dict)()  # transformers 5.x; {}: any value set refuses
     for key, value in sorted(config.to_dict().items()):
         if key in HANDLED or key in INERT or value is None or value is False or value == defaults.get(key):

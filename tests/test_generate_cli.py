@@ -85,6 +85,21 @@ def test_a_gguf_file_generates_with_its_own_tokenizer(tmp_path, capsys):
     assert "quantkit's C++ loop" in err
 
 
+@needs_kernels
+def test_chat_puts_the_prompt_in_the_chat_template(tmp_path, capsys):
+    folder = tmp_path / "tiny-chat"
+    shutil.copytree(resolve_model_name("ref:tiny"), folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.chat_template = "{% for m in messages %}<|bos|>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+    tok.save_pretrained(folder)
+    assert main(["generate", str(folder), "--prompt", "hello", "--chat", "--max-new-tokens", "5"]) == 0
+    templated = "<|bos|>user: hello\nassistant:"
+    ids = tok(templated, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    assert ids[0, 0] == tok.bos_token_id and (ids[0] == tok.bos_token_id).sum() == 1  # no second BOS added
+    want = quantkit.load(folder, fast_generate=False).generate(ids, max_new_tokens=5, do_sample=False)
+    assert capsys.readouterr().out == printed(tok.decode(want[0, ids.shape[1]:], skip_special_tokens=True))
+
+
 def test_a_model_the_loop_cannot_run_goes_to_transformers_with_the_reason(tmp_path, capsys):
     model = make_random_model("mistral", vocab=4096)  # sliding-window attention: not in the loop
     model.save_pretrained(tmp_path / "m")
