@@ -28,7 +28,7 @@ def register(sub) -> None:
                     "--max-new-tokens. stderr gets the tokens/s of prefill and of decode and which loop ran: "
                     "quantkit's C++ loop where it runs the model (on the CPU: Llama, Mistral, Qwen2, Qwen3), else "
                     "transformers' generate, with the reason.")
-    p.add_argument("model",
+    p.add_argument("model", metavar="MODEL",
                    help="quantized checkpoint, float model folder, hub id, ref:tiny / ref:small, or a .gguf file")
     p.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
     p.add_argument("--chat", action="store_true",
