@@ -6,11 +6,11 @@ its ``generate``. A call reads its arguments as transformers' ``generate`` does 
 ``CpuDecoder`` when it can honour all of them: greedy search or sampling (``do_sample``,
 ``temperature``, ``top_k``, ``top_p``), ``max_new_tokens`` / ``max_length``, ``eos_token_id`` /
 ``pad_token_id``, ``stop_strings`` (with ``tokenizer=``), ``max_time``, ``stopping_criteria``, a
-``streamer``, an ``attention_mask`` without padding. The tokens are transformers' own: the same
+``streamer``, an ``attention_mask`` of left-padded prompts. The tokens are transformers' own: the same
 warpers, the same draw from torch's global generator, the same padding of finished sequences.
 Anything else (beam search and the other modes, logits processors, repetition penalties and any
 other setting that changes the logits, ``output_scores`` / ``return_dict_in_generate``, a passed
-cache, ``inputs_embeds``, a padded batch, a model or machine the loop cannot run) goes to
+cache, ``inputs_embeds``, a right-padded batch, a model or machine the loop cannot run) goes to
 transformers' own ``generate`` unchanged, and a warning says why, once per reason.
 ``quantkit.load(path, fast_generate=False)`` keeps transformers' ``generate``.
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .cpu_decoder import CpuDecoder, decoder_unavailable
+from .cpu_decoder import CpuDecoder, _left_padded_lengths, decoder_unavailable
 from .decode_loop import decode, eos_stop
 from .errors import UsageError
 from .sampling import SamplingConfig
@@ -52,8 +52,6 @@ INERT = frozenset({"transformers_version", "_from_model_config", "cache_config",
                    "low_memory", "max_matching_ngram_size"})
 #: transformers caches whose numerics are the plain cache's (a quantized one's are not)
 PLAIN_CACHES = (None, "dynamic", "static", "offloaded", "offloaded_static")
-#: positions a decoder is made for beyond what a call needs, so that similar calls reuse it
-MAX_LEN_STEP = 256
 
 
 @dataclass
@@ -74,6 +72,7 @@ class _Plan:
     stop: object
     pad_token_id: int | None
     streamer: object
+    attention_mask: torch.Tensor | None  # [B, L] of left-padded prompts, None: no padding
 
 
 class FastGenerate:
@@ -106,7 +105,7 @@ class FastGenerate:
                              plan)
         sequences = decode(self._decoder_for(plan.input_ids.shape[1] + plan.max_new_tokens), plan.input_ids,
                            plan.max_new_tokens, plan.sampling, stop=plan.stop, pad_token_id=plan.pad_token_id,
-                           streamer=plan.streamer)
+                           streamer=plan.streamer, attention_mask=plan.attention_mask)
         return Generated(sequences, QUANTKIT_LOOP)
 
     def __deepcopy__(self, memo) -> "FastGenerate":
@@ -119,12 +118,14 @@ class FastGenerate:
         return f"<quantkit FastGenerate of {type(self.model).__name__}.generate>"
 
     def _decoder_for(self, length: int) -> CpuDecoder:
-        """A decoder with room for `length` positions, on the model's tensors as they are now."""
+        """A decoder with room for `length` positions (and the model's context), on the model's tensors as they
+        are now (its cache grows as sequences do)."""
         tensors = tuple((name, t.data_ptr(), t._version, t.dtype) for name, t in
                         itertools.chain(self.model.named_parameters(), self.model.named_buffers()))
         if self._decoder is None or self._made_for != tensors or self._decoder.max_len < length:
             self._decoder = None  # its cache is freed before the next one is made
-            self._decoder = CpuDecoder(self.model, max_len=-(-length // MAX_LEN_STEP) * MAX_LEN_STEP)
+            context = getattr(self.model.config, "max_position_embeddings", None) or length
+            self._decoder = CpuDecoder(self.model, max_len=max(length, context))
             self._made_for = tensors
         return self._decoder
 
@@ -170,11 +171,16 @@ class FastGenerate:
             return "the input is not a [batch, length] tensor of token ids"
         if input_ids.device.type != "cpu" or input_ids.shape[1] == 0:
             return "the input ids are not on the CPU" if input_ids.shape[1] else "the input is empty"
-        if mask is not None and (mask.shape != input_ids.shape or not bool((mask == 1).all())):
-            return "a padded batch (attention_mask with zeros; quantkit's loop has no attention mask)"
-        return self._length_plan(input_ids.long(), config, given, settings, tokenizer, named)
+        if mask is not None and isinstance(mask, torch.Tensor) and bool((mask == 1).all()):
+            mask = None
+        if mask is not None:
+            try:
+                _left_padded_lengths(mask, tuple(input_ids.shape))
+            except UsageError as e:
+                return f"a padded batch the loop cannot take ({e})"
+        return self._length_plan(input_ids.long(), mask, config, given, settings, tokenizer, named)
 
-    def _length_plan(self, input_ids, config, given, settings, tokenizer, named) -> "_Plan | str":
+    def _length_plan(self, input_ids, mask, config, given, settings, tokenizer, named) -> "_Plan | str":
         model, length = self.model, input_ids.shape[1]
         if config.max_new_tokens is not None:
             max_length = config.max_new_tokens + length
@@ -224,7 +230,7 @@ class FastGenerate:
             return done
 
         return _Plan(input_ids, max_length - length, sampling, stop if tests else None, pad if padded else None,
-                     named.get("streamer"))
+                     named.get("streamer"), mask)
 
 
 def _setting_reason(config) -> str | None:

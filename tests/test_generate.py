@@ -64,6 +64,15 @@ def test_greedy_tokens_equal_transformers_generate(model, kwargs):
     assert torch.equal(run(model, ids, **kwargs), got)
 
 
+def test_left_padded_prompts_give_transformers_tokens(model):
+    ids = prompts(model, batch=3, length=9, seed=9)
+    mask = torch.ones_like(ids)
+    mask[0, :4], mask[2, :1] = 0, 0  # rows of 5, 9 and 8 tokens
+    ids = ids.masked_fill(mask == 0, 2)
+    kwargs = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=2)
+    assert torch.equal(run(model, ids, **kwargs), transformers_generate(model, ids, **kwargs))
+
+
 def test_end_of_sequence_pads_finished_sequences_as_transformers_does(model):
     ids = prompts(model, batch=3, seed=1)
     free = transformers_generate(model, ids, max_new_tokens=10, do_sample=False, eos_token_id=[], pad_token_id=0)
@@ -137,7 +146,7 @@ def test_a_streamer_gets_what_transformers_gives_it(model):
     (lambda: dict(repetition_penalty=1.3), "repetition_penalty=1.3"),
     (lambda: dict(return_dict_in_generate=True, output_scores=True), "output_scores=True"),
     (lambda: dict(cache=DynamicCache()), "a passed cache"),
-    (lambda: dict(attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1, 1], [1] * 7])), "a padded batch"),
+    (lambda: dict(attention_mask=torch.tensor([[1, 1, 1, 1, 1, 1, 0], [1] * 7])), "a padded batch the loop cannot"),
     (lambda: dict(min_new_tokens=3), "min_new_tokens=3"),
 ], ids=["beams", "repetition_penalty", "output_scores", "cache", "padding", "min_new_tokens"])
 def test_what_the_loop_cannot_honour_runs_transformers_generate_saying_why(kwargs, reason):
