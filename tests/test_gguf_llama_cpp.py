@@ -154,12 +154,14 @@ def test_llama_cpp_greedy_continuation_matches(exported):
 @pytest.mark.parametrize("model_name,recipe,kinds", [
     ("ref:small", "w4a16-rtn-q4k", {"Q4_K"}), ("ref:tiny", "w4a16-rtn-q4k", {"Q4_1"}),
     ("ref:small", "w4a16-rtn-q4km", {"Q4_K", "Q6_K"}), ("ref:tiny", "w4a16-rtn-q4km", {"Q5_0", "Q8_0"}),
-    ("ref:small", "w4a16-rtn-q4ks", {"Q4_K", "Q5_K"}), ("ref:tiny", "w4a16-rtn-q4ks", {"Q5_0", "Q5_1"})])
+    ("ref:small", "w4a16-rtn-q4ks", {"Q4_K", "Q5_K"}), ("ref:tiny", "w4a16-rtn-q4ks", {"Q5_0", "Q5_1"}),
+    ("ref:small", "w3a16-rtn-q3km", {"Q3_K", "Q4_K", "Q5_K"}), ("ref:tiny", "w3a16-rtn-q3kl", {"Q4_0", "Q5_1"}),
+    ("ref:small", "w2a16-rtn-q2k", {"Q2_K", "Q3_K"}), ("ref:tiny", "w2a16-rtn-q2k", {"Q4_0"})])
 def test_llama_cpp_runs_grid_files_as_quantkit_scores_them(tmp_path, model_name, recipe, kinds):
     """A GGUF-grid quantization written as GGUF (ref:small, hidden 256: whole super-blocks, Q4_K and in the
-    mixes Q6_K / Q5_K; ref:tiny, hidden 128: the fallbacks, Q4_1 for quantkit's Q4_K recipes, llama-quantize's
-    Q5_0 / Q8_0 / Q5_1 for the mixes): llama.cpp's logits against the very model quantkit quantized in memory
-    (the file has no other form)."""
+    mixes Q6_K / Q5_K, Q3_K, Q2_K; ref:tiny, hidden 128: the fallbacks, Q4_1 for quantkit's Q4_K recipes,
+    llama-quantize's Q5_0 / Q8_0 / Q5_1 / Q4_0 for the mixes): llama.cpp's logits against the very model quantkit
+    quantized in memory (the file has no other form)."""
     bins = _bin_dir()
     from quantkit.formats.gguf import export_gguf
     from quantkit.loading import resolve_model_source
@@ -186,14 +188,18 @@ def test_llama_cpp_runs_grid_files_as_quantkit_scores_them(tmp_path, model_name,
     assert kl < 2e-3 and top1 > 0.95 and kl < 0.25 * kl_float
 
 
-@pytest.mark.parametrize("mix", ["Q4_K_M", "Q4_K_S"])
+MIX_RECIPES = {"Q4_K_M": "w4a16-rtn-q4km", "Q4_K_S": "w4a16-rtn-q4ks", "Q3_K_L": "w3a16-rtn-q3kl",
+               "Q3_K_M": "w3a16-rtn-q3km", "Q3_K_S": "w3a16-rtn-q3ks", "Q2_K": "w2a16-rtn-q2k"}
+
+
+@pytest.mark.parametrize("mix", list(MIX_RECIPES))
 @pytest.mark.parametrize("model_name", ["ref:small", "ref:tiny"])
 def test_llama_quantize_writes_quantkits_mix_tensor_by_tensor(tmp_path, model_name, mix):
-    """llama-quantize's own Q4_K_M / Q4_K_S of the float model has the types of quantkit's mix recipe tensor by
+    """llama-quantize's own K-quant mix of the float model has the types of quantkit's mix recipe tensor by
     tensor (its per-tensor rules and fallbacks, the output and embedding types), and where quantkit's RTN is
-    llama.cpp's own rounding (the K-quants, through the ported search) the very same bytes. Q5_0 / Q5_1 / Q8_0
-    fallback tensors: quantkit rounds with its fp16 scale, llama.cpp with the fp32 one, so a weight may sit
-    one level apart where the two roundings straddle a tie: those must agree on almost every weight."""
+    llama.cpp's own rounding (the K-quants, through the ported search) the very same bytes. Q4_0 / Q5_0 / Q5_1
+    / Q8_0 fallback tensors: quantkit rounds with its fp16 scale, llama.cpp with the fp32 one, so a weight may
+    sit one level apart where the two roundings straddle a tie: those must agree on almost every weight."""
     bins = _bin_dir()
     quantize_tool = bins / "llama-quantize"
     if not quantize_tool.is_file():
@@ -211,7 +217,7 @@ def test_llama_quantize_writes_quantkits_mix_tensor_by_tensor(tmp_path, model_na
     model = quantkit.load(model_name, dtype=torch.float32)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        quantkit.quantize(model, f"w4a16-rtn-{mix.lower().replace('_', '')}", progress=False)
+        quantkit.quantize(model, MIX_RECIPES[mix], progress=False)
     ours_file = tmp_path / "ours.gguf"
     export_gguf(model, source, ours_file, mix=mix.lower())
     ours = {t.name: t for t in gguf.GGUFReader(str(ours_file)).tensors}
@@ -219,12 +225,13 @@ def test_llama_quantize_writes_quantkits_mix_tensor_by_tensor(tmp_path, model_na
     assert {n: t.tensor_type.name for n, t in ours.items()} == {n: t.tensor_type.name for n, t in theirs.items()}
     for name, t in ours.items():
         kind = t.tensor_type.name
-        if kind in ("Q4_K", "Q5_K", "Q6_K"):
+        if kind in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"):
             assert np.array_equal(t.data, theirs[name].data), name
-        elif kind in ("Q5_0", "Q5_1", "Q8_0"):
+        elif kind in ("Q4_0", "Q5_0", "Q5_1", "Q8_0"):
             a = gguf.quants.dequantize(t.data, t.tensor_type)
             b = gguf.quants.dequantize(theirs[name].data, t.tensor_type)
-            assert np.mean(a == b) > 0.98 and np.abs(a - b).max() <= 1.01 * np.abs(b).max() / 15, name
+            step = {"Q4_0": 8}.get(kind, 15)  # one level: Q4_0's d is the block's extreme / 8
+            assert np.mean(a == b) > 0.98 and np.abs(a - b).max() <= 1.01 * np.abs(b).max() / step, name
         else:
             assert np.array_equal(t.data, theirs[name].data), name
 

@@ -4,11 +4,13 @@ For one float model (SmolLM2-135M-Instruct as evals/quality/smollm2.py makes it;
 moved off the Q4_1 grid it ships on by evals/gguf/offgrid.py's short fine-tune; or ref:small):
 - llama.cpp: the float model as GGUF (llama.cpp's convert_hf_to_gguf.py; for ref:small, whose tokenizer
   llama.cpp's converter does not know, quantkit's export of the float model), `llama-imatrix` on the
-  calibration tokens, `llama-quantize` to Q4_0, Q4_1, Q8_0, with and without the importance matrix;
+  calibration tokens, `llama-quantize` to Q4_0, Q4_1, Q8_0 and the K-quant mixes, with and without the importance
+  matrix;
 - quantkit: RTN / GPTQ on the GGUF grids (the *-g32 recipes) from the same calibration tokens (the first
   4096 tokens of the calibration text: 16 windows of 256 for quantkit, the same text as 8 chunks of 512
   for llama-imatrix), `quantkit export --format gguf`; RTN / GPTQ / AWQ on the Q4_K grid and in
-  llama-quantize's Q4_K_M / Q4_K_S mixes (the *-q4k, *-q4km, *-q4ks recipes: the file is the only form);
+  llama-quantize's Q4_K_M / Q4_K_S / Q3_K_M / Q2_K mixes (the *-q4k, *-q4km, *-q4ks, *-q3km, *-q2k recipes: the
+  file is the only form);
 - every file scored by one harness: quantkit's eval (transformers + gguf dequantize the file) against
   the float model on the evaluation text (8 windows of 512 tokens): KL, top-1, perplexity; file sizes,
   bits per weight (file bits / parameters); `llama-bench -p 0 -n 32 -t 2` decode speed; and llama.cpp's own
@@ -60,6 +62,10 @@ QUANTKIT = (
     ("quantkit GPTQ", "Q4_K_M", "w4a16-gptq-q4km", {}),
     ("quantkit AWQ", "Q4_K_M", "w4a16-awq-q4km", {}),
     ("quantkit GPTQ", "Q4_K_S", "w4a16-gptq-q4ks", {}),
+    ("quantkit RTN", "Q3_K_M", "w3a16-rtn-q3km", {}),
+    ("quantkit GPTQ", "Q3_K_M", "w3a16-gptq-q3km", {}),
+    ("quantkit RTN", "Q2_K", "w2a16-rtn-q2k", {}),
+    ("quantkit GPTQ", "Q2_K", "w2a16-gptq-q2k", {}),
     # the output head quantized too, by the recipe's algorithm (GPTQ calibrates it), and written once as the tied
     # token_embd (--tie-output): the types llama-quantize gives a tied model's token_embd (Q8_0 in Q8_0 files,
     # Q6_K or its Q8_0 fallback in the mixes), so the same bits
@@ -67,8 +73,9 @@ QUANTKIT = (
     ("quantkit GPTQ, head GPTQ tied", "Q4_K_M", "w4a16-gptq-q4km", {"head": "tied"}),
     ("quantkit GPTQ, head GPTQ tied", "Q4_K_S", "w4a16-gptq-q4ks", {"head": "tied"}),
 )
-LLAMA_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K_S", "Q4_K_M")
-IMATRIX_TYPES = ("Q4_0", "Q4_1", "Q4_K_S", "Q4_K_M")  # llama.cpp's Q8_0 ignores an importance matrix
+LLAMA_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K_S", "Q4_K_M", "Q3_K_M", "Q2_K")
+IMATRIX_TYPES = ("Q4_0", "Q4_1", "Q4_K_S", "Q4_K_M", "Q3_K_M", "Q2_K")  # llama.cpp's Q8_0 ignores an importance matrix
+MIX_TYPES = ("Q4_K_M", "Q4_K_S", "Q3_K_M", "Q2_K")
 
 
 def log(message: str) -> None:
@@ -299,7 +306,8 @@ def main() -> None:
                         "its width is a multiple of 256, else Q8_0)")
     p.add_argument("--only-recipes", default=None, help="comma-separated quantkit recipes to run (default: all)")
     p.add_argument("--types", default=None, type=lambda s: s.split(","),
-                   help="comma-separated GGUF types (Q4_0, Q4_1, Q8_0, Q4_K, Q4_K_M, Q4_K_S) whose rows to make (default: all)")
+                   help="comma-separated GGUF types (Q4_0, Q4_1, Q8_0, Q4_K, Q4_K_M, Q4_K_S, Q3_K_M, Q2_K) whose rows to "
+                        "make (default: all)")
     p.add_argument("--no-ablations", action="store_true",
                    help="leave out the rows of the previous scale rule, and the --embedding variant but for GPTQ "
                         "Q4_0 / Q4_K and RTN / GPTQ Q8_0")
@@ -338,7 +346,7 @@ def main() -> None:
                          decode_tokens_per_s=None if args.no_bench else bench(Path(args.llama_bin), path, work),
                          llama_cpp_kl=None if args.no_llama_kl else llama_kl(Path(args.llama_bin), path, work,
                                                                              evaluation)))
-        if name.startswith("quantkit") and kind in ("Q4_K_M", "Q4_K_S", "Q8_0"):  # llama.cpp's types tensor by tensor?
+        if name.startswith("quantkit") and kind in (*MIX_TYPES, "Q8_0"):  # llama.cpp's types tensor by tensor?
             rows[-1]["same_types_as_llama_cpp"] = tensor_types(path) == tensor_types(variants[f"llama.cpp {kind}"][1])
         log(json.dumps(rows[-1]))
     meta = dict(model=args.model, float_folder=str(folder), eval_windows=int(windows.shape[0]), window=512,
