@@ -525,62 +525,66 @@ inline int32_t load_dword(const uint8_t* p) {
   return v;
 }
 
-template <int NR>
-QK_AVX512 void lanes8_avx512(const Lanes& a, float* raw) {  // L = 8 rows of x (ymm)
-  __m256 acc[NR];
-  for (int r = 0; r < NR; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < a.groups; ++g) {
-    __m256 accg[NR];
-    for (int r = 0; r < NR; ++r) accg[r] = _mm256_setzero_ps();
-    for (int64_t b = g * a.bpg; b < (g + 1) * a.bpg; ++b) {
-      prefetch_block<NR>(a, b);
-      __m256i acci[NR];
-      for (int r = 0; r < NR; ++r) acci[r] = _mm256_setzero_si256();
-      const int32_t* xb = a.xi + b * 64;
-      const uint8_t* wb = a.wb + b * BLOCK;
-      for (int j = 0; j < 8; ++j) {
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + j * 8));
-        for (int r = 0; r < NR; ++r)
-          acci[r] = _mm256_dpbusd_epi32(acci[r], _mm256_set1_epi32(load_dword(wb + r * a.kp + 4 * j)), xv);
-      }
-      const __m256 dv = _mm256_loadu_ps(a.di + b * 8);
-      for (int r = 0; r < NR; ++r) accg[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acci[r]), dv, accg[r]);
-    }
-    const __m256 xg = _mm256_loadu_ps(a.xg + g * 8);
-    for (int r = 0; r < NR; ++r)  // acc += s * (sum - z * xg)
-      acc[r] = _mm256_fmadd_ps(_mm256_fnmadd_ps(_mm256_set1_ps(zero_of(a, r, g)), xg, accg[r]),
-                               _mm256_set1_ps(a.s[r * a.groups + g]), acc[r]);
-  }
-  for (int r = 0; r < NR; ++r) _mm256_storeu_ps(raw + r * 8, acc[r]);
-}
+// The AVX-512 lanes code for L = 8 rows of x (ymm, AVX512-VL) or 16 (zmm): the vector operations it uses.
+template <int L>
+struct LaneVec;
+template <>
+struct LaneVec<8> {
+  using F = __m256;
+  using I = __m256i;
+  QK_AVX512 static F fzero() { return _mm256_setzero_ps(); }
+  QK_AVX512 static I izero() { return _mm256_setzero_si256(); }
+  QK_AVX512 static I load_i(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  QK_AVX512 static F load_f(const float* p) { return _mm256_loadu_ps(p); }
+  QK_AVX512 static I dot(I acc, int32_t w, I x) { return _mm256_dpbusd_epi32(acc, _mm256_set1_epi32(w), x); }
+  QK_AVX512 static F cvt(I v) { return _mm256_cvtepi32_ps(v); }
+  QK_AVX512 static F set1(float v) { return _mm256_set1_ps(v); }
+  QK_AVX512 static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  QK_AVX512 static F fnma(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
+  QK_AVX512 static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
+};
+template <>
+struct LaneVec<16> {
+  using F = __m512;
+  using I = __m512i;
+  QK_AVX512 static F fzero() { return _mm512_setzero_ps(); }
+  QK_AVX512 static I izero() { return _mm512_setzero_si512(); }
+  QK_AVX512 static I load_i(const int32_t* p) { return _mm512_loadu_si512(p); }
+  QK_AVX512 static F load_f(const float* p) { return _mm512_loadu_ps(p); }
+  QK_AVX512 static I dot(I acc, int32_t w, I x) { return _mm512_dpbusd_epi32(acc, _mm512_set1_epi32(w), x); }
+  QK_AVX512 static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
+  QK_AVX512 static F set1(float v) { return _mm512_set1_ps(v); }
+  QK_AVX512 static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  QK_AVX512 static F fnma(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+  QK_AVX512 static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
+};
 
-template <int NR>
-QK_AVX512 void lanes16_avx512(const Lanes& a, float* raw) {  // L = 16 rows of x (zmm)
-  __m512 acc[NR];
-  for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
+template <int L, int NR>
+QK_AVX512 void lanes_avx512(const Lanes& a, float* raw) {
+  using V = LaneVec<L>;
+  typename V::F acc[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = V::fzero();
   for (int64_t g = 0; g < a.groups; ++g) {
-    __m512 accg[NR];
-    for (int r = 0; r < NR; ++r) accg[r] = _mm512_setzero_ps();
+    typename V::F accg[NR];
+    for (int r = 0; r < NR; ++r) accg[r] = V::fzero();
     for (int64_t b = g * a.bpg; b < (g + 1) * a.bpg; ++b) {
       prefetch_block<NR>(a, b);
-      __m512i acci[NR];
-      for (int r = 0; r < NR; ++r) acci[r] = _mm512_setzero_si512();
-      const int32_t* xb = a.xi + b * 128;
+      typename V::I acci[NR];
+      for (int r = 0; r < NR; ++r) acci[r] = V::izero();
+      const int32_t* xb = a.xi + b * 8 * L;
       const uint8_t* wb = a.wb + b * BLOCK;
       for (int j = 0; j < 8; ++j) {
-        const __m512i xv = _mm512_loadu_si512(xb + j * 16);
-        for (int r = 0; r < NR; ++r)
-          acci[r] = _mm512_dpbusd_epi32(acci[r], _mm512_set1_epi32(load_dword(wb + r * a.kp + 4 * j)), xv);
+        const typename V::I xv = V::load_i(xb + j * L);
+        for (int r = 0; r < NR; ++r) acci[r] = V::dot(acci[r], load_dword(wb + r * a.kp + 4 * j), xv);
       }
-      const __m512 dv = _mm512_loadu_ps(a.di + b * 16);
-      for (int r = 0; r < NR; ++r) accg[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci[r]), dv, accg[r]);
+      const typename V::F dv = V::load_f(a.di + b * L);
+      for (int r = 0; r < NR; ++r) accg[r] = V::fma(V::cvt(acci[r]), dv, accg[r]);
     }
-    const __m512 xg = _mm512_loadu_ps(a.xg + g * 16);
+    const typename V::F xg = V::load_f(a.xg + g * L);
     for (int r = 0; r < NR; ++r)  // acc += s * (sum - z * xg)
-      acc[r] = _mm512_fmadd_ps(_mm512_fnmadd_ps(_mm512_set1_ps(zero_of(a, r, g)), xg, accg[r]),
-                               _mm512_set1_ps(a.s[r * a.groups + g]), acc[r]);
+      acc[r] = V::fma(V::fnma(V::set1(zero_of(a, r, g)), xg, accg[r]), V::set1(a.s[r * a.groups + g]), acc[r]);
   }
-  for (int r = 0; r < NR; ++r) _mm512_storeu_ps(raw + r * 16, acc[r]);
+  for (int r = 0; r < NR; ++r) V::store(raw + r * L, acc[r]);
 }
 
 // AVX2, L = 8. int4: u <= 15, so 8 vpmaddubsw pair sums (<= 2 * 15 * 127 each) add up in int16 without
@@ -660,8 +664,8 @@ struct LanesPick {
 template <int BITS>
 LanesPick pick_lanes(int64_t isa, int64_t m) {
   if (isa == ISA_AVX512) {
-    if (m <= 8) return {lanes8_avx512<8>, lanes8_avx512<1>, 8, 8};
-    return {lanes16_avx512<8>, lanes16_avx512<1>, 8, 16};
+    if (m <= 8) return {lanes_avx512<8, 8>, lanes_avx512<8, 1>, 8, 8};
+    return {lanes_avx512<16, 8>, lanes_avx512<16, 1>, 8, 16};
   }
   return {lanes8_avx2<BITS, 4>, lanes8_avx2<BITS, 1>, 4, 8};
 }
