@@ -216,7 +216,7 @@ CASES = [
          _other_baseline, "more than rounding to the GGUF file's grid leaves"),
     Case("gguf-as-baseline", "a quantized GGUF file as the baseline", _gguf_baseline, "the baseline is itself quantized"),
     Case("gguf-inspect", "inspect of a GGUF file", _inspect, "each tensor's type", status=0, check=_check_inspect),
-    Case("gguf-inspect-other-file", "inspect of a file that is no model folder, by a relative path", _inspect_file, "not a model folder but a file",
+    Case("gguf-inspect-other-file", "inspect of a file that is no model folder, by a bare name (the advice names the folder's whole path: `.` in this table)", _inspect_file, "not a model folder but a file",
          absent="(.)"),
     Case("gguf-quantize", "a GGUF file as the model to quantize", lambda work: [
         "quantize", str(gguf_file(work)), "--recipe", "w4a16-rtn", "--out", "out"], "on a quantization grid already",
