@@ -180,7 +180,7 @@ def test_two_workers_generate_what_one_worker_generates(runs):
 
 def test_moe_checkpoints_stop_in_every_worker_without_a_wna16_moe_backend(tmp_path):
     """vLLM's CPU build has a WNA16 MoE method only with AMX or zentorch (tests/test_vllm_moe.py), and
-    quantkit's plugin supplies linear kernels only: under tensor parallel, too, each worker stops where
+    quantkit's plugin supplies linear kernels only: under tensor parallel, too, the workers stop where
     vLLM picks the MoE backend (``select_wna16_moe_backend``, vllm/model_executor/layers/fused_moe/oracle/
     int_wna16.py). This holds docs/vllm.md's "dense models only" to the installed vLLM."""
     import shutil
@@ -203,6 +203,12 @@ def test_moe_checkpoints_stop_in_every_worker_without_a_wna16_moe_backend(tmp_pa
                                "engine": {"max_model_len": 128}}))  # the random model's context: 256
     rc, log, what = start_engine(folder, 2, job, tmp_path / "moe.json")
     assert rc != 0, f"{what} started: vLLM's CPU build now runs WNA16 MoE; test it and update docs/vllm.md"
-    for rank in (0, 1):
-        assert re.search(rf"\(Worker_TP{rank} pid=\d+\).*NotImplementedError: No WNA16 MoE backend supports the "
-                         rf"deployment configuration", log), f"{what}, rank {rank}: another failure:\n{log[-4000:]}"
+    # vLLM stops every worker once one has failed: a slower rank may be killed before it reaches the MoE
+    # layer (then it logs no error at all); a rank that logs an error must log this one
+    stopped = {rank for rank in (0, 1) if re.search(
+        rf"\(Worker_TP{rank} pid=\d+\).*NotImplementedError: No WNA16 MoE backend supports the deployment "
+        rf"configuration", log)}
+    assert stopped, f"{what}: another failure:\n{log[-4000:]}"
+    for rank in {0, 1} - stopped:
+        assert not re.search(rf"\(Worker_TP{rank} pid=\d+\) ERROR", log), \
+            f"{what}, rank {rank}: another failure:\n{log[-4000:]}"
