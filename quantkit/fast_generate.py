@@ -21,7 +21,6 @@ transformers' own ``generate`` unchanged, and a warning says why, once per reaso
 
 from __future__ import annotations
 
-import copy
 import functools
 import inspect
 import itertools
@@ -108,10 +107,7 @@ class FastGenerate:
                            streamer=plan.streamer, attention_mask=plan.attention_mask)
         return Generated(sequences, QUANTKIT_LOOP)
 
-    def __deepcopy__(self, memo) -> "FastGenerate":
-        return FastGenerate(copy.deepcopy(self.model, memo))
-
-    def __reduce__(self):
+    def __reduce__(self):  # pickled and deep-copied as a new one for the model's copy (no decoder)
         return FastGenerate, (self.model,)
 
     def __repr__(self) -> str:

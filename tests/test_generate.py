@@ -4,6 +4,8 @@ streamers) for float and W4 models, and whatever it cannot honour runs transform
 
 from __future__ import annotations
 
+import copy
+import pickle
 import warnings
 
 import pytest
@@ -53,6 +55,19 @@ def test_load_gives_the_instance_a_fast_generate_and_leaves_the_class_alone(mode
     assert "generate" not in type(model).__dict__ or not isinstance(type(model).__dict__["generate"], FastGenerate)
     plain = quantkit.load("ref:tiny", fast_generate=False)
     assert "generate" not in plain.__dict__
+
+
+def test_a_copied_or_pickled_model_generates_with_its_own_tensors():
+    model = quantkit.load("ref:tiny", dtype=torch.float32)
+    ids = prompts(model, seed=10)
+    want = model.generate(ids, max_new_tokens=5, do_sample=False)
+    for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert twin.generate.model is twin
+        with torch.no_grad():
+            twin.model.layers[0].mlp.down_proj.weight.mul_(-4)  # the original's weights stay
+        assert torch.equal(twin.generate(ids, max_new_tokens=5, do_sample=False),
+                           transformers_generate(twin, ids, max_new_tokens=5, do_sample=False))
+    assert torch.equal(model.generate(ids, max_new_tokens=5, do_sample=False), want)
 
 
 @pytest.mark.parametrize("kwargs", [dict(max_new_tokens=12), dict(max_new_tokens=12, do_sample=False), dict()],
