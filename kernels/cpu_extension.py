@@ -9,6 +9,9 @@ not, the one-line ``reason``): callers fall back to PyTorch's own kernels when t
 - Cache: ``$QUANTKIT_CACHE_DIR`` (default ``$XDG_CACHE_HOME/quantkit`` or ``~/.cache/quantkit``)
   ``/cpu-kernels/<key>``, key = hash of the sources, the compiler flags, the compiler, torch's version
   and the CPU's flags: a new source, torch or CPU builds again, never a stale library.
+- A build records its library's SHA-256 and size beside it (``<name>.so.sha256``); a cached library that
+  does not match its record (truncated by a full disk or a killed copy: loading it would die with SIGBUS)
+  is built again, saying so.
 - One build at a time: an ``fcntl`` lock on ``<key>.lock`` (released by the OS if a build dies), and
   the others then load what it built.
 - Flags: ``-O3 -fopenmp`` (``at::parallel_for`` is inline OpenMP code: without the flag it runs on one
@@ -60,7 +63,10 @@ def _csrc() -> Path:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("QUANTKIT_CACHE_DIR")
+    """quantkit's cache folder (kernel builds, the reference models and their corpus):
+    ``$QUANTKIT_CACHE_DIR`` (or its older name ``$QUANTKIT_CACHE``), else ``$XDG_CACHE_HOME/quantkit``,
+    else ``~/.cache/quantkit``."""
+    base = os.environ.get("QUANTKIT_CACHE_DIR") or os.environ.get("QUANTKIT_CACHE")
     if base:
         return Path(base).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
@@ -119,6 +125,76 @@ def _build_lock(path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+#: beside each built library: "<sha256> <size>" of the library as its build wrote it
+RECORD_SUFFIX = ".sha256"
+
+
+def _fingerprint(library: Path) -> str:
+    h = hashlib.sha256()
+    with open(library, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return f"{h.hexdigest()} {library.stat().st_size}"
+
+
+def _record(library: Path) -> Path:
+    return library.with_name(library.name + RECORD_SUFFIX)
+
+
+def _elf_complete(library: Path) -> bool:
+    """Whether a 64-bit little-endian ELF file holds all it says it holds: every segment its program headers
+    name, and its section header table (which the linker writes last), end within the file."""
+    import struct
+
+    data = library.read_bytes()
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return False
+    (phoff,) = struct.unpack_from("<Q", data, 0x20)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
+    if shnum == 0 or shoff + shentsize * shnum > len(data) or phoff + phentsize * phnum > len(data):
+        return False
+    for i in range(phnum):  # p_offset at +8, p_filesz at +32 of each program header
+        (offset,) = struct.unpack_from("<Q", data, phoff + i * phentsize + 8)
+        (size,) = struct.unpack_from("<Q", data, phoff + i * phentsize + 32)
+        if offset + size > len(data):
+            return False
+    return True
+
+
+def _discard_if_damaged(library: Path) -> None:
+    """Empty the build folder of a cached library that is not the one its build recorded (truncated by a full
+    disk or a killed copy, or edited): loading a truncated library dies with SIGBUS, so it is built again
+    instead. A library built before records were kept is recorded when it is a whole ELF file. Called under
+    the build lock."""
+    if not library.exists():
+        return
+    record = _record(library)
+    try:
+        if record.is_file() and record.read_text().strip() == _fingerprint(library):
+            return
+        if not record.exists() and _elf_complete(library):
+            _write_record(library)
+            return
+    except OSError:
+        pass
+    print(f"quantkit: the cached CPU kernels {library} do not match their build record (damaged or incomplete); "
+          f"building them again", file=sys.stderr, flush=True)
+    for entry in library.parent.iterdir():  # the objects too: whatever truncated the library may have hit them
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def _write_record(library: Path) -> None:
+    """Record the library a build just wrote (atomically: a record is whole or absent)."""
+    record = _record(library)
+    tmp = record.with_name(f".{record.name}.{os.getpid()}.tmp")
+    tmp.write_text(_fingerprint(library) + "\n")
+    os.replace(tmp, record)
+
+
 @functools.cache
 def load_cpu_kernels() -> CpuKernels:
     """Build (first time on this machine) and load the C++ CPU kernels; never raises."""
@@ -137,8 +213,10 @@ def load_cpu_kernels() -> CpuKernels:
         from torch.utils import cpp_extension
 
         build_dir.mkdir(parents=True, exist_ok=True)
+        library = build_dir / f"{name}.so"
         with _build_lock(build_dir.parent / f"{key}.lock"):
-            built = (build_dir / f"{name}.so").exists()
+            _discard_if_damaged(library)
+            built = library.exists()
             if not built:
                 print(f"quantkit: compiling the CPU kernels (once per machine, about a minute) in {build_dir} ...",
                       file=sys.stderr, flush=True)
@@ -150,6 +228,7 @@ def load_cpu_kernels() -> CpuKernels:
                     build_directory=str(build_dir), is_python_module=False, verbose=False,
                 )
             if not built:
+                _write_record(library)
                 print(f"quantkit: CPU kernels built in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     except Exception as e:  # a failed build must never stop a model from running: report and fall back
         detail = " ".join(str(e).split())[-300:]

@@ -18,6 +18,7 @@ the checkpoint's `ignore`.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from torch import nn
 
@@ -43,11 +44,14 @@ def moe_config_problem(config) -> str | None:
     possible or not MoE): each token is routed to `num_experts_per_tok` of the experts, so it must be a
     whole number from 1 to the number of experts (the router's topk fails otherwise)."""
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    top_k = getattr(text, "num_experts_per_tok", None)
-    key = next((k for k in EXPERT_COUNT_KEYS if isinstance(getattr(text, k, None), int)), None)
-    if top_k is None or key is None or getattr(text, key) == 0:  # dense (Qwen3-MoE's dense layers: 0 experts)
+    if isinstance(text, Mapping):  # config.json as read
+        text = text.get("text_config") or text
+    get = text.get if isinstance(text, Mapping) else lambda k: getattr(text, k, None)
+    top_k = get("num_experts_per_tok")
+    key = next((k for k in EXPERT_COUNT_KEYS if isinstance(get(k), int) and not isinstance(get(k), bool)), None)
+    if top_k is None or key is None or get(key) == 0:  # dense (Qwen3-MoE's dense layers: 0 experts)
         return None
-    experts = getattr(text, key)
+    experts = get(key)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= experts or experts < 1:
         return (f"num_experts_per_tok {top_k!r} with {key} {experts!r}: each token is routed to "
                 f"num_experts_per_tok of the experts, a whole number from 1 to {key}; correct config.json")

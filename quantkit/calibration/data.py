@@ -66,12 +66,30 @@ class CalibrationConfig:
     batch_size: int | None = None
 
     def __post_init__(self) -> None:
+        for key in ("num_samples", "seq_len", "seed", "batch_size"):
+            value = getattr(self, key)
+            if (value is not None or key in ("num_samples", "seed")) and (
+                    isinstance(value, bool) or not isinstance(value, int)):
+                raise QuantizationError(f"calibration {key} must be an integer, got {value!r} (a {type(value).__name__})")
         if self.num_samples < 1:
             raise QuantizationError(f"calibration num_samples must be >= 1, got {self.num_samples}")
         if self.seq_len is not None and self.seq_len < 2:
             raise QuantizationError(f"calibration seq_len must be >= 2 tokens, got {self.seq_len}")
         if self.batch_size is not None and self.batch_size < 1:
             raise QuantizationError(f"calibration batch_size must be >= 1, got {self.batch_size}")
+        if self.seq_len is not None:
+            check_token_count(self.num_samples * self.seq_len, f"{self.num_samples} samples x {self.seq_len} tokens")
+
+
+def check_token_count(total: int, what: str) -> None:
+    """QuantizationError when calibration would see fewer than MIN_CALIBRATION_TOKENS tokens (`what`: how they
+    were asked for): GPTQ's Hessians, AWQ's scales and FP8 KV absmaxes of a handful of tokens are noise."""
+    if total < MIN_CALIBRATION_TOKENS:
+        raise QuantizationError(
+            f"calibration would see {total} tokens ({what}); calibration needs at least {MIN_CALIBRATION_TOKENS} "
+            f"(typical: {DEFAULT_NUM_SAMPLES} samples x {DEFAULT_SEQ_LEN} tokens; CLI: --calib-samples N "
+            f"--calib-seq-len L)"
+        )
 
 
 # -- sources ----------------------------------------------------------------------------------------
@@ -313,12 +331,7 @@ def calibration_batches(calibration_data: Any, model, tokenizer=None) -> list[to
         calibration_data = [calibration_data]
     if isinstance(calibration_data, (list, tuple)) and calibration_data and not isinstance(calibration_data[0], str):
         batches = _validate_token_tensors(list(calibration_data), vocab_size)
-        total = sum(b.numel() for b in batches)
-        if total < MIN_CALIBRATION_TOKENS:
-            raise QuantizationError(
-                f"calibration_data has {total} tokens; calibration needs at least {MIN_CALIBRATION_TOKENS} "
-                f"(typical: {DEFAULT_NUM_SAMPLES} samples x {DEFAULT_SEQ_LEN} tokens)"
-            )
+        check_token_count(sum(b.numel() for b in batches), "the token ids of calibration_data")
         return batches
     if calibration_data is None or isinstance(calibration_data, (str, os.PathLike)):
         cfg = CalibrationConfig(source=None if calibration_data is None else str(calibration_data))
@@ -336,6 +349,7 @@ def calibration_batches(calibration_data: Any, model, tokenizer=None) -> list[to
             f"with {SOURCE_HELP}, or token tensors"
         )
     seq_len = _seq_len(cfg, config)
+    check_token_count(cfg.num_samples * seq_len, f"{cfg.num_samples} samples x {seq_len} tokens")
     if tokenizer is None:
         tokenizer = _model_tokenizer(model)
     texts = load_texts(source, cfg.column)

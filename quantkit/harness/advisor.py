@@ -29,7 +29,7 @@ from .hardware import DeviceSpec
 from .results import QualityResult
 from .roofline import (
     ModelShape, RooflineScheme, decode_cost, kv_cache_bytes, predict, prefill_cost, scheme_from_quantization_config, scheme_from_recipe,
-    standard_schemes, weight_memory_bytes,
+    fitted_to, standard_schemes, weight_memory_bytes,
 )
 
 MAX_DECODE_SAMPLES = 1024  # decode steps evaluated exactly up to this many; sampled evenly beyond
@@ -192,7 +192,7 @@ def advise(
     min_gain: a faster scheme must beat a higher-quality one by this fraction of total latency.
     """
     workload.check_fits(shape)
-    schemes = list(schemes or standard_schemes())
+    schemes = [fitted_to(s, shape) for s in (schemes or standard_schemes())]  # widths the group does not divide
     budget = device.memory_bytes if memory_budget is None else memory_budget
     if budget <= 0:
         raise ValueError(f"memory budget must be positive, got {budget}")
@@ -321,5 +321,7 @@ def format_advice(advice: Advice) -> list[str]:
                      f"{c.prefill_bound}/{c.decode_bound}")
     lines.append("Δppl, KL: from the --quality results; ref: the float model itself; ?: not measured; "
                  "–: not in the result")
+    lines += [f"{c.name}: {c.scheme.describe()} (widths its group size does not divide)" for c in advice.candidates
+              if c.scheme.layers and not c.name.endswith("+kv8")]
     lines.append(f"recommendation: {advice.reason}")
     return lines

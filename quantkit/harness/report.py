@@ -75,6 +75,9 @@ def summary_lines(bench: dict) -> list[str]:
             lines.append(f"  speedup {s['variant']:<18} prefill {_fmt_summary(s, 'prefill')} "
                          f"(roofline {_fmt_x(s['prefill_predicted'])})   decode {_fmt_summary(s, 'decode')} "
                          f"(roofline {_fmt_x(s['decode_predicted'])})")
+    for v in bench.get("variants", []):
+        if v.get("scheme", {}).get("layers"):  # linears of several schemes: the roofline sums each by its own
+            lines.append(f"  {v['name']} weights: {v.get('weights')}")
     if problem:
         lines.append(f"  no roofline: {problem}")
     elif bench.get("model", {}).get("moe_note"):

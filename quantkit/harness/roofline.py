@@ -11,7 +11,9 @@ by up to ~3.9x. A prefill of P tokens does ~2P flops per weight: above the ridge
 hundreds, so its time is flops / peak, which weight-only quantization does not change.
 
 What is counted (a lower bound on traffic; norms, rotary and elementwise ops are left out):
-- weights: every targeted linear read once per forward, packed values + scales (+ zero points);
+- weights: every targeted linear read once per forward, packed values + scales (+ zero points), each by its
+  own scheme (RooflineScheme.layers: a checkpoint whose linears took several, e.g. groups of 64 on the
+  576-wide inputs of SmolLM2 and 128 on the others, or left some float);
   mixture-of-experts models: the dense linears, the float routers, and only the experts the forward's
   tokens reach (k per layer for one token; E * (1 - (1 - k/E)^T) expected distinct experts for T
   tokens under uniform routing, so a batch-32 decode of a 128-expert top-8 model reads ~112 of them);
@@ -34,6 +36,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .. import dtypes
+from ..errors import CheckpointError
+from ..moe import moe_config_problem
 from .hardware import DeviceSpec
 
 
@@ -85,6 +89,9 @@ class ModelShape:
                 f"config lacks {missing}: the roofline models Llama-family decoders "
                 "(hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size)"
             )
+        problem = moe_config_problem(d)
+        if problem:
+            raise CheckpointError(f"the model's config: {problem}")
         heads = int(d["num_attention_heads"])
         experts = int(d.get("num_experts") or d.get("num_local_experts") or 0)
         moe = {}
@@ -176,6 +183,10 @@ class RooflineScheme:
     scale_bytes: bytes per scale (the model dtype); zero points (asymmetric) take weight_bits each.
     dtype_bytes: bytes of activations, float weights, embeddings and an unquantized lm_head.
     kv_bytes: bytes per stored K/V value (2 for bf16, 1 for FP8).
+    layers: the linears stored otherwise, as (kind, weight_bits, group_size, symmetric, share): `share` of the
+      linears of that kind (ModelShape's names: "q_proj", "shared_expert.gate_proj", "expert.down_proj",
+      "lm_head"), over all layers and experts, are stored so (weight_bits 16: left float); the rest of that kind
+      take the fields above. Empty: every linear takes them (a recipe whose group size divides every width).
     """
 
     name: str = "bf16"
@@ -186,8 +197,10 @@ class RooflineScheme:
     dtype_bytes: int = 2
     kv_bytes: int = 2
     quantize_lm_head: bool = False
+    layers: tuple[tuple[str, int, int | None, bool, float], ...] = ()
 
     def __post_init__(self):
+        object.__setattr__(self, "layers", tuple(tuple(entry) for entry in self.layers))  # from JSON: lists
         if self.weight_bits not in (2, 3, 4, 8, 16, 32):
             raise ValueError(f"weight_bits must be one of 2, 3, 4, 8, 16, 32; got {self.weight_bits}")
         if self.group_size is not None and self.group_size != -1 and self.group_size <= 0:
@@ -198,6 +211,30 @@ class RooflineScheme:
     @property
     def quantized(self) -> bool:
         return self.weight_bits < 8 * self.dtype_bytes
+
+    def of_kind(self, kind: str) -> list[tuple["RooflineScheme", float]]:
+        """(scheme, share) of the linears of `kind`: the shares sum to 1."""
+        own = [(replace(self, weight_bits=bits, group_size=group, symmetric=symmetric, layers=()), share)
+               for k, bits, group, symmetric, share in self.layers if k == kind]
+        rest = 1.0 - sum(share for _, share in own)
+        return own + ([(replace(self, layers=()), rest)] if rest > 1e-9 else [])
+
+    def describe(self) -> str:
+        """The weights as stored, in words: "int4 g128 sym" or, with `layers`, each kind stored otherwise."""
+        def words(bits, group, symmetric) -> str:
+            if bits >= 8 * self.dtype_bytes:
+                return "float"
+            return f"int{bits} " + (f"g{group}" if group not in (None, -1) else "per channel") + (
+                " sym" if symmetric else " asym")
+
+        main = words(self.weight_bits, self.group_size, self.symmetric)
+        if not self.layers:
+            return main
+        kinds: dict[str, list[str]] = {}  # what they are stored as -> the kinds stored so
+        for kind, bits, group, symmetric, share in self.layers:
+            stored = words(bits, group, symmetric) + ("" if share > 1 - 1e-9 else f" ({share:.0%} of them)")
+            kinds.setdefault(stored, []).append(kind)
+        return f"{main}, except " + "; ".join(f"{', '.join(k)}: {stored}" for stored, k in kinds.items())
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -257,12 +294,81 @@ def scheme_from_quantization_config(config: Any, *, name: str | None = None) -> 
 
     qc = parse_quantization_config(d["quantization_config"], "quantization_config")
     weight_schemes = list(dict.fromkeys(scheme for _, scheme in qc.groups))
-    if len(weight_schemes) > 1:
-        raise ValueError("the roofline models one weight scheme for all linears; this checkpoint has several")
-    scheme = scheme_from_weight_args(
-        weight_schemes[0] if weight_schemes else None, qc.kv_cache, name=name, dtype_bytes=dtype_bytes
-    )
-    return replace(scheme, quantize_lm_head=bool(weight_schemes) and "lm_head" not in qc.ignore)
+    if not weight_schemes:
+        return scheme_from_weight_args(None, qc.kv_cache, name=name, dtype_bytes=dtype_bytes)
+    try:
+        shape = ModelShape.from_config(d)
+    except ValueError:
+        if len(weight_schemes) > 1:
+            raise
+        scheme = scheme_from_weight_args(weight_schemes[0], qc.kv_cache, name=name, dtype_bytes=dtype_bytes)
+        return replace(scheme, quantize_lm_head="lm_head" not in qc.ignore)
+    return _stored_scheme(qc, shape, name=name, dtype_bytes=dtype_bytes)
+
+
+#: Mixtral's expert projections, by ModelShape's names
+_EXPERT_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+_FLOAT = "float"
+
+
+def linear_kind(path: str) -> str:
+    """The kind of linear a module path names, as ModelShape's linears are named: "q_proj", ...,
+    "shared_expert.gate_proj", "expert.down_proj" (Mixtral's w1 / w3 / w2 too), "lm_head"."""
+    parts = path.split(".")
+    leaf = parts[-1]
+    if "experts" in parts[:-1]:
+        return "expert." + _EXPERT_NAMES.get(leaf, leaf)
+    return f"shared_expert.{leaf}" if "shared_expert" in parts[:-1] else leaf
+
+
+def _stored_scheme(qc, shape: ModelShape, *, name: str | None, dtype_bytes: int) -> RooflineScheme:
+    """The scheme of a checkpoint's config: the weight scheme of the most weights as the main one, and in
+    `layers` the share of each kind of linear stored otherwise (another group's scheme, or float under
+    `ignore`). A group targets "Linear" (every linear no other group names and `ignore` does not list) or
+    names its linears (quantkit writes one group per scheme, each naming its layers)."""
+    sizes = {kind: (i, o, shape.layers) for kind, i, o in shape.linears()}
+    sizes |= {"expert." + kind: (i, o, shape.layers * shape.experts) for kind, i, o in shape.expert_linears()}
+    sizes["lm_head"] = (shape.hidden, shape.vocab, 1)
+    counts: dict[tuple[str, Any], int] = {}
+    every = None  # the scheme of a group targeting every linear
+    for targets, scheme in qc.groups:
+        for target in targets:
+            kind = linear_kind(target)
+            if target == "Linear":
+                every = scheme
+            elif target.startswith("re:") or kind not in sizes:
+                raise CheckpointError(f"the roofline sums each linear by its own scheme, and needs each config group "
+                                      f"to target Linear or name its linears of {', '.join(sizes)}; this "
+                                      f"checkpoint's group target {target!r} does neither")
+            else:
+                counts[kind, scheme] = counts.get((kind, scheme), 0) + 1
+    for ignored in qc.ignore:
+        kind = linear_kind(ignored)
+        if kind in sizes:  # routers are no linear kind: ModelShape counts them float anyway
+            counts[kind, _FLOAT] = counts.get((kind, _FLOAT), 0) + 1
+    for kind, (_, _, total) in sizes.items():  # what no group names and ignore does not list
+        rest = total - sum(n for (k, _), n in counts.items() if k == kind)
+        if rest > 0:
+            key = every if every is not None else _FLOAT
+            counts[kind, key] = counts.get((kind, key), 0) + rest
+    weights: dict[Any, float] = {}
+    for (kind, scheme), n in counts.items():
+        if scheme != _FLOAT and kind != "lm_head":
+            weights[scheme] = weights.get(scheme, 0.0) + n * sizes[kind][0] * sizes[kind][1]
+    head = next((s for (k, s) in counts if k == "lm_head" and s != _FLOAT), None)
+    main = max(weights, key=weights.get) if weights else head
+    layers = []
+    for (kind, scheme), n in counts.items():
+        if scheme == main:
+            continue
+        if scheme == _FLOAT:
+            if kind != "lm_head":  # a float head is quantize_lm_head False
+                layers.append((kind, 8 * dtype_bytes, None, True, n / sizes[kind][2]))
+        else:
+            group = scheme.group_size if scheme.strategy == "group" else None
+            layers.append((kind, scheme.num_bits, group, scheme.symmetric, n / sizes[kind][2]))
+    scheme = scheme_from_weight_args(main, qc.kv_cache, name=name, dtype_bytes=dtype_bytes)
+    return replace(scheme, quantize_lm_head=head is not None, layers=tuple(layers))
 
 
 def scheme_from_recipe(recipe: Any, *, name: str | None = None, dtype_bytes: int = 2) -> RooflineScheme:
@@ -281,6 +387,27 @@ def standard_schemes(dtype_bytes: int = 2) -> list[RooflineScheme]:
         RooflineScheme("w4g128", 4, 128, True, dtype_bytes, dtype_bytes, dtype_bytes),
     ]
     return [s for b in base for s in (b, replace(b, name=b.name + "+kv8", kv_bytes=1))]
+
+
+def fitted_to(scheme: RooflineScheme, shape: ModelShape, indivisible: str = "smaller-group") -> RooflineScheme:
+    """`scheme` as a recipe of it quantizes `shape`'s linears: each kind whose width the group size does not
+    divide gets what the `indivisible` rule gives it (quantkit.scheme.QuantScheme.fitted; SmolLM2's 576-wide
+    inputs take groups of 64 under a group-128 recipe), recorded in `layers`."""
+    if not scheme.quantized or scheme.group_size in (None, -1) or scheme.layers:
+        return scheme
+    from ..scheme import QuantScheme
+
+    asked = QuantScheme(num_bits=scheme.weight_bits, symmetric=scheme.symmetric, strategy="group",
+                        group_size=scheme.group_size)
+    kinds = list(shape.linears()) + [("expert." + k, i, o) for k, i, o in shape.expert_linears()]
+    if scheme.quantize_lm_head:
+        kinds.append(("lm_head", shape.hidden, shape.vocab))
+    layers = []
+    for kind, in_features, _ in kinds:
+        got = asked.fitted(in_features, indivisible)
+        if got != asked:
+            layers.append((kind, got.num_bits, got.group_size if got.strategy == "group" else None, got.symmetric, 1.0))
+    return replace(scheme, layers=tuple(layers))
 
 
 def linear_weight_bytes(in_features: int, out_features: int, scheme: RooflineScheme) -> float:
@@ -302,21 +429,26 @@ def moe_roofline_note(shape: ModelShape) -> str:
             f"{per_batch} (uniform routing; prefill of P tokens: the same for B*P tokens)")
 
 
+def kind_weight_bytes(kind: str, in_features: int, out_features: int, scheme: RooflineScheme) -> float:
+    """Mean bytes of one linear of `kind` ([out, in]) under `scheme`, each share by its own scheme."""
+    return sum(share * linear_weight_bytes(in_features, out_features, s) for s, share in scheme.of_kind(kind))
+
+
 def decoder_weight_bytes(shape: ModelShape, scheme: RooflineScheme, experts: float | None = None) -> float:
     """Bytes of the decoder-layer linears a forward streams: all dense ones, plus `experts` routed experts
     per layer (default: every expert; a decode step reads shape.experts_read(batch)) and the routers
-    (float, E x hidden per layer)."""
-    dense = sum(linear_weight_bytes(i, o, scheme) for _, i, o in shape.linears())
+    (float, E x hidden per layer). Each linear counts by its own scheme (RooflineScheme.layers)."""
+    dense = sum(kind_weight_bytes(kind, i, o, scheme) for kind, i, o in shape.linears())
     if shape.is_moe:
         n = shape.experts if experts is None else experts
-        dense += n * sum(linear_weight_bytes(i, o, scheme) for _, i, o in shape.expert_linears())
+        dense += n * sum(kind_weight_bytes("expert." + kind, i, o, scheme) for kind, i, o in shape.expert_linears())
         dense += shape.experts * shape.hidden * scheme.dtype_bytes
     return shape.layers * dense
 
 
 def lm_head_bytes(shape: ModelShape, scheme: RooflineScheme) -> float:
     if scheme.quantize_lm_head:
-        return linear_weight_bytes(shape.hidden, shape.vocab, scheme)
+        return kind_weight_bytes("lm_head", shape.hidden, shape.vocab, scheme)
     return shape.hidden * shape.vocab * scheme.dtype_bytes
 
 

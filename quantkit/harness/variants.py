@@ -45,7 +45,8 @@ class Variant:
 
     def describe(self) -> dict:
         return {"name": self.name, "source": self.source, "scheme": self.scheme.to_dict(),
-                "backend": self.backend, "weight_bytes": model_tensor_bytes(self.model), **self.info}
+                "weights": self.scheme.describe(), "backend": self.backend,
+                "weight_bytes": model_tensor_bytes(self.model), **self.info}
 
 
 def model_tensor_bytes(model: nn.Module) -> int:
@@ -201,6 +202,9 @@ def build_variant(
         name = "+".join(Path(p).stem if p.endswith((".yaml", ".yml")) else p for p in spec.split("+") if p)
         scheme = scheme_from_weight_args(weights_recipe.weights if weights_recipe else None, kv_scheme, name=name,
                                          dtype_bytes=dtypes.dtype_bytes(dtype))
+        if weights_recipe is not None:  # each linear as quantize stored it (the indivisible rule, the ignore list)
+            config = model.config.to_dict() | {"torch_dtype": str(dtype).removeprefix("torch.")}
+            scheme = dataclasses.replace(scheme_from_quantization_config(config, name=name), kv_bytes=scheme.kv_bytes)
         variant = Variant(name=name, model=model.eval(), scheme=scheme, source=f"recipe:{spec}", kv_cache=kv_scheme)
         variant.backend = _prepare_kernels(model, backend)
     if variant.backend is not None:

@@ -21,7 +21,7 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument(
         "--out", type=Path, default=None,
         help="folder to write the model into (default: <cache>/refmodels/<name>-<spec hash>, "
-             "cache = $QUANTKIT_CACHE or ~/.cache/quantkit)",
+             "cache = $QUANTKIT_CACHE_DIR, else $XDG_CACHE_HOME/quantkit or ~/.cache/quantkit)",
     )
     parser.add_argument("--force", action="store_true", help="rebuild even if the folder already holds this model")
     parser.add_argument(

@@ -13,6 +13,7 @@ each file ending in exactly one ``\\n``, and joined with a blank line between fi
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import sys
@@ -115,9 +116,11 @@ def heldout_text(max_bytes: int | None = None, root: Path | None = None) -> str:
 
 
 def cache_root() -> Path:
-    """quantkit's cache folder: ``$QUANTKIT_CACHE`` if set, else ``~/.cache/quantkit``."""
-    configured = os.environ.get("QUANTKIT_CACHE")
-    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "quantkit"
+    """quantkit's cache folder, the one the kernel builds use too (quantkit.kernels.cpu_extension.cache_root:
+    ``$QUANTKIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/quantkit``, else ``~/.cache/quantkit``)."""
+    from ..kernels.cpu_extension import cache_root as root  # torch: only once a cache path is needed
+
+    return root()
 
 
 def _python_tag() -> str:
@@ -139,10 +142,22 @@ def write_text_atomically(path: Path, text: str) -> Path:
 
 
 def _cached_split_path(split: str) -> Path:
+    """The cached text file of `split`, written first if missing; UsageError naming the folder (and
+    QUANTKIT_CACHE_DIR, the fix) when it cannot be written there (no permission, a name too long, ...),
+    NoSpaceError when the disk is full."""
+    from ..errors import NoSpaceError, UsageError
+
     path = cache_root() / "corpus" / f"stdlib-{split}-{_python_tag()}-v{CORPUS_VERSION}.txt"
-    if not path.is_file():
-        text = heldout_text() if split == "heldout" else train_text()
-        write_text_atomically(path, text)
+    try:
+        if not path.is_file():
+            text = heldout_text() if split == "heldout" else train_text()
+            write_text_atomically(path, text)
+    except OSError as e:
+        problem = f"the corpus cache {path.parent} cannot be written ({e.strerror or e})"
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise NoSpaceError(f"{problem}: free some space, or set QUANTKIT_CACHE_DIR to a folder on "
+                               f"another disk") from None
+        raise UsageError(f"{problem}: set QUANTKIT_CACHE_DIR to a writable folder with a short path") from None
     return path
 
 

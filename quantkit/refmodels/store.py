@@ -30,7 +30,7 @@ def committed_folder(spec: RefModelSpec) -> Path:
 
 
 def cache_folder(spec: RefModelSpec) -> Path:
-    """``<cache>/refmodels/<name>-<spec hash>`` (cache: ``$QUANTKIT_CACHE`` or ``~/.cache/quantkit``)."""
+    """``<cache>/refmodels/<name>-<spec hash>`` (cache: corpus.cache_root())."""
     return corpus.cache_root() / "refmodels" / spec.folder_name()
 
 
