@@ -18,7 +18,7 @@ dtype (> 1: faster than the float model's own linear):
   decoded into an fp32 scratch, then the fp32 dense matmul).
 
 The last column names the path ``torch.ops.quantkit.wna16_int4_cpu`` / ``wna16_int8_cpu`` take at that
-M (``wna16_cpu_dequant.use_dequantized``). Outputs OUT/cpu_activation_paths_DTYPE.{json,md}.
+M (``cpu_kernel_choice.choose``). Outputs OUT/cpu_activation_paths_DTYPE.{json,md}.
 """
 
 from __future__ import annotations
@@ -32,11 +32,14 @@ import torch
 
 import quantkit.kernels as qk
 from quantkit.harness.hardware import cpu_name
+from quantkit.kernels import cpu_flags, cpu_kernel_choice
 from quantkit.kernels import wna16_cpu_dequant as dq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_dequant_crossover import measure  # noqa: E402
 from cpu_timing import realtime_priority  # noqa: E402
+
+DEQUANTIZED = (cpu_kernel_choice.AtenInt4Dequantized, cpu_kernel_choice.AtenInt8Dequantized)
 
 # K x N: a 1B Llama's projections (q/o, gate/up, down) and ref:small's (q/o, gate/up, down)
 DEFAULT_SHAPES = "2048x2048,2048x5632,5632x2048,256x256,256x768,768x256"
@@ -100,8 +103,8 @@ def main(argv=None) -> dict:
     dtype = getattr(torch, args.dtype)
     result = {"command": "python evals/kernels/cpu_activation_paths.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "machine": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-              "dtype": args.dtype, "capability": torch.backends.cpu.get_cpu_capability(), "native_bf16": dq.native_bf16(),
-              "thresholds": dict(dq.DEQUANT_MIN_ROWS), "rows": []}
+              "dtype": args.dtype, "capability": torch.backends.cpu.get_cpu_capability(), "native_bf16": cpu_flags.native_bf16(),
+              "thresholds": dict(cpu_kernel_choice.DEQUANT_MIN_ROWS), "rows": []}
     for shape in args.shapes.split(","):
         k, n = (int(v) for v in shape.lower().split("x"))
         dense = torch.randn(n, k, generator=gen).to(dtype)
@@ -113,7 +116,8 @@ def main(argv=None) -> dict:
                     t = measure(paths(fmt, lay, dense, x, m <= args.fused_native_max_m), args.reps)
                 row = {"K": k, "N": n, "format": fmt, "M": m, "dense_us": t["dense"] * 1e6,
                        **{f"{name}_vs_dense": t["dense"] / t[name] for name in PATHS if name in t},
-                       "op_takes": "dequant_fp32" if dq.use_dequantized(m, fmt) else "fused_bf16"}
+                       "op_takes": "dequant_fp32" if isinstance(cpu_kernel_choice.choose(m, k, n, dtype, f"cpu_{fmt}"), DEQUANTIZED)
+                       else "fused_bf16"}
                 result["rows"].append(row)
                 print(f"{k}x{n} {fmt} M={m:<4} dense {row['dense_us']:8.0f} us  " + "  ".join(
                     f"{name} {row[f'{name}_vs_dense']:.2f}x" for name in PATHS if f"{name}_vs_dense" in row), flush=True)

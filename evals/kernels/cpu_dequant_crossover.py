@@ -7,7 +7,7 @@ by call (so load drifts over all alike): the fused kernel (``aten._weight_int4pa
 ``_weight_int8pack_mm``), the dequantize-once path (``quantkit.kernels.wna16_cpu_dequant``) and the
 dense matmul on a float weight of the same shape. It prints and writes each path's time as a ratio to
 the dense matmul (speedup > 1: faster than dense), and the M from which dequantize-once beats the
-fused kernel. The switch in ``wna16_cpu_dequant.DEQUANT_MIN_ROWS`` is reasoned from such runs.
+fused kernel. The switch in ``cpu_kernel_choice.DEQUANT_MIN_ROWS`` is reasoned from such runs.
 Outputs OUT/cpu_dequant_crossover.{json,md}.
 """
 
@@ -24,6 +24,7 @@ import torch
 
 import quantkit.kernels as qk
 from quantkit.harness.hardware import cpu_name
+from quantkit.kernels import cpu_flags, cpu_kernel_choice
 from quantkit.kernels import wna16_cpu_dequant as dq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -86,7 +87,7 @@ def main(argv=None) -> dict:
     result = {"command": "python evals/kernels/cpu_dequant_crossover.py " + " ".join(sys.argv[1:] if argv is None
                                                                                     else argv),
               "machine": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
-              "native_bf16": dq.native_bf16(), "thresholds": dict(dq.DEQUANT_MIN_ROWS), "K": k, "N": n, "rows": []}
+              "native_bf16": cpu_flags.native_bf16(), "thresholds": dict(cpu_kernel_choice.DEQUANT_MIN_ROWS), "K": k, "N": n, "rows": []}
     for fmt in args.formats.split(","):
         prep = layer(fmt, k, n, gen)
         for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
