@@ -1,4 +1,4 @@
-"""Models without an lm_head, FP8 KV caches on models that do not generate, impossible MoE configs, calibration token counts, caches and ragged rooflines."""
+"""Encoders, classifiers and base models, FP8 KV caches that cannot be, impossible MoE configs, caches, rooflines."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from quantkit.errors import CheckpointError, QuantizationError, UsageError
 
 from .robustness_cases import Case, PythonCase
 
-SMALL = dict(prompt=["--prompt-lens", "8", "--context-lens", "8", "--batch-sizes", "1", "--warmup", "0",
-                     "--repeats", "1", "--gpu", "h200", "--device", "cpu", "--dtype", "float32"])
+#: one short prefill and decode step, timed once
+BENCH_SMALL = ["--prompt-lens", "8", "--context-lens", "8", "--batch-sizes", "1", "--warmup", "0", "--repeats", "1",
+               "--gpu", "h200", "--device", "cpu", "--dtype", "float32"]
 
 
 def _shared(work: Path, name: str) -> Path:
@@ -76,9 +77,14 @@ def _ragged(work: Path) -> tuple[Path, Path]:
     return float_dir, w4
 
 
+def _eval_moe_topk9(work):
+    src, ckpt = _moe_pair(work)
+    return ["eval", str(ckpt), "--baseline", str(src), "--max-tokens", "256"]
+
+
 def _bench_ragged(work):
     float_dir, w4 = _ragged(work)
-    return ["bench", str(w4), "--baseline", str(float_dir), "--variants", "w4a16-rtn", *SMALL["prompt"],
+    return ["bench", str(w4), "--baseline", str(float_dir), "--variants", "w4a16-rtn", *BENCH_SMALL,
             "--json", str(work / "bench.json")]
 
 
@@ -95,7 +101,7 @@ CASES = [
          lambda w: ["quantize", "ref:tiny", "--recipe", "w4a16-gptq", "--out", str(w / "out"), "--calib-samples",
                     "1", "--calib-seq-len", "4"], "calibration needs at least 256", creates="out"),
     Case("enc-eval-moe-topk9", "`eval` of a MoE checkpoint whose config has num_experts_per_tok 9 > 8 experts "
-         "(was: RuntimeError from topk)", lambda w: ["eval", str(_moe_pair(w)[1]), "--baseline", str(_moe_pair(w)[0]), "--max-tokens", "256"],
+         "(was: RuntimeError from topk)", _eval_moe_topk9,
          "num_experts_per_tok 9 with num_"),
     Case("enc-quantize-moe-topk9", "`quantize` of a MoE model whose config has num_experts_per_tok 9 > 8 experts "
          "(was: quantized and saved)", lambda w: ["quantize", str(_bad_moe_float(w)), "--recipe", "w4a16-rtn",

@@ -30,7 +30,8 @@ from .moe_fixtures import make_moe_model
 @pytest.mark.parametrize("samples,seq_len", [(1, 4), (3, 64), (1, 255)])
 def test_too_few_calibration_tokens_are_refused_in_python(samples, seq_len):
     with pytest.raises(QuantizationError, match=rf"would see {samples * seq_len} tokens \({samples} samples x "
-                                                rf"{seq_len} tokens\); calibration needs at least {MIN_CALIBRATION_TOKENS}"):
+                                                rf"{seq_len} tokens\); calibration needs at least "
+                                                rf"{MIN_CALIBRATION_TOKENS}"):
         CalibrationConfig(source="ref", num_samples=samples, seq_len=seq_len)
 
 

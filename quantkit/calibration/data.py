@@ -70,7 +70,8 @@ class CalibrationConfig:
             value = getattr(self, key)
             if (value is not None or key in ("num_samples", "seed")) and (
                     isinstance(value, bool) or not isinstance(value, int)):
-                raise QuantizationError(f"calibration {key} must be an integer, got {value!r} (a {type(value).__name__})")
+                raise QuantizationError(
+                    f"calibration {key} must be an integer, got {value!r} (a {type(value).__name__})")
         if self.num_samples < 1:
             raise QuantizationError(f"calibration num_samples must be >= 1, got {self.num_samples}")
         if self.seq_len is not None and self.seq_len < 2:
