@@ -262,7 +262,8 @@ def test_calibrated_mix_recipes_quantize_each_linear_onto_its_grid(tmp_path, cap
         for name, kind in types.items():
             if name.startswith("blk.") and name.endswith(".weight") and "norm" not in name:
                 i, role = int(name.split(".")[1]), name.split(".")[2]
-                hf = {"attn_v": "self_attn.v_proj", "ffn_down": "mlp.down_proj"}.get(role, "self_attn.q_proj")
+                hf = {"attn_v": "self_attn.v_proj", "ffn_down": "mlp.down_proj",
+                      "attn_output": "self_attn.o_proj"}.get(role, "self_attn.q_proj")
                 assert kind == _expected_type(mix, f"model.layers.{i}.{hf}", 256), name
         assert types["token_embd.weight"] == "Q6_K"  # tied: the output's type, as llama-quantize writes it
     assert "file type Q4_K_S" in capsys.readouterr().out
