@@ -37,6 +37,13 @@ def _model(cls_name: str) -> nn.Module:
     return getattr(transformers, cls_name)(MODELS[cls_name][0]).eval()
 
 
+def _whisper() -> nn.Module:
+    return transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(
+        d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+        encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=100, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        decoder_start_token_id=1, num_mel_bins=16, max_source_positions=32, max_target_positions=32))
+
+
 def _float_linears(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if type(m) is nn.Linear]
 
@@ -80,10 +87,7 @@ def test_conv_models_with_leave_float_keep_their_output_head_float():
         quantkit.quantize(vit, "w4a16-rtn", progress=False)
     quantkit.quantize(vit, "w4a16-rtn", progress=False, leave_float=True)
     assert _float_linears(vit) == ["classifier"]
-    whisper = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(
-        d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
-        encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=100, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-        decoder_start_token_id=1, num_mel_bins=16, max_source_positions=32, max_target_positions=32))
+    whisper = _whisper()
     quantkit.quantize(whisper, "w4a16-rtn", progress=False, leave_float=True)
     assert _float_linears(whisper) == ["proj_out"]  # its output embeddings, as an LM's lm_head
 
@@ -120,10 +124,7 @@ def test_fp8_kv_cache_on_a_model_that_does_not_generate_is_refused(cls_name):
 
 
 def test_fp8_kv_cache_on_an_encoder_decoder_is_refused():
-    whisper = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(
-        d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
-        encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=100, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-        decoder_start_token_id=1, num_mel_bins=16, max_source_positions=32, max_target_positions=32))
+    whisper = _whisper()
     with pytest.raises(QuantizationError, match="encoder-decoder"):
         quantkit.quantize(whisper, "kv-fp8", torch.randint(0, 100, (2, 256)), progress=False)
 
