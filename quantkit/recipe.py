@@ -31,6 +31,7 @@ import yaml
 
 from .algorithms.registry import ALGORITHMS
 from .config_utils import ConfigError, from_dict
+from .errors import shorten
 from .inputs import read_input_bytes
 from .scheme import INDIVISIBLE, QuantScheme, grid_scheme
 from .targets import check_patterns, output_head_name, select_linears
@@ -277,7 +278,7 @@ def load_recipe(recipe: "str | Path | Recipe | dict") -> Recipe:
         path = builtins[str(recipe)]
     elif not path.is_file():
         raise ConfigError(
-            f"recipe {str(recipe)!r} is neither a built-in recipe nor a YAML file; "
+            f"recipe {shorten(repr(str(recipe)), 400)} is neither a built-in recipe nor a YAML file; "
             f"built-in recipes: {', '.join(sorted(builtins))}"
         )
     return recipe_from_dict(read_recipe_yaml(path), name=path.stem)
