@@ -81,6 +81,10 @@ def run(args: argparse.Namespace) -> int:
           f"expect up to ~{_estimate_seconds(model, baseline, windows):.0f} s (one window timed through both models, "
           f"times {windows.shape[0]}; batches of {args.batch_size} run faster)", file=sys.stderr, flush=True)
 
+    if any(getattr(m, "kernel_layout", None) == "cpu_q8" for m in model.modules()):
+        print("eval: the quantized linears run quantkit's C++ CPU kernel, which rounds their inputs to int8 in "
+              "blocks of 32 for prompts as for decode, so the figures include that rounding (--backend reference "
+              "scores the weights alone)", file=sys.stderr, flush=True)
     result = evaluate_quality(model, baseline, windows, batch_size=args.batch_size,
                               allow_other_baseline=args.allow_other_baseline).to_dict()
     result.update(model=str(args.model), baseline=str(args.baseline), data=args.data or "reference held-out text",
