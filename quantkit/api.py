@@ -115,6 +115,13 @@ def quantize(
     recipe = load_recipe(recipe)
     if device is not None:
         device = resolve_device(device)
+    origin = gguf_origin(model)
+    if origin is not None and origin.quantized_tensors and recipe.weights is not None:
+        raise QuantizationError(
+            f"this model is the GGUF file {origin.path} dequantized to float ({origin.quantized_tensors} of its "
+            f"tensors on llama.cpp's grids): quantizing it rounds weights that were rounded already, and its "
+            f"figures would measure both roundings; quantize the float model it was made from (a GGUF file in F16, "
+            f"BF16 or F32 is one)")
     _check_finite(model)
     problem = moe_config_problem(getattr(model, "config", None))
     if problem:
@@ -150,6 +157,8 @@ def quantize(
                 warnings.warn(
                     f"{', '.join(names)}: outside the decoder blocks, quantized with RTN (no calibration)", stacklevel=2
                 )
+        from .calibration.offload import release_freed_memory
+
         for name in tqdm(names, desc=f"quantize {recipe.name}", unit="layer", disable=not progress or not names):
             linear = model.get_submodule(name)
             options = recipe.algorithm.options if recipe.algorithm.name == "rtn" and recipe.algorithm.options else None
@@ -159,6 +168,8 @@ def quantize(
             if not isinstance(qweight, GridWeight):  # GGUF grids' fields are fp16 (6-bit) whatever the model dtype
                 qweight.scale = _round_scale(qweight.scale, stored)  # what the output will hold
             set_submodule(model, name, quantized_linear(qweight, linear.bias, dtype=linear.weight.dtype))
+            del linear, qweight
+            release_freed_memory()  # the freed float temporaries' pages, which glibc would keep (calibration.offload)
     if recipe.kv_cache is not None:
         from .calibration import calibration_batches
         from .calibration.kv_scales import quantize_kv_cache

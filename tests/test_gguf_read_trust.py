@@ -13,13 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import quantkit
-from quantkit.errors import CheckpointError, EvaluationError
+from quantkit.errors import CheckpointError, EvaluationError, QuantizationError
 from quantkit.gguf_reading import (
     Hyperparameters, check_gguf_tokenizer, check_hyperparameters, expected_tensors, gguf_origin, load_gguf_model,
     read_gguf,
 )
 from quantkit.harness.baseline import shape_mismatches, source_mismatches
 from quantkit.harness.eval_text import TOKENIZER_FILES, load_tokenizer
+from quantkit.modules.quant_linear import QuantLinear
 from quantkit.refmodels import resolve_model_name
 
 from .conftest import make_random_model
@@ -266,3 +267,10 @@ def test_a_file_without_a_vocabulary_is_read_with_the_baseline_tokenizer(tiny_gg
     bare = rewrite(tiny_gguf, tmp_path / "bare.gguf",
                    fields={key: None for key in gguf.GGUFReader(str(tiny_gguf)).fields if key.startswith("tokenizer.")})
     assert "carries no vocabulary of its own" in check_gguf_tokenizer(bare, load_tokenizer("ref:tiny"), "ref:tiny")
+
+
+def test_a_model_dequantized_from_a_quantized_gguf_file_is_not_quantized_again(tiny_gguf):
+    model = quantkit.load(tiny_gguf)
+    with pytest.raises(QuantizationError, match="rounds weights that were rounded already"):
+        quantkit.quantize(model, "w4a16-rtn")
+    assert not any(isinstance(m, QuantLinear) for m in model.modules())
