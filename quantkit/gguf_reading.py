@@ -39,7 +39,7 @@ _PER_LAYER = ("attention.head_count", "attention.head_count_kv", "feed_forward_l
 def is_gguf_file(source: str | os.PathLike) -> bool:
     """Whether `source` names a GGUF file: a path ending in .gguf that is no folder (one that does not exist
     too: read_gguf says so, where a model name would be asked of the hub)."""
-    path = Path(str(source)).expanduser()
+    path = Path(os.path.expanduser(str(source)))
     return path.suffix.lower() == ".gguf" and not path.is_dir()
 
 
@@ -129,7 +129,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFContents:
         import gguf
     except ImportError:
         raise CheckpointError(f"{path}: reading GGUF files needs the `gguf` package (pip install 'quantkit[gguf]')") from None
-    path = Path(str(path)).expanduser()
+    path = Path(os.path.expanduser(str(path)))
     if not path.is_file():
         raise CheckpointError(f"GGUF file {path} does not exist{' as a regular file' if path.exists() else ''}; "
                               f"check the path")

@@ -103,11 +103,16 @@ def _number(path: Path, where: str, value: Any, low: float, high: float, why: st
     return v
 
 
+#: The largest count a bench file may hold (shapes, bytes): integers past 2**53 have no exact float, and
+#: numpy and the plots take them as Python objects.
+MAX_COUNT = 2**53
+
+
 def _count(path: Path, where: str, value: Any, low: int, *, optional: bool = False) -> int | None:
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise _bad(path, where, value, f"a whole number >= {low}")
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_COUNT:
+        raise _bad(path, where, value, f"a whole number in [{low}, 2**53]")
     return value
 
 
