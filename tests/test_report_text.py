@@ -164,6 +164,21 @@ def test_why_paragraph_says_when_quantized_decode_gains_more_than_the_roofline(t
     assert "more than the roofline predicts" not in md
 
 
+def test_why_paragraph_says_why_int8_prompts_beat_the_float_roofline(tmp_path, no_plots):
+    fast_prompts = {"bf16": {"prefill": 2.0, "decode": 1.0}, "w4a16-rtn": {"prefill": 1.0, "decode": 1.0}}
+    bench = synthetic_bench(CPU, fast_prompts)
+    md = render_report(bench, [], tmp_path).read_text()
+    assert "integer dot products" not in md  # only a variant that runs the C++ kernel is explained so
+    bench["variants"][1]["kernels"] = "quantkit::wna16_cpu_q8dot (avx512-vnni) x 44"
+    md = render_report(bench, [], tmp_path / "b").read_text()
+    why = next(line for line in md.splitlines() if line.startswith("Why:"))
+    assert "the quantized prompts gain more (w4a16-rtn 2.00x against a predicted" in why
+    assert "integer dot products" in why
+    bench = synthetic_bench(CPU, SAME)
+    bench["variants"][1]["kernels"] = "quantkit::wna16_cpu_q8dot (avx512-vnni) x 44"
+    assert "integer dot products" not in render_report(bench, [], tmp_path / "c").read_text()
+
+
 def test_roofline_title_only_claims_what_the_points_show():
     bench = synthetic_bench(CPU, SAME)
     assert "left of the ridge" in plots._roofline_title(bench)  # ridge 10: decode ~1, prefill >> 10

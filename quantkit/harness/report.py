@@ -343,6 +343,7 @@ def _why_paragraph(bench: dict) -> list[str]:
             f"flop/byte ({p['roofline']['bound']}-bound): ")
     if p["roofline"]["bound"] == "compute":
         text += "its time is set by flops, which weight-only quantization does not reduce. "
+        text += _int8_prompts(bench, p)
     else:
         text += "its time is set by the bytes it reads, so smaller weights can shorten it too. "
     text += (f"A decode step (batch {d['batch']}, context {d['context_len']}) runs at "
@@ -358,6 +359,27 @@ def _why_paragraph(bench: dict) -> list[str]:
     else:
         text += "its time is set by flops, so on this device fewer bytes of weights do not shorten it by themselves."
     return [text]
+
+
+def _int8_prompts(bench: dict, base_prefill: dict) -> str:
+    """A sentence naming the variants whose prefill (at ``base_prefill``'s shape) gains over 10% more than the
+    roofline predicts while they run quantkit's C++ CPU kernel: it multiplies int8-rounded activations by the
+    integer weights, and integer dot products run at a higher rate than the float matmul peak the roofline
+    prices every variant's flops at."""
+    faster = []
+    for v in bench["variants"]:
+        if v["name"] == base_prefill["variant"] or "wna16_cpu_q8dot" not in str(v.get("kernels") or ""):
+            continue
+        for r in records(bench, "prefill", v["name"], batch=base_prefill["batch"], prompt_len=base_prefill["prompt_len"]):
+            measured = base_prefill["median_s"] / r["median_s"]
+            predicted = base_prefill["roofline"]["predicted_s"] / r["roofline"]["predicted_s"]
+            if measured > 1.1 * predicted:
+                faster.append(f"{v['name']} {measured:.2f}x against a predicted {predicted:.2f}x")
+    if not faster:
+        return ""
+    return (f"Measured at that shape, the quantized prompts gain more ({', '.join(faster)}): quantkit's CPU kernel "
+            f"rounds their activations to int8 and runs integer dot products (VNNI / AVX2), whose rate is above the "
+            f"float matmul peak the roofline assumes for every variant, so fewer flops are not what makes them faster. ")
 
 
 def _off_roofline(bench: dict, base_step: dict) -> str:
