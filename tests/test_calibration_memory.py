@@ -28,3 +28,31 @@ def test_peak_memory_does_not_grow_with_depth():
     allowed = extra_layers * block / 2 + block
     growth = deep["overhead_mib"] - shallow["overhead_mib"]
     assert growth < allowed, (shallow, deep)
+
+
+def test_freed_pages_are_released_after_each_layer_and_block(monkeypatch):
+    """RTN trims glibc's heap after each quantized linear, calibration after each decoder block."""
+    import torch
+    import transformers
+
+    import quantkit
+    from quantkit.calibration import offload
+
+    calls = []
+    monkeypatch.setattr(offload, "_libc_malloc_trim", lambda: calls.append)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=2, vocab_size=128)
+    quantkit.quantize(transformers.LlamaForCausalLM(config), "w4a16-rtn", progress=False)
+    assert calls == [0] * 14  # 7 linears a block (lm_head is not targeted)
+    calls.clear()
+    batches = [torch.randint(0, 128, (1, 128), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    quantkit.quantize(transformers.LlamaForCausalLM(config), "w4a16-gptq", calibration_data=batches, progress=False)
+    assert calls == [0, 0]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc")
+def test_malloc_trim_is_found_on_glibc():
+    from quantkit.calibration import offload
+
+    assert offload._libc_malloc_trim() is not None

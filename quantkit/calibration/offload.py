@@ -8,6 +8,10 @@ keeps the (4x smaller) quantized block as plain CPU tensors, so peak memory is a
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+
 import torch
 from torch import nn
 
@@ -86,3 +90,27 @@ def materialize_model_(model: nn.Module) -> None:
         del model.hf_device_map
     if hasattr(model, "tie_weights"):
         model.tie_weights()
+
+
+@functools.cache
+def _libc_malloc_trim():
+    """glibc's malloc_trim, or None where the C library has none (musl, macOS, Windows)."""
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    if trim is not None:
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+def release_freed_memory() -> None:
+    """Give the pages of freed tensors back to the system (glibc's malloc_trim(0)).
+
+    glibc raises its mmap threshold after large frees (up to 32 MiB), so the float temporaries of one
+    layer's quantization (a few MiB to tens of MiB) are then carved from the heap; the small quantized
+    tensors kept between them pin those heap pages, and the process's anonymous memory grows with every
+    layer quantized though nothing holds the freed tensors. Called after each layer or block; a no-op
+    without glibc.
+    """
+    trim = _libc_malloc_trim()
+    if trim is not None:
+        trim(0)

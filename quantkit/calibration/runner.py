@@ -44,7 +44,7 @@ from ..modules.kquant_linear import quantized_linear
 from ..quantized_weight import QuantizedWeight
 from ..targets import output_head_name, set_submodule
 from .adapters import FamilyAdapter, LinearGroup, adapter_for
-from .offload import home_device, materialize_, materialize_model_
+from .offload import home_device, materialize_, materialize_model_, release_freed_memory
 
 InputHook = Callable[[nn.Module, torch.Tensor, Any], None]  # (module, its first input, its output)
 
@@ -346,6 +346,8 @@ def run_blockwise(
                 block.set_submodule(local, layer)
             block.to(home)
             kwargs[i] = []
+            del ctx
+            release_freed_memory()
             bar.update(1)
     finally:
         bar.close()

@@ -1,0 +1,113 @@
+"""Peak anonymous memory of `quantkit quantize` against depth, random bf16 Llamas, as a user runs it.
+
+    python evals/calibration/memory_depth.py --layers 2,4 --recipe w4a16-gptq
+    python evals/calibration/memory_depth.py --layers 2,4 --recipe w4a16-rtn --json out.json
+    python evals/calibration/memory_depth.py --layers 2,4 --keep-freed-pages   # without malloc_trim
+
+Each depth: a random Llama (bf16 safetensors, ref:tiny's tokenizer) saved to a temporary folder, then
+`quantkit quantize FOLDER --recipe R --out OUT --calib ref --calib-samples N --calib-seq-len L` run as a
+child process whose RssAnon (/proc/PID/status: heap and tensors, not the file pages of memory-mapped
+weights) is sampled every 5 ms. `per layer %` is the growth of the peak per added decoder layer as a
+percentage of that layer's bf16 bytes: 0% when the pipeline holds one block at a time.
+--keep-freed-pages runs the same command with quantkit.calibration.offload.release_freed_memory a no-op
+(glibc keeps freed heap pages), the behaviour the trimming after each layer and block removes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MB = 1e6
+# `quantkit` in this interpreter, glibc's trimming disabled when argv[1] is "keep"
+CLI = ("import sys; import quantkit.calibration.offload as o; from quantkit.cli import main\n"
+       "if sys.argv.pop(1) == 'keep': o._libc_malloc_trim = lambda: None\n"
+       "sys.exit(main(sys.argv[1:]))")
+TINY = Path(__file__).resolve().parents[2] / "quantkit" / "refmodels" / "weights" / "tiny"
+
+
+def rss_anon(pid: int) -> int | None:
+    """RssAnon of process `pid` in bytes (None once it has exited)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None
+
+
+def save_model(folder: Path, layers: int, hidden: int, intermediate: int, vocab: int) -> int:
+    """Save a random bf16 Llama in `folder` with ref:tiny's tokenizer; returns one decoder layer's bf16 bytes."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+        num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64, vocab_size=vocab,
+        max_position_embeddings=2048, tie_word_embeddings=False, dtype="bfloat16")
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TINY / name, folder / name)
+    return sum(p.numel() * 2 for p in model.model.layers[0].parameters())
+
+
+def measure(folder: Path, out: Path, recipe: str, samples: int, seq_len: int, keep: bool) -> tuple[int, float]:
+    """Run `quantkit quantize` on `folder`; returns (peak RssAnon bytes, seconds)."""
+    cmd = [sys.executable, "-c", CLI, "keep" if keep else "trim", "quantize", str(folder), "--recipe", recipe,
+           "--out", str(out), "--calib", "ref", "--calib-samples", str(samples), "--calib-seq-len", str(seq_len)]
+    start = time.perf_counter()
+    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    peak = 0
+    while child.poll() is None:
+        peak = max(peak, rss_anon(child.pid) or 0)
+        time.sleep(0.005)
+    if child.returncode:
+        raise SystemExit(f"{' '.join(cmd)} exited with {child.returncode}")
+    return peak, time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", default="2,4")
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--intermediate", type=int, default=2816)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--recipe", default="w4a16-gptq")
+    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--keep-freed-pages", action="store_true", help="disable the malloc_trim after each layer/block")
+    p.add_argument("--json", help="also write the rows here")
+    args = p.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for depth in (int(d) for d in args.layers.split(",")):
+            folder = Path(tmp) / f"llama-{depth}"
+            layer_bytes = save_model(folder, depth, args.hidden, args.intermediate, args.vocab)
+            disk = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+            peak, seconds = measure(folder, Path(tmp) / f"out-{depth}", args.recipe, args.samples, args.seq_len,
+                                   args.keep_freed_pages)
+            rows.append(dict(layers=depth, recipe=args.recipe, trim=not args.keep_freed_pages, layer_bytes=layer_bytes, disk_bytes=disk,
+                             peak_bytes=peak, seconds=seconds))
+    print(f"| layers | bf16 on disk (MB) | peak RssAnon (MB) | per added layer (% of its bf16 bytes) | time (s) |")
+    print("|---:|---:|---:|---:|---:|")
+    for prev, row in zip([None] + rows, rows):
+        per = "" if prev is None else \
+            f"{100 * (row['peak_bytes'] - prev['peak_bytes']) / ((row['layers'] - prev['layers']) * row['layer_bytes']):.0f}%"
+        print(f"| {row['layers']} | {row['disk_bytes'] / MB:.0f} | {row['peak_bytes'] / MB:.0f} | {per} "
+              f"| {row['seconds']:.0f} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
