@@ -227,8 +227,8 @@ def load_cpu_kernels() -> CpuKernels:
                     name=name, sources=[str(_csrc() / s) for s in SOURCES], extra_cflags=list(CFLAGS), extra_ldflags=list(LDFLAGS),
                     build_directory=str(build_dir), is_python_module=False, verbose=False,
                 )
+            _write_record(library)  # also after a load: ninja relinks in place when a source's mtime changed
             if not built:
-                _write_record(library)
                 print(f"quantkit: CPU kernels built in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     except Exception as e:  # a failed build must never stop a model from running: report and fall back
         detail = " ".join(str(e).split())[-300:]
