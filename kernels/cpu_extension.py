@@ -74,13 +74,11 @@ def cache_root() -> Path:
 
 
 def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """The CPU's feature flags as one string, for the build key (cpu_flags reads them)."""
+    from .cpu_flags import cpu_flags
+
+    flags = cpu_flags()
+    return " ".join(sorted(flags)) if flags else platform.processor() or platform.machine()
 
 
 def compiler() -> str | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
@@ -68,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     model = quantkit.load(args.model, dtype=torch_dtype(args.dtype), device=args.device,
                           trust_remote_code=args.trust_remote_code, strict=not args.allow_source_mismatch)
-    tokenizer = load_tokenizer(args.model, args.trust_remote_code)
+    tokenizer = load_tokenizer(args.model)
     ids = prompt_ids(tokenizer, args.prompt, args.chat)  # [1, L]
     context = getattr(model.config, "max_position_embeddings", None)
     if context is not None and ids.shape[1] + args.max_new_tokens > context:
@@ -102,23 +101,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_tokenizer(source: str, trust_remote_code: bool = False):
-    """MODEL's tokenizer: a .gguf file's own (transformers reads it from the file), else the folder's."""
-    from pathlib import Path
-
-    from quantkit.errors import CheckpointError
+def load_tokenizer(source: str):
+    """MODEL's tokenizer: a .gguf file's own (gguf_reading.load_gguf_tokenizer, the file checked first), else
+    the folder's."""
+    from quantkit.gguf_reading import is_gguf_file, load_gguf_tokenizer
     from quantkit.harness import eval_text
 
-    path = Path(os.path.expanduser(str(source)))
-    if path.suffix.lower() != ".gguf" or path.is_dir():
-        return eval_text.load_tokenizer(source)
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=trust_remote_code)
-    except Exception as e:  # noqa: BLE001 (transformers' GGUF reader raises many kinds)
-        raise CheckpointError(f"{path}: transformers could not read a tokenizer from this GGUF file "
-                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    return load_gguf_tokenizer(source) if is_gguf_file(source) else eval_text.load_tokenizer(source)
 
 
 def prompt_ids(tokenizer, prompt: str, chat: bool):
