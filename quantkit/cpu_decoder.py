@@ -3,7 +3,7 @@
 On a CPU, a transformers decode step of a small model is thousands of small op calls from Python
 (norms, rotary embeddings, cache updates, attention, residual adds; ~4,800 for SmolLM2-135M), and
 they, not the bytes of the weights, set its time: the thesis that fewer weight bytes decode faster
-cannot show through them. ``CpuDecoder`` runs the whole step in C++ (``kernels/csrc/decode_step.cpp``,
+cannot show through them. ``CpuDecoder`` runs the whole step in C++ (``quantkit/kernels/csrc/decode_step.cpp``,
 ``torch.classes.quantkit.CpuDecoder``) on the model's own tensors: quantized linears through
 ``quantkit::wna16_cpu_q8dot`` (their int8 activation rounding included), float linears through
 ``at::linear`` in their dtype. A float model and its quantized variants run the same loop, so they
@@ -27,7 +27,7 @@ and the prompt runs through transformers with that cache, so both see the same v
 round(x / s) with one scale s = amax / 127 per token and kv head. ``2 * layers * kv_heads * head_dim``
 values per position and sequence (int8: and 8 bytes of scales per kv head), allocated in blocks of 256
 positions as the longest sequence grows: ``max_len`` is a limit; ``cache_bytes()`` says what is held.
-Attention reads the cache in its stored type (kernels/csrc/decode_attention_cpu.cpp).
+Attention reads the cache in its stored type (quantkit/kernels/csrc/decode_attention_cpu.cpp).
 
 Numerics: the residual stream, norms, rotary embeddings and attention are fp32; a bf16 model's float
 linears compute in bf16 as transformers' do. Against the model's own fp32 forward the logits agree to
@@ -49,7 +49,7 @@ from .modules.quant_linear import QuantLinear
 
 #: the model types (config.model_type) the loop runs
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
-#: cache dtypes -> the C++ KvDtype codes (kernels/csrc/decode_attention_cpu.h); "auto" is resolved first
+#: cache dtypes -> the C++ KvDtype codes (quantkit/kernels/csrc/decode_attention_cpu.h); "auto" is resolved first
 CACHE_DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2, "fp8": 3, "int8": 4}
 _MODEL_CACHE_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 #: bytes per stored value (int8 also stores an fp32 scale per token and kv head)

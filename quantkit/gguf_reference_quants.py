@@ -26,7 +26,7 @@ measured against ggml 0.26.0 and 0.25.3 (docs/gguf-k-quants.md). Checked with CP
 the same ops should round alike (true division, no fast math) but that is not tested.
 
 Shapes: w float [N, K], K % 256 == 0; the *_fields functions return the fields in the shapes that
-kernels/gguf_blocks.py's pack_q4_k / pack_q5_k / pack_q6_k take, and quantize_* are those packs of them.
+quantkit/kernels/gguf_blocks.py's pack_q4_k / pack_q5_k / pack_q6_k take, and quantize_* are those packs of them.
 Non-finite weights are refused (ValueError), as are K % 256 != 0 and an importance that is not a finite,
 non-negative [K].
 """

@@ -8,7 +8,7 @@ dequantizes as
 
 each product in fp32 first (ggml's dequantize_row_q4_K). The group's scale s_j = d * sc_j and minimum
 m_j = dmin * mn_j (>= 0: the lowest level -m_j is <= 0) are floats, not an integer zero point, which is
-why compressed-tensors cannot hold them and such weights are written as GGUF (kernels/gguf_blocks.py has
+why compressed-tensors cannot hold them and such weights are written as GGUF (quantkit/kernels/gguf_blocks.py has
 the byte layouts). Q2_K is the same with sixteen groups of 16, u in 0..3 and 4-bit sc_j, mn_j (0..15).
 Q6_K has sixteen groups of 16, symmetric: y = (d * sc_j) * (u - 32), u in 0..63, sc_j int8; Q3_K likewise
 with y = (d * sc_j) * (u - 4), u in 0..7, sc_j a 6-bit signed -32..31.

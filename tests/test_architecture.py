@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 #: source folder -> the import name it ships as (pyproject's package-dir)
-PACKAGE_DIRS = {"quantkit": "quantkit", "kernels": "quantkit.kernels"}
+PACKAGE_DIRS = {"quantkit": "quantkit"}
 
 #: importer prefix -> imported prefixes it must not reach
 FORBIDDEN = {
@@ -30,7 +30,7 @@ FORBIDDEN = {
 
 
 def module_files() -> dict[str, Path]:
-    """Import name -> source file of every module of the package (kernels/ as quantkit.kernels)."""
+    """Import name -> source file of every module of the package."""
     modules = {}
     for folder, package in PACKAGE_DIRS.items():
         for path in sorted((ROOT / folder).rglob("*.py")):

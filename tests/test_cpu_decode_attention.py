@@ -1,5 +1,5 @@
-"""torch.ops.quantkit.decode_attention_cpu (kernels/csrc/decode_attention_cpu.cpp) against its pure-torch
-reference (kernels/decode_attention_cpu_reference.py) on fresh random caches of every stored type, over
+"""torch.ops.quantkit.decode_attention_cpu (quantkit/kernels/csrc/decode_attention_cpu.cpp) against its pure-torch
+reference (quantkit/kernels/decode_attention_cpu_reference.py) on fresh random caches of every stored type, over
 head_dim 64 / 128 / 80, GQA ratios 1-7, batches of rows of different lengths, contexts across chunk and
 block boundaries, on each code path this CPU runs.
 

@@ -1,4 +1,4 @@
-"""quantkit.CpuDecoder (quantkit/cpu_decoder.py, kernels/csrc/decode_step.cpp): the C++ decode loop gives
+"""quantkit.CpuDecoder (quantkit/cpu_decoder.py, quantkit/kernels/csrc/decode_step.cpp): the C++ decode loop gives
 the logits of the model's own transformers forward, for float and quantized models, and refuses what
 it cannot run with the reason."""
 

@@ -1,4 +1,4 @@
-"""The GGUF K-quant block layouts (kernels/gguf_blocks.py: Q4_K, Q5_K, Q6_K) against the `gguf` package's own
+"""The GGUF K-quant block layouts (quantkit/kernels/gguf_blocks.py: Q4_K, Q5_K, Q6_K) against the `gguf` package's own
 numpy dequantizers, bit for bit, and their pack/unpack round trips and refusals. (Q4_0 / Q4_1 / Q8_0 are
 covered in test_gguf_export.py.)"""
 

@@ -103,7 +103,7 @@ def test_fast_backend_generates_as_reference(family, tmp_path):
     idx = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(7)])
     w = torch.rand(7, 2, generator=g)
     r, f = ref.model.layers[1].mlp.experts(x, idx, w), fast.model.layers[1].mlp.experts(x, idx, w)
-    # the CPU kernels round activations to int8 per block of 32 (kernels/README.md: 2e-3..8e-3 per
+    # the CPU kernels round activations to int8 per block of 32 (quantkit/kernels/README.md: 2e-3..8e-3 per
     # linear), here twice in a row (gate/up, then down)
     assert (r - f).abs().mean() / r.abs().mean() < 2 ** -6
 

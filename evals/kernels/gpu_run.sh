@@ -13,7 +13,7 @@
 #          bf16 vs tinygemm vs gemlite (when installed), cold weights, CUDA-graph replays
 #   full   8 decode shapes of Llama-3-8B/70B x M 1..2048, W4 g128 and W8 per channel (same columns)
 #   sweep  --sweep on two shapes: every alternative launch configuration next to the rule's pick,
-#          to refit kernels/wna16_heuristics.py
+#          to refit quantkit/kernels/wna16_heuristics.py
 # Writes $OUT/<stage>/bench_wna16.{json,md}, $OUT/<stage>.log, $OUT/env.txt, $OUT/status.txt.
 #
 # Installs quantkit without dependencies and without network; installs gemlite only if its wheel or

@@ -1,6 +1,6 @@
 """A quantkit checkpoint as a GGUF file llama.cpp runs: metadata, tokenizer and tensors as llama.cpp's own
 converter (convert_hf_to_gguf.py) writes them for Llama, Mistral, Qwen2 and Qwen3, with the quantized
-linears written as ggml blocks (kernels/gguf_blocks.py) without a second rounding.
+linears written as ggml blocks (quantkit/kernels/gguf_blocks.py) without a second rounding.
 
 What is exact (a weight of quantkit's [N, K] int q, fp32 scale [N, G], int zero point [N, G] -> blocks of 32):
 

@@ -16,7 +16,7 @@ PACKED_WEIGHT = "weight_blocks"  # the tensor that holds the weight itself (what
 class KQuantLinear(nn.Module):
     """y = x @ W.T + b with W on a GGUF grid (quantkit.kquant), stored as the blocks a GGUF file holds.
 
-    Buffers: weight_blocks uint8 [N, K / block * block bytes] (kernels/gguf_blocks.py's layout of
+    Buffers: weight_blocks uint8 [N, K / block * block bytes] (quantkit/kernels/gguf_blocks.py's layout of
     `gguf_type`: e.g. Q4_K 144 bytes per 256 inputs, Q4_1 20 per 32); bias [N] in the model dtype or None.
     forward dequantizes the blocks on each call (pure torch): quantkit scores these weights and writes
     them as GGUF, which llama.cpp runs with its own kernels; compressed-tensors (and so quantkit.save and

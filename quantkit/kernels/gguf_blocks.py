@@ -4,7 +4,7 @@ home of their byte and nibble orders in quantkit.
 ggml stores a row of K weights as K / 32 blocks of 32 (ggml-common.h), little-endian:
 
 - Q4_0, 18 bytes: fp16 d, then 16 bytes qs; weight j (0..15) in the low nibble of qs[j], weight j + 16 in
-  the high nibble; y = d * (nibble - 8). (Not the compressed-tensors order of kernels/packing.py, which
+  the high nibble; y = d * (nibble - 8). (Not the compressed-tensors order of quantkit/kernels/packing.py, which
   puts consecutive weights in consecutive nibbles.)
 - Q4_1, 20 bytes: fp16 d, fp16 m, 16 bytes qs in the Q4_0 nibble order; y = d * nibble + m.
 - Q5_0, 22 bytes: fp16 d, 4 bytes qh (a little-endian uint32), 16 bytes qs; u in 0..31, its low 4 bits in

@@ -330,7 +330,7 @@ def to_cpu_int8_layout(
 
 
 # ----------------------------------------------------------------------------------------------
-# CPU q8dot layout (quantkit's own C++ kernel: kernels/csrc/wna16_q8dot.cpp)
+# CPU q8dot layout (quantkit's own C++ kernel: quantkit/kernels/csrc/wna16_q8dot.cpp)
 # ----------------------------------------------------------------------------------------------
 CPU_Q8_BLOCK = 32  # the kernel's activation block: K and the group size must be multiples of it
 CPU_Q8_SUPER = 64  # values per superblock of its weight layout (K padded to a multiple)
