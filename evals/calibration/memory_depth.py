@@ -9,6 +9,9 @@ Each depth: a random Llama (bf16 safetensors, ref:tiny's tokenizer) saved to a t
 child process whose RssAnon (/proc/PID/status: heap and tensors, not the file pages of memory-mapped
 weights) is sampled every 5 ms. `per layer %` is the growth of the peak per added decoder layer as a
 percentage of that layer's bf16 bytes: 0% when the pipeline holds one block at a time.
+--quantize-only measures inside one process around `quantkit.quantize` alone (the bf16 model loaded with
+quantkit.loading.load_float_model first, RssAnon sampled every 3 ms by a thread): the whole command's peak
+also holds the load and the save, and moves by tens of MB between runs.
 --keep-freed-pages runs the same command with quantkit.calibration.offload.release_freed_memory a no-op
 (glibc keeps freed heap pages), the behaviour the trimming after each layer and block removes.
 """
@@ -29,6 +32,25 @@ MB = 1e6
 CLI = ("import sys; import quantkit.calibration.offload as o; from quantkit.cli import main\n"
        "if sys.argv.pop(1) == 'keep': o._libc_malloc_trim = lambda: None\n"
        "sys.exit(main(sys.argv[1:]))")
+# quantkit.quantize alone in this interpreter: argv keep|trim FOLDER RECIPE SAMPLES SEQ_LEN; prints the peak
+QUANTIZE_ONLY = (
+    "import json, sys, threading, time\n"
+    "import quantkit, quantkit.calibration.offload as o\n"
+    "from quantkit.calibration import CalibrationConfig\n"
+    "from quantkit.loading import load_float_model\n"
+    "if sys.argv[1] == 'keep': o._libc_malloc_trim = lambda: None\n"
+    "def anon():\n"
+    "    return next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('RssAnon:'))\n"
+    "model = load_float_model(sys.argv[2])\n"
+    "peak, done = [anon()], []\n"
+    "def sample():\n"
+    "    while not done:\n"
+    "        peak[0] = max(peak[0], anon()); time.sleep(0.003)\n"
+    "sampler = threading.Thread(target=sample); sampler.start()\n"
+    "quantkit.quantize(model, sys.argv[3], CalibrationConfig(source='ref', num_samples=int(sys.argv[4]), "
+    "seq_len=int(sys.argv[5])), progress=False)\n"
+    "done.append(1); sampler.join()\n"
+    "print(json.dumps({'peak': peak[0]}))\n")
 TINY = Path(__file__).resolve().parents[2] / "quantkit" / "refmodels" / "weights" / "tiny"
 
 
@@ -60,8 +82,15 @@ def save_model(folder: Path, layers: int, hidden: int, intermediate: int, vocab:
     return sum(p.numel() * 2 for p in model.model.layers[0].parameters())
 
 
-def measure(folder: Path, out: Path, recipe: str, samples: int, seq_len: int, keep: bool) -> tuple[int, float]:
-    """Run `quantkit quantize` on `folder`; returns (peak RssAnon bytes, seconds)."""
+def measure(folder: Path, out: Path, recipe: str, samples: int, seq_len: int, keep: bool,
+            quantize_only: bool = False) -> tuple[int, float]:
+    """Run `quantkit quantize` on `folder` (quantize_only: quantkit.quantize alone); returns (peak RssAnon
+    bytes, seconds)."""
+    if quantize_only:
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-c", QUANTIZE_ONLY, "keep" if keep else "trim", str(folder), recipe,
+                               str(samples), str(seq_len)], capture_output=True, text=True, check=True)
+        return json.loads(proc.stdout.strip().splitlines()[-1])["peak"], time.perf_counter() - start
     cmd = [sys.executable, "-c", CLI, "keep" if keep else "trim", "quantize", str(folder), "--recipe", recipe,
            "--out", str(out), "--calib", "ref", "--calib-samples", str(samples), "--calib-seq-len", str(seq_len)]
     start = time.perf_counter()
@@ -85,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--keep-freed-pages", action="store_true", help="disable the malloc_trim after each layer/block")
+    p.add_argument("--quantize-only", action="store_true", help="measure around quantkit.quantize alone, in one process")
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args(argv)
     rows = []
@@ -94,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
             layer_bytes = save_model(folder, depth, args.hidden, args.intermediate, args.vocab)
             disk = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
             peak, seconds = measure(folder, Path(tmp) / f"out-{depth}", args.recipe, args.samples, args.seq_len,
-                                   args.keep_freed_pages)
-            rows.append(dict(layers=depth, recipe=args.recipe, trim=not args.keep_freed_pages, layer_bytes=layer_bytes, disk_bytes=disk,
+                                   args.keep_freed_pages, args.quantize_only)
+            rows.append(dict(layers=depth, recipe=args.recipe, trim=not args.keep_freed_pages,
+                             quantize_only=args.quantize_only, layer_bytes=layer_bytes, disk_bytes=disk,
                              peak_bytes=peak, seconds=seconds))
     print(f"| layers | bf16 on disk (MB) | peak RssAnon (MB) | per added layer (% of its bf16 bytes) | time (s) |")
     print("|---:|---:|---:|---:|---:|")
