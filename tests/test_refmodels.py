@@ -50,6 +50,7 @@ def short_heldout(monkeypatch):
 
 @pytest.fixture
 def tmp_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv("QUANTKIT_CACHE_DIR", raising=False)  # it wins over the older name set here
     monkeypatch.setenv("QUANTKIT_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
 
