@@ -102,6 +102,8 @@ def test_demo_end_to_end_on_tiny(tmp_path, capsys, monkeypatch):
     assert "This run timed prefill in" in report
     assert "Quality was measured in float32 and speed in" in report or "both measured in float32" in report
     assert "±" in report  # perplexity changes come with their noise
+    # decode from a short context to 8k, and where the cache overtakes the weights
+    assert max(keywords["context_lens"]) >= 8000 and "Where the KV cache overtakes the weights, batch 1" in report
     rows = json.loads((out / "quality.json").read_text())["results"]
     assert [r["recipe"] for r in rows] == ["w8a16-rtn", "w4a16-rtn-asym"]
     assert rows[0]["linear_bits_per_weight"] > 8 > rows[1]["linear_bits_per_weight"] > 4

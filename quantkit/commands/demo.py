@@ -15,8 +15,9 @@ from pathlib import Path
 
 from . import input_paths, int_at_least
 
-DEFAULT_RECIPES = "w8a16-rtn,w4a16-rtn,w4a16-rtn-asym"
+DEFAULT_RECIPES = "w8a16-rtn,w4a16-rtn,w4a16-rtn-asym,w4a16-rtn-kv-fp8"
 SPEED_MODEL = "speed-model.json"  # the config of the model speed is timed on, in the output folder
+CONTEXT_LENS = (128, 512, 2048, 8192)  # decode from a short context to one whose cache rivals W4's weights
 
 
 def register(sub) -> None:
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
             quantize_seconds = time.perf_counter() - start
             ckpt = quantkit.save(model, tmp / "checkpoints" / recipe.name, tokenizer_source=source)
             models[recipe.name] = quantkit.load(ckpt)
-            rows.append(dict(recipe=recipe.name, scheme=recipe.weights.describe() if recipe.weights else "-",
+            rows.append(dict(recipe=recipe.name, scheme=_scheme_words(recipe),
                              quantize_seconds=quantize_seconds, checkpoint_bytes=folder_size_bytes(ckpt),
                              linear_bits_per_weight=quantized_bits_per_weight(model, source_dtype(model))[0]))
         print(f"[3/{steps}] evaluate {len(models)} variants against the baseline on {windows.numel()} tokens")
@@ -94,6 +95,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"written to {out}/ (report.md with plots, report.json, quality.json"
           f"{'' if args.no_bench else ', bench.json, ' + SPEED_MODEL}, checkpoints/)")
     return 0
+
+
+def _scheme_words(recipe) -> str:
+    """'int4 g128 sym', 'int4 g128 sym + KV cache fp8-e4m3 per-tensor', 'KV cache fp8-e4m3 per-tensor'."""
+    parts = ([recipe.weights.describe()] if recipe.weights else []) + (
+        [f"KV cache {recipe.kv_cache.describe()}"] if recipe.kv_cache else [])
+    return " + ".join(parts) or "-"
 
 
 def _demo_command(args: argparse.Namespace) -> str:
@@ -131,7 +139,7 @@ def _bench(model: str, recipes, tmp: Path, out: Path) -> tuple[dict, str]:
     (tmp / SPEED_MODEL).write_text(json.dumps(config, indent=1) + "\n")
     loop, why_not = _decode_loop(recipes)
     bench = benchmark(str(tmp / SPEED_MODEL), variants=[r.name for r in recipes], device="cpu", dtype="auto", prompt_lens=[16, 64],
-                      context_lens=[128, 512], batch_sizes=[1, 4], warmup=1, repeats=5, quiet=True,
+                      context_lens=list(CONTEXT_LENS), batch_sizes=[1, 4], warmup=1, repeats=5, quiet=True,
                       model_label=str(out / SPEED_MODEL), decode_loop=loop)
     bench["bench_command"] = bench["command"].replace(str(tmp), str(out))
     weights = {v["name"]: v["weight_bytes"] for v in bench["variants"]}

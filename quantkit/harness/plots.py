@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
+from .context_growth import cache_growth  # noqa: E402
 from .formatting import fmt_intensity  # noqa: E402
 from .results import QualityResult, records, roofline_problem, speedups, time_range, variant_names  # noqa: E402
 
@@ -27,6 +28,8 @@ STYLE = {"axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False, "axes.s
 
 BASELINE_COLOR = "#555555"
 ROOFLINE_MARKER = dict(linestyle="--", marker="_", markersize=14)  # a dash stays visible at a single point
+CROSSOVER_MARKER = dict(linestyle=":", linewidth=1.2, alpha=0.8)
+CROSSOVER_LABEL = "dotted: the context at which the KV cache reads as many bytes as the variant's weights"
 
 
 def variant_colors(bench_names: Sequence[str], quality_names: Sequence[str] = ()) -> dict[str, str]:
@@ -62,8 +65,9 @@ def _save(fig, out_dir: Path, name: str) -> str:
 ROOFLINE_LABEL = "roofline (dashed, in each variant's colour; black: the same for all variants)"
 
 
-def _figure_legend(fig, axes, roofline: bool = True) -> None:
-    """One legend for all panels, below them: the variants' colours and (when drawn) the dashed roofline."""
+def _figure_legend(fig, axes, roofline: bool = True, crossover: bool = False) -> None:
+    """One legend for all panels, below them: the variants' colours and (when drawn) the dashed roofline
+    and the dotted lines where the KV cache overtakes the weights."""
     handles, labels = {}, []
     for ax in axes:
         for h, label in zip(*ax.get_legend_handles_labels()):
@@ -73,6 +77,9 @@ def _figure_legend(fig, axes, roofline: bool = True) -> None:
     if roofline:
         handles[ROOFLINE_LABEL] = Line2D([], [], color="black", **ROOFLINE_MARKER)
         labels.append(ROOFLINE_LABEL)
+    if crossover:
+        handles[CROSSOVER_LABEL] = Line2D([], [], color="black", **CROSSOVER_MARKER)
+        labels.append(CROSSOVER_LABEL)
     fig.legend([handles[x] for x in labels], labels, loc="lower center", ncol=min(len(labels), 5),
                bbox_to_anchor=(0.5, -0.02), frameon=False)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
@@ -138,16 +145,22 @@ def plot_tpot(bench: dict, out_dir: Path, colors: dict[str, str]) -> str | None:
     rows = -(-len(batches) // cols)
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 4.2 * rows + 0.5), squeeze=False)
+        contexts = [r["context_len"] for r in bench["decode"]]
+        crossed = False
         for ax, b in zip(axes.flat, batches):
             _plot_measured_lines(ax, bench, "decode", "context_len", b, names, colors, roofline)
-            _int_ticks(ax, [r["context_len"] for r in bench["decode"]])
+            _int_ticks(ax, contexts)
+            for g in cache_growth(bench, b):  # where the cache reads as many bytes as the weights
+                if min(contexts) <= g.crossover_context <= max(contexts):
+                    ax.axvline(g.crossover_context, color=colors[g.variant], **CROSSOVER_MARKER)
+                    crossed = True
             ax.set_ylim(bottom=0)
             ax.set_xlabel("context length (tokens in the KV cache)")
             ax.set_ylabel("TPOT (ms)")
             ax.set_title(f"Time per output token, batch {b}\n(median; bars: fastest to slowest repeat)")
         for ax in list(axes.flat)[len(batches):]:
             ax.set_visible(False)
-        _figure_legend(fig, list(axes.flat)[:len(batches)], roofline)
+        _figure_legend(fig, list(axes.flat)[:len(batches)], roofline, crossover=crossed)
         return _save(fig, out_dir, "tpot_vs_context.png")
 
 

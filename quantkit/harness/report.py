@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .context_growth import growth_lines
 from .formatting import fmt_intensity, fmt_perplexity_change
 from .hardware import DeviceSpec
 from .results import (SHAPE_KEYS, QualityResult, ranges_overlap, records, roofline_problem, shape_key, speedup_summary,
@@ -230,6 +231,10 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
         md += [""]
     if "tpot" in images:
         md += [f"![TPOT against context length]({images['tpot']})", ""]
+    if not problem:
+        for b in sorted({r["batch"] for r in bench["decode"]}):
+            if growth := growth_lines(bench, b):
+                md += growth + [""]
     if not problem:
         md += _roofline_section(bench, images)
     md += _memory_section(bench)

@@ -20,6 +20,7 @@ HIDDEN_SIZES = (2048, 1024, 512, 256, 128)  # the widest that still gives MIN_LA
 MIN_LAYERS = 8
 MAX_FLOAT32_BYTES = 2 << 30  # cap on the float model's decoder weights (a huge cache would ask for more)
 VOCAB = 4096  # random token ids: the vocabulary only sizes the embedding and lm_head
+MAX_CONTEXT = 16384  # the model's context: decode is timed up to 8192 cached tokens
 ASSUMED_CACHE_BYTES = 32 << 20  # when the cache cannot be read
 
 
@@ -87,5 +88,5 @@ def bandwidth_bound_config(cache_bytes: int) -> dict:
     layers = max(2, min(math.ceil(target / per_layer), MAX_FLOAT32_BYTES // (4 * per_layer)))
     return {"model_type": "llama", "hidden_size": hidden, "intermediate_size": intermediate,
             "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-            "vocab_size": VOCAB, "max_position_embeddings": 2048, "tie_word_embeddings": False}
+            "vocab_size": VOCAB, "max_position_embeddings": MAX_CONTEXT, "tie_word_embeddings": False}
 
