@@ -26,13 +26,13 @@ from .loading import (
     SOURCE_DTYPE_ATTRIBUTE, copy_tokenizer_files, empty_quantized_model, is_quantized_checkpoint, load_float_model,
     read_config_json, resolve_model_source, source_dtype, tokenizer_bytes,
 )
-from .gguf_reading import gguf_origin, is_gguf_file, load_gguf_model
+from .gguf.reading import gguf_origin, is_gguf_file, load_gguf_model
 from .outputs import OutputState, atomic_output_dir
 from .modules.kv_cache import enable_fp8_kv_cache
 from .modules.kv_scales import attach_kv_scales, pop_kv_scales
 from .modules.fused_linear import fuse_projections, is_fused, unfused_state_dict
-from .kquant import GridWeight
-from .modules.kquant_linear import KQuantLinear, quantized_linear
+from .gguf.grids import GridWeight
+from .gguf.linear import GgufLinear, quantized_linear
 from .modules.quant_linear import QuantLinear
 from .recipe import Recipe, load_recipe
 from .scheme import QuantScheme
@@ -138,7 +138,7 @@ def quantize(
                 f"recipe {recipe.name} quantizes onto a GGUF grid ({recipe.weights.grid}), written only as GGUF, "
                 f"which quantkit writes for dense Llama, Mistral, Qwen2 and Qwen3 models; this is a mixture-of-"
                 f"experts model: use a checkpoint recipe (e.g. w4a16-gptq-asym)")
-        if any(isinstance(m, (QuantLinear, KQuantLinear)) for m in model.modules()):
+        if any(isinstance(m, (QuantLinear, GgufLinear)) for m in model.modules()):
             raise QuantizationError(
                 "the model's weights are already quantized; quantize the float model (quantkit.load of a "
                 "float folder, or transformers' from_pretrained) instead"
@@ -213,11 +213,11 @@ def save(
             f"this model is the GGUF file {origin.path} dequantized to float weights (quantkit.load of a .gguf file): a "
             f"checkpoint of it would hold no quantized layer and no tokenizer; keep the GGUF file as it is, or "
             f"quantize and save the float model it was made from")
-    if any(isinstance(m, KQuantLinear) for m in model.modules()):
+    if any(isinstance(m, GgufLinear) for m in model.modules()):
         raise QuantizationError(
             "this model's weights are on a GGUF grid (llama.cpp's block types: float group minimums or scales on "
             "llama.cpp's 6- and 8-bit grids), which a compressed-tensors checkpoint cannot hold: write it as GGUF (quantkit quantize ... --out FILE.gguf, "
-            "or quantkit.formats.gguf.export_gguf)")
+            "or quantkit.gguf.writing.export_gguf)")
     if not quantized and not getattr(model.config, "quantization_config", None):
         raise QuantizationError("the model has no quantized layers: call quantkit.quantize(model, recipe) first")
     if any(m.checkpoint_tensors_released for m in quantized):
@@ -303,7 +303,7 @@ def load(
     fuse: bool | None = None, fast_generate: bool = True,
 ) -> nn.Module:
     """A ready model from a quantkit/compressed-tensors checkpoint (or a float model folder / hub id, or a GGUF
-    file: checked first, its weights dequantized to float by transformers, quantkit.gguf_reading).
+    file: checked first, its weights dequantized to float by transformers, quantkit.gguf.reading).
 
     Quantized linears run through quantkit.kernels with `backend` ("auto", "triton", "torch",
     "reference"); weights load from safetensors only. strict (float models): refuse one whose weights

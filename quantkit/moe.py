@@ -22,11 +22,8 @@ from collections.abc import Mapping
 
 from torch import nn
 
-from .errors import QuantizationError
 from .modules.quant_experts import DEFAULT_PROJECTIONS, PROJECTIONS, QuantExperts
 
-#: a module named like this (block-relative) is a router: it stays float
-ROUTER_PATTERN = re.compile(r"(.*\.)?(mlp|block_sparse_moe)\.gate|(.*\.)?shared_expert_gate")
 #: model_type -> (in-memory block name, on-disk block name) where they differ
 DISK_BLOCK_NAMES = {"mixtral": ("mlp", "block_sparse_moe")}
 
@@ -131,10 +128,3 @@ def routed_token_summary(model: nn.Module) -> dict | None:
     ordered = sorted(counts)
     return {"experts": len(counts), "least": ordered[0], "median": ordered[len(ordered) // 2], "most": ordered[-1],
             "never_routed": never}
-
-
-def check_no_fused_experts(model: nn.Module) -> None:
-    """QuantizationError naming fused experts modules quantkit could not unfuse (another layout)."""
-    left = [n for n, m in model.named_modules() if any(p.dim() == 3 for p in m.parameters(recurse=False))]
-    if left:
-        raise QuantizationError(f"{', '.join(left[:4])}: 3-D expert weights in a layout quantkit does not know")

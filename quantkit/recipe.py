@@ -16,7 +16,7 @@ named by the stem of a file in the built-in `recipes/` folder (e.g. "w4a16-rtn")
     algorithm: {name: rtn}     # rtn | gptq | awq, with that algorithm's options
     kv_cache: null             # or {num_bits: 8, type: float, strategy: tensor}
     mix: null                  # with weights on grid q4_k: q4_k_m | q4_k_s, llama-quantize's per-tensor
-                               # mixes (quantkit.gguf_mix: Q6_K / Q5_K for some v_proj and down_proj)
+                               # mixes (quantkit.gguf.mix: Q6_K / Q5_K for some v_proj and down_proj)
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class Recipe:
         if self.kv_cache is not None and (self.kv_cache.type != "float" or self.kv_cache.strategy not in ("tensor",)):
             raise ConfigError("kv_cache: only fp8 per-tensor is supported: {num_bits: 8, type: float, strategy: tensor}")
         if self.mix is not None:
-            from .gguf_mix import MIX_GRIDS
+            from .gguf.mix import MIX_GRIDS
 
             if self.mix not in MIX_GRIDS:
                 raise ConfigError(f"mix must be one of {', '.join(MIX_GRIDS)} (or null), got {_shown(self.mix)}")
@@ -160,7 +160,7 @@ class Recipe:
         the linear's module path `name` and the model (gguf_mix.MixModel) choose its grid first."""
         assert self.weights is not None
         if self.mix is not None:
-            from .gguf_mix import mix_scheme
+            from .gguf.mix import mix_scheme
 
             if name is None or model is None:
                 raise ValueError(f"recipe {self.name}: mix {self.mix} chooses each linear's grid by its name and layer")
@@ -172,7 +172,7 @@ class Recipe:
         reads the model's config). ValueError naming the linear a scheme cannot be fitted to."""
         mix_model = None
         if self.mix is not None:
-            from .gguf_mix import MixModel
+            from .gguf.mix import MixModel
 
             mix_model = MixModel.of(model.config)
         schemes = {}

@@ -21,7 +21,7 @@ FP8_E4M3_MAX = 448.0
 
 @dataclass(frozen=True)
 class GGUFGrid:
-    """One of llama.cpp's block types as a weight grid (quantkit.kquant): what a QuantScheme on it must say
+    """One of llama.cpp's block types as a weight grid (quantkit.gguf.grids): what a QuantScheme on it must say
     (num_bits, symmetric, group_size: a group is a sub-block with its own scale), its ggml type and the
     inputs one of its blocks spans (256 for the K-quants' super-blocks, else 32), and its stored bits per
     weight."""
@@ -35,7 +35,7 @@ class GGUFGrid:
 
 
 #: Where a scheme's scales and minimums may lie: "uniform" (any stored scale, integer zero points: the
-#: compressed-tensors grid), or one of llama.cpp's block types (quantkit.kquant), whose scales are fp16 or
+#: compressed-tensors grid), or one of llama.cpp's block types (quantkit.gguf.grids), whose scales are fp16 or
 #: 6-bit / 8-bit multiples of a super-block's fp16 scale and whose minimums (Q4_K, Q5_K, Q4_1, Q5_1) are
 #: floats, which compressed-tensors cannot hold: such weights are written as GGUF.
 GGUF_GRIDS = {
@@ -83,7 +83,7 @@ class QuantScheme:
       (GPTQ visited the columns by activation order with static groups: the layout and the
       inference are unchanged, no g_idx). Set by the algorithm, not by recipes.
     grid: one of GRIDS; a GGUF grid fixes num_bits, symmetric and group_size (GGUF_GRIDS: e.g. q4_k int4
-      asymmetric g32, q6_k int6 symmetric g16), strategy group, and inputs in whole blocks of it (quantkit.kquant).
+      asymmetric g32, q6_k int6 symmetric g16), strategy group, and inputs in whole blocks of it (quantkit.gguf.grids).
     """
 
     num_bits: int = 4

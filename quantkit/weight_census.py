@@ -14,18 +14,19 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from .gguf import linear as gguf_linear
+from .gguf.linear import GgufLinear
+from .modules import quant_linear
 from .modules.quant_experts import QuantExperts
-from .modules import kquant_linear, quant_linear
-from .modules.kquant_linear import KQuantLinear
 from .modules.quant_linear import QuantLinear
 
 #: the layers that hold a quantized weight
-QUANTIZED_LINEARS = (QuantLinear, KQuantLinear)
+QUANTIZED_LINEARS = (QuantLinear, GgufLinear)
 
 
 def module_packed_weight(module: nn.Module) -> str:
     """The name of the tensor that holds a quantized layer's weight itself."""
-    return (quant_linear if isinstance(module, QuantLinear) else kquant_linear).PACKED_WEIGHT
+    return (quant_linear if isinstance(module, QuantLinear) else gguf_linear).PACKED_WEIGHT
 from .moe import router_names
 from .targets import matches
 

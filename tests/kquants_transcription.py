@@ -1,5 +1,5 @@
 """A line-by-line Python transcription of ggml-quants.c's Q2_K / Q3_K / Q4_K / Q5_K / Q6_K quantizers, one block at a
-time, in numpy float32 scalars: the slow, obviously-the-C reference that quantkit/gguf_reference_quants.py's
+time, in numpy float32 scalars: the slow, obviously-the-C reference that quantkit/gguf/reference_quants.py's
 vectorised port is tested against (tests/test_gguf_reference_quants.py). Written from the C, not from the
 port: the loops, the order of every fp32 operation, the uint8 / int8 stores and the struct byte layouts
 (block_q2_K, block_q3_K, block_q4_K, block_q5_K, block_q6_K) are the C's.

@@ -21,7 +21,7 @@ def gguf_file(work: Path, float_type: str = "auto") -> Path:
     dest = work.parent / "_shared" / f"tiny-{float_type}.gguf"
     if not dest.exists():
         import quantkit
-        from quantkit.formats.gguf import export_gguf
+        from quantkit.gguf.writing import export_gguf
 
         ckpt = checkpoint(work)
         part = dest.with_suffix(".part")

@@ -20,6 +20,7 @@ FORBIDDEN = {
                          "quantkit.harness", "quantkit.formats", "quantkit.modules", "quantkit.recipe"),
     "quantkit.modules": ("quantkit.calibration", "quantkit.harness", "quantkit.commands"),
     "quantkit.formats": ("quantkit.calibration", "quantkit.harness", "quantkit.commands"),
+    "quantkit.gguf": ("quantkit.calibration", "quantkit.harness", "quantkit.commands"),
     "quantkit.algorithms": ("quantkit.calibration", "quantkit.harness", "quantkit.commands", "quantkit.formats",
                             "quantkit.modules"),
     "quantkit.calibration": ("quantkit.harness", "quantkit.commands"),

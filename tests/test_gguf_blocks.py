@@ -1,4 +1,4 @@
-"""The GGUF K-quant block layouts (quantkit/kernels/gguf_blocks.py: Q4_K, Q5_K, Q6_K) against the `gguf` package's own
+"""The GGUF K-quant block layouts (quantkit/gguf/blocks.py: Q4_K, Q5_K, Q6_K) against the `gguf` package's own
 numpy dequantizers, bit for bit, and their pack/unpack round trips and refusals. (Q4_0 / Q4_1 / Q8_0 are
 covered in test_gguf_export.py.)"""
 
@@ -10,7 +10,7 @@ import torch
 
 gguf = pytest.importorskip("gguf")
 
-from quantkit.kernels import gguf_blocks  # noqa: E402
+from quantkit.gguf import blocks as gguf_blocks  # noqa: E402
 
 T = gguf.GGMLQuantizationType
 SHAPES = [(1, 256), (3, 512), (5, 1024), (2, 2560), (0, 512)]

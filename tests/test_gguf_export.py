@@ -13,8 +13,8 @@ gguf = pytest.importorskip("gguf")
 
 import quantkit  # noqa: E402
 from quantkit.cli import main  # noqa: E402
-from quantkit.formats.gguf import rope_permutation  # noqa: E402
-from quantkit.kernels import gguf_blocks  # noqa: E402
+from quantkit.gguf.writing import rope_permutation  # noqa: E402
+from quantkit.gguf import blocks as gguf_blocks  # noqa: E402
 from quantkit.modules.quant_linear import QuantLinear  # noqa: E402
 from quantkit.recipe import load_recipe  # noqa: E402
 from quantkit.refmodels import resolve_model_name  # noqa: E402

@@ -163,9 +163,9 @@ def test_llama_cpp_runs_grid_files_as_quantkit_scores_them(tmp_path, model_name,
     llama-quantize's Q5_0 / Q8_0 / Q5_1 / Q4_0 for the mixes): llama.cpp's logits against the very model quantkit
     quantized in memory (the file has no other form)."""
     bins = _bin_dir()
-    from quantkit.formats.gguf import export_gguf
+    from quantkit.gguf.writing import export_gguf
     from quantkit.loading import resolve_model_source
-    from quantkit.modules.kquant_linear import KQuantLinear
+    from quantkit.gguf.linear import GgufLinear
 
     tokenizer = load_tokenizer(model_name)
     text = tmp_path / "eval.txt"
@@ -174,7 +174,7 @@ def test_llama_cpp_runs_grid_files_as_quantkit_scores_them(tmp_path, model_name,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # ref:tiny: the fallbacks are announced
         quantkit.quantize(model, recipe, progress=False)
-    assert sum(isinstance(m, KQuantLinear) for m in model.modules()) == 7 * model.config.num_hidden_layers
+    assert sum(isinstance(m, GgufLinear) for m in model.modules()) == 7 * model.config.num_hidden_layers
     path = tmp_path / "grid.gguf"
     result = export_gguf(model, resolve_model_source(model_name), path, float_type="f32",
                          mix=quantkit.load_recipe(recipe).mix)
@@ -204,7 +204,7 @@ def test_llama_quantize_writes_quantkits_mix_tensor_by_tensor(tmp_path, model_na
     quantize_tool = bins / "llama-quantize"
     if not quantize_tool.is_file():
         pytest.skip(f"no llama-quantize in {bins}")
-    from quantkit.formats.gguf import export_gguf
+    from quantkit.gguf.writing import export_gguf
     from quantkit.loading import resolve_model_source
 
     source = resolve_model_source(model_name)
@@ -246,7 +246,7 @@ def test_llama_cpp_reads_a_tied_quantized_head(tmp_path, recipe, kind, max_kl, m
     import dataclasses
 
     bins = _bin_dir()
-    from quantkit.formats.gguf import export_gguf
+    from quantkit.gguf.writing import export_gguf
     from quantkit.loading import resolve_model_source
 
     tokenizer = load_tokenizer("ref:small")

@@ -1,5 +1,5 @@
-"""llama.cpp's other block types as weight grids (Q2_K, Q3_K, Q5_K, Q6_K, Q5_1, Q4_0, Q5_0, Q8_0: quantkit.kquant)
-and the K-quant mixes built on them (quantkit.gguf_mix: Q4_K_M, Q4_K_S, Q3_K_L, Q3_K_M, Q3_K_S, Q2_K): each grid
+"""llama.cpp's other block types as weight grids (Q2_K, Q3_K, Q5_K, Q6_K, Q5_1, Q4_0, Q5_0, Q8_0: quantkit.gguf.grids)
+and the K-quant mixes built on them (quantkit.gguf.mix: Q4_K_M, Q4_K_S, Q3_K_L, Q3_K_M, Q3_K_S, Q2_K): each grid
 dequantizes as the gguf package's own code reads its blocks, RTN with llama.cpp's search writes llama.cpp's
 bytes, GPTQ onto each grid beats RTN, and a mix recipe writes llama-quantize's type tensor by tensor, read
 back bit for bit."""
@@ -16,13 +16,13 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 import quantkit  # noqa: E402
-from quantkit import gguf_reference_quants as ref  # noqa: E402
+from quantkit.gguf import reference_quants as ref  # noqa: E402
 from quantkit.algorithms.gptq import GPTQOptions, gptq_quantize, hessian_update  # noqa: E402
 from quantkit.algorithms.rtn import RTNOptions, rtn_quantize  # noqa: E402
 from quantkit.cli import main  # noqa: E402
 from quantkit.config_utils import ConfigError  # noqa: E402
-from quantkit.gguf_mix import MIX_GRIDS, MixModel, mix_grid, use_more_bits  # noqa: E402
-from quantkit.modules.kquant_linear import KQuantLinear  # noqa: E402
+from quantkit.gguf.mix import MIX_GRIDS, MixModel, mix_grid, use_more_bits  # noqa: E402
+from quantkit.gguf.linear import GgufLinear  # noqa: E402
 from quantkit.refmodels import resolve_model_name  # noqa: E402
 from quantkit.scheme import GGUF_GRIDS, LLAMA_CPP_FALLBACK, QuantScheme, grid_scheme  # noqa: E402
 
@@ -54,7 +54,7 @@ def test_each_grid_dequantizes_as_the_gguf_package_reads_its_blocks(grid, n, k, 
     for observer in ("minmax", "mse"):
         kw = rtn_quantize(w, scheme, RTNOptions(observer=observer))
         assert int(kw.u.max()) <= levels
-        blocks = KQuantLinear.from_grid_weight(kw).weight_blocks
+        blocks = GgufLinear.from_grid_weight(kw).weight_blocks
         assert blocks.shape == (n, k // spec.block * gguf.GGML_QUANT_SIZES[getattr(T, spec.ggml_type)][1])
         theirs = gguf.quants.dequantize(blocks.numpy(), getattr(T, spec.ggml_type))  # llama.cpp's own Python
         assert np.array_equal(theirs, kw.dequantize().numpy()), observer
@@ -231,7 +231,7 @@ def test_a_mix_recipe_writes_llama_quantizes_types_read_back_bit_for_bit(tmp_pat
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the fallbacks are announced
         quantkit.quantize(model, recipe, progress=False)
-    layers = {n: m for n, m in model.named_modules() if isinstance(m, KQuantLinear)}
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, GgufLinear)}
     assert len(layers) == 7 * 8
     for name, layer in layers.items():
         t = tensors[names.get_name(name + ".weight", try_suffixes=(".weight",))]

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import quantkit
 from quantkit.errors import CheckpointError, EvaluationError, QuantizationError
-from quantkit.gguf_reading import (
+from quantkit.gguf.reading import (
     Hyperparameters, check_gguf_tokenizer, check_hyperparameters, expected_tensors, gguf_origin, load_gguf_model,
     read_gguf,
 )

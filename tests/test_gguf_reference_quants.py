@@ -1,4 +1,4 @@
-"""quantkit/gguf_reference_quants.py against llama.cpp's own Q2_K / Q3_K / Q4_K / Q5_K / Q6_K quantizers, byte for
+"""quantkit/gguf/reference_quants.py against llama.cpp's own Q2_K / Q3_K / Q4_K / Q5_K / Q6_K quantizers, byte for
 byte.
 
 Three references, with and without an importance (imatrix) vector:
@@ -34,8 +34,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quantkit import gguf_reference_quants as R
-from quantkit.kernels import gguf_blocks
+from quantkit.gguf import reference_quants as R
+from quantkit.gguf import blocks as gguf_blocks
 
 if __package__:
     from . import kquants_transcription as KT
@@ -333,11 +333,11 @@ def test_port_matches_llama_cpps_ggml_on_corner_cases(ggml, dist):
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q5_1"])
 def test_q1_field_search_is_llama_cpps_imatrix_search(ggml, kind):
-    """Q4_1 / Q5_1 with an importance matrix: quantkit's fields (kquant's choose_fields with search, the
+    """Q4_1 / Q5_1 with an importance matrix: quantkit's fields (gguf.grids' choose_fields with search, the
     make_qkx3_quants port) against the d and m of the blocks ggml wrote. The row's sigma^2 is not summed in
     the C's order, so a rare block may take another candidate: nearly all blocks must be identical, and the
     rest close."""
-    from quantkit.kquant import Q41Weight, Q51Weight
+    from quantkit.gguf.grids import Q41Weight, Q51Weight
 
     grid = {"Q4_1": Q41Weight, "Q5_1": Q51Weight}[kind]
     unpack = {"Q4_1": gguf_blocks.unpack_q4_1, "Q5_1": gguf_blocks.unpack_q5_1}[kind]

@@ -1,5 +1,5 @@
 """GGUF export of a SentencePiece vocabulary (a tokenizer.model, as Llama 2 and Mistral ship it), written as
-llama.cpp's converter does (quantkit/formats/gguf_sentencepiece.py): a SentencePiece BPE model trained here
+llama.cpp's converter does (quantkit/gguf/sentencepiece.py): a SentencePiece BPE model trained here
 (Llama's trainer settings: byte fallback, split digits, unk 0 / bos 1 / eos 2) in a transformers Llama
 tokenizer folder beside a random Llama, quantized to a GGUF file, then read back three ways: the file's
 tokens, scores and types against sentencepiece's own model; transformers' GGUF tokenizer against the
@@ -22,8 +22,8 @@ gguf = pytest.importorskip("gguf")
 
 from quantkit.cli import main  # noqa: E402
 from quantkit.errors import CheckpointError, UsageError  # noqa: E402
-from quantkit.formats.gguf import check_exportable  # noqa: E402
-from quantkit.formats.gguf_sentencepiece import vocabulary  # noqa: E402
+from quantkit.gguf.writing import check_exportable  # noqa: E402
+from quantkit.gguf.sentencepiece import vocabulary  # noqa: E402
 
 from .conftest import make_random_model  # noqa: E402
 

@@ -57,7 +57,7 @@ def test_a_mixs_head_is_tied_in_the_mixs_output_type(tmp_path):
     out = tmp_path / "m.gguf"
     model = quantkit.load("ref:small", dtype=torch.float32)
     quantkit.quantize(model, dataclasses.replace(recipe, ignore=()), progress=False)
-    from quantkit.formats.gguf import export_gguf
+    from quantkit.gguf.writing import export_gguf
     from quantkit.loading import resolve_model_source
 
     result = export_gguf(model, resolve_model_source("ref:small"), out, mix=recipe.mix, tie_output=True)

@@ -21,8 +21,8 @@ import quantkit  # noqa: E402
 from quantkit import outputs  # noqa: E402
 from quantkit.cli import main  # noqa: E402
 from quantkit.errors import UsageError  # noqa: E402
-from quantkit.formats import gguf as gguf_format  # noqa: E402
-from quantkit.formats.gguf import MARKER_KEY, export_gguf, not_written_by_quantkit  # noqa: E402
+from quantkit.gguf import writing as gguf_format  # noqa: E402
+from quantkit.gguf.writing import MARKER_KEY, export_gguf, not_written_by_quantkit  # noqa: E402
 
 from .robustness_cases_gguf_write import TOKENIZER_FILES, foreign_gguf, stale_temporary  # noqa: E402
 from .test_disk_full import small_tmpfs  # noqa: E402, F401  (a fixture: a 256 KiB tmpfs)

@@ -1,4 +1,4 @@
-"""Weights on llama.cpp's Q4_K grid (quantkit.kquant): RTN, GPTQ and AWQ quantize onto it, the GGUF file
+"""Weights on llama.cpp's Q4_K grid (quantkit.gguf.grids): RTN, GPTQ and AWQ quantize onto it, the GGUF file
 holds exactly those weights (read back with the gguf package's own dequantization), and what cannot be
 written that way is refused or falls back with a line saying so."""
 
@@ -13,13 +13,13 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 import quantkit  # noqa: E402
-from quantkit import kquant  # noqa: E402
+from quantkit.gguf import grids  # noqa: E402
 from quantkit.algorithms.gptq import GPTQOptions, gptq_quantize, hessian_update  # noqa: E402
 from quantkit.algorithms.rtn import RTNOptions, rtn_quantize  # noqa: E402
 from quantkit.cli import main  # noqa: E402
 from quantkit.errors import QuantizationError  # noqa: E402
-from quantkit.formats.gguf import rope_permutation  # noqa: E402
-from quantkit.modules.kquant_linear import KQuantLinear  # noqa: E402
+from quantkit.gguf.writing import rope_permutation  # noqa: E402
+from quantkit.gguf.linear import GgufLinear  # noqa: E402
 from quantkit.modules.quant_linear import QuantLinear  # noqa: E402
 from quantkit.refmodels import resolve_model_name  # noqa: E402
 from quantkit.scheme import QuantScheme  # noqa: E402
@@ -48,7 +48,7 @@ def test_fields_lie_on_the_grid_and_dequantize_as_ggml(n, k, seed, scheme):
     assert int(kw.u.max()) <= 15
     if scheme is Q4K:
         assert int(kw.sc.max()) <= 63 and int(kw.mn.max()) <= 63 and (kw.dmin >= 0).all()
-    blocks = KQuantLinear.from_grid_weight(kw).weight_blocks
+    blocks = GgufLinear.from_grid_weight(kw).weight_blocks
     theirs = gguf.quants.dequantize(blocks.numpy(), T.Q4_K if scheme is Q4K else T.Q4_1)  # llama.cpp's own Python
     assert np.array_equal(theirs, kw.dequantize().numpy())
     # round to nearest: every weight on its group's nearest level (within the clamp to 0..15)
@@ -85,7 +85,7 @@ def test_gptq_onto_the_grid_beats_round_to_nearest():
     rtn = rtn_quantize(w, Q4K)
     for options in (GPTQOptions(), GPTQOptions(observer="mse"), GPTQOptions(act_order=False)):
         q = gptq_quantize(w, h, Q4K, options)
-        assert isinstance(q, kquant.KQuantWeight)
+        assert isinstance(q, grids.KQuantWeight)
         assert out_err(q.dequantize()) < 0.9 * out_err(rtn.dequantize()), options
     mse = rtn_quantize(w, Q4K, RTNOptions(observer="mse"))
     assert (mse.dequantize() - w).pow(2).sum() < (rtn.dequantize() - w).pow(2).sum()
@@ -146,7 +146,7 @@ def test_quantize_to_gguf_reads_back_bit_for_bit(tmp_path, capsys, family, recip
     model = quantkit.load(src, dtype=torch.bfloat16)
     if recipe.endswith("rtn-q4k"):
         quantkit.quantize(model, recipe, progress=False)
-        layers = {n: m for n, m in model.named_modules() if isinstance(m, KQuantLinear)}
+        layers = {n: m for n, m in model.named_modules() if isinstance(m, GgufLinear)}
         assert len(layers) == 7
         for name, layer in layers.items():
             t = tensors[names.get_name(name + ".weight", try_suffixes=(".weight",))]
@@ -181,7 +181,7 @@ def test_what_cannot_be_written_is_refused_or_announced(tmp_path, capsys):
 def test_kquant_linear_forward_is_its_dequantized_weight():
     kw = rtn_quantize(_weight(48, 512, 8), Q4K)
     bias = torch.randn(48)
-    layer = KQuantLinear.from_grid_weight(kw, bias)
+    layer = GgufLinear.from_grid_weight(kw, bias)
     x = torch.randn(5, 512)
     torch.testing.assert_close(layer(x), x @ kw.dequantize().T + bias)
     assert not isinstance(layer, QuantLinear)
@@ -190,7 +190,7 @@ def test_kquant_linear_forward_is_its_dequantized_weight():
 def test_float_tensors_in_llama_cpps_k_quants(tmp_path, capsys):
     """--float-type q6_k / q4_k: the embedding in llama.cpp's own rounding (gguf_reference_quants), falling
     back to Q8_0 where the width is no multiple of 256, as llama-quantize does."""
-    from quantkit.gguf_reference_quants import quantize_q6_k
+    from quantkit.gguf.reference_quants import quantize_q6_k
 
     src = _source(tmp_path)
     out = tmp_path / "q6.gguf"

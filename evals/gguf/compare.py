@@ -188,7 +188,7 @@ def same_layout_overrides(folder: Path) -> list[str]:
 
 def quantkit_files(args, work: Path, folder: Path, calib_ids: torch.Tensor) -> dict[str, tuple[str, Path, float]]:
     import quantkit
-    from quantkit.formats.gguf import export_gguf
+    from quantkit.gguf.writing import export_gguf
     from quantkit.loading import load_float_model
 
     files = {}

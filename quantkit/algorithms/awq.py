@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kquant import GridWeight, grid_weight
+from ..gguf.grids import GridWeight, grid_weight
 from ..primitives import compute_qparams, fake_quantize, grouped_columns, quantize
 from ..quantized_weight import QuantizedWeight
 from ..scheme import QuantScheme
@@ -177,7 +177,7 @@ def awq_quantize(
     scale_dtype: torch.dtype | None = None,
 ) -> QuantizedWeight | GridWeight:
     """Round-to-nearest of the (already scaled) weight w [N, K] with per-group clip factors [N, G] (a
-    kquant.GridWeight on a GGUF grid)."""
+    grids.GridWeight on a GGUF grid)."""
     if scheme.grid != "uniform":
         return grid_weight(w.float(), scheme, clip_ratio=clip_ratio)
     scale, zero = compute_qparams(w.float(), scheme, clip_ratio=clip_ratio, scale_dtype=scale_dtype)

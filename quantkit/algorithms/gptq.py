@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import kquant
+from ..gguf import grids
 from ..primitives import check_range_options, compute_qparams, mse_clip_ratio
 from ..quantized_weight import QuantizedWeight
 from ..scheme import QuantScheme
@@ -176,14 +176,14 @@ def gptq_quantize(
     *,
     scale_dtype: torch.dtype | None = None,
     name: str = "weight",
-) -> QuantizedWeight | kquant.GridWeight:
+) -> QuantizedWeight | grids.GridWeight:
     """GPTQ-quantize one linear weight.
 
     weight: float [N, K] (out, in); hessian: [K, K] = 2 XᵀX / n of the layer's inputs (hessian_update).
     scale_dtype: dtype the scales are stored in (the model dtype); scales are rounded to it before use.
     Math runs in fp32 (fp64 if weight and hessian are fp64). Inputs are not modified.
     returns: QuantizedWeight (q int8 [N, K], scale fp32 [N, G], zero_point int32 [N, G] | None), columns in
-    the original order whatever act_order. On a GGUF grid (scheme.GGUF_GRIDS) a kquant.GridWeight: its fields
+    the original order whatever act_order. On a GGUF grid (scheme.GGUF_GRIDS) a grids.GridWeight: its fields
     are chosen up front from the whole weight (a K-quant super-block spans 8 or 16 groups), each column is
     rounded onto them; with the "mse" observer, the K-quants' and Q5_0's come from llama.cpp's
     importance-weighted search with diag(H) as the importance (llama.cpp's importance matrix is the same
@@ -210,7 +210,7 @@ def gptq_quantize(
     # Channel-wise and static-group parameters come from the (dead-zeroed) weight in its original order.
     scales = torch.zeros(n, groups, dtype=dtype, device=w.device)  # [N, G]
     zeros = None if scheme.symmetric else torch.zeros(n, groups, dtype=dtype, device=w.device)
-    grid = kquant.GRID_WEIGHTS.get(scheme.grid)  # static too: a super-block's fields span eight groups
+    grid = grids.GRID_WEIGHTS.get(scheme.grid)  # static too: a super-block's fields span eight groups
     static = scheme.strategy == "channel" or options.act_order or grid is not None
     if grid is not None:
         fields = grid.choose_fields(w.float(), search=options.observer == "mse", importance=energy)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kquant import GridWeight, grid_weight
+from ..gguf.grids import GridWeight, grid_weight
 from ..primitives import check_range_options, compute_qparams, mse_clip_ratio, quantize
 from ..quantized_weight import QuantizedWeight
 from ..scheme import QuantScheme
@@ -26,7 +26,7 @@ class RTNOptions:
     symmetric_scale: one of primitives.SYMMETRIC_SCALE_RULES (symmetric schemes only).
     observer: "minmax" or "mse" (each group's range shrunk by 1 - i/mse_grid, i <= mse_max_shrink * mse_grid,
       with the least squared error of the rounded weights; on the q4_k grid, llama.cpp's own least-squares
-      search of each group's step and minimum, quantkit.kquant.searched_fields; q4_1: min-max).
+      search of each group's step and minimum, quantkit.gguf.grids.searched_fields; q4_1: min-max).
     """
 
     symmetric_scale: str = "qmax"
@@ -40,7 +40,7 @@ class RTNOptions:
 
 def rtn_quantize(weight: torch.Tensor, scheme: QuantScheme, options: RTNOptions = RTNOptions(), *,
                  scale_dtype: torch.dtype | None = None) -> QuantizedWeight | GridWeight:
-    """weight: float [N, K] -> QuantizedWeight (fp32 math; a kquant.GridWeight on a GGUF grid). scale_dtype: the
+    """weight: float [N, K] -> QuantizedWeight (fp32 math; a grids.GridWeight on a GGUF grid). scale_dtype: the
     dtype the checkpoint stores scales in; they are rounded to it before the weights are (so the mse observer
     scores the stored scales)."""
     if scheme.grid != "uniform":  # each group's min-max range, or ("mse") Q4_K's least-squares search

@@ -10,7 +10,7 @@
               in sub-layer order (q/k/v, then o, then gate/up, then down: each step's statistics come
               from a forward through the block with the earlier steps already quantized), recompute the
               block's outputs as the next block's inputs, swap in quantized layers (QuantLinear;
-              KQuantLinear on a GGUF grid) and move the block back to its home device (the CPU for
+              GgufLinear on a GGUF grid) and move the block back to its home device (the CPU for
               offloaded models).
     head      a targeted output head (lm_head) is quantized last, on the final norm of the last block's
               outputs, by a processor with ``quantize_head`` (GPTQ); others leave it to RTN.
@@ -39,8 +39,8 @@ from tqdm.auto import tqdm
 from ..errors import QuantizationError
 from ..finite import describe_nonfinite, nonfinite_tensors
 from ..modules.quant_experts import QuantExperts
-from ..kquant import GridWeight
-from ..modules.kquant_linear import quantized_linear
+from ..gguf.grids import GridWeight
+from ..gguf.linear import quantized_linear
 from ..quantized_weight import QuantizedWeight
 from ..targets import output_head_name, set_submodule
 from .adapters import FamilyAdapter, LinearGroup, adapter_for
@@ -289,7 +289,7 @@ def run_blockwise(
 
     batches: calibration token ids, each [B, T] int64. targets: full names of the linears to quantize.
     device: compute device (default: cuda if available, else cpu).
-    Quantized linears are replaced by QuantLinear (KQuantLinear on a GGUF grid) in place. A targeted output
+    Quantized linears are replaced by QuantLinear (GgufLinear on a GGUF grid) in place. A targeted output
     head is quantized after the last block by the first processor with `quantize_head` (GPTQ), on the final
     norm of the last block's outputs. Returns the targeted names left: those not in any decoder block and
     not so quantized, which the caller quantizes without calibration.

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     import quantkit
     from quantkit.device import resolve_device
     from quantkit.errors import UsageError
-    from quantkit.gguf_reading import check_gguf_tokenizer, is_gguf_file, load_gguf_tokenizer
+    from quantkit.gguf.reading import check_gguf_tokenizer, is_gguf_file, load_gguf_tokenizer
     from quantkit.harness.eval_text import check_model_tokenizer, eval_window, load_tokenizer, read_eval_tokens
     from quantkit.outputs import check_output_file, output_stream, write_output_file
 

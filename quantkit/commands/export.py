@@ -10,7 +10,7 @@ FORMATS = ("gguf",)
 
 
 def register(sub) -> None:
-    from quantkit.formats.gguf_choices import FLOAT_TYPES
+    from quantkit.gguf.choices import FLOAT_TYPES
 
     p = sub.add_parser(
         "export", help="write a checkpoint in another format (GGUF, for llama.cpp)",
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     import quantkit
     from quantkit import provenance
     from quantkit.errors import UsageError
-    from quantkit.formats.gguf import check_exportable, not_written_by_quantkit
+    from quantkit.gguf.writing import check_exportable, not_written_by_quantkit
     from quantkit.loading import resolve_model_source
     from quantkit.outputs import atomic_output_file, check_free_space, check_writable
 
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if not source.is_dir():
         raise UsageError(f"{args.checkpoint}: export reads a local checkpoint folder (with its tokenizer)")
     check_exportable(source)  # before any work
-    from quantkit.formats.gguf import export_gguf
+    from quantkit.gguf.writing import export_gguf
 
     model = quantkit.load(source, backend="reference", trust_remote_code=args.trust_remote_code)
     recipe_file = source / provenance.RECIPE_FILE

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
 def load_tokenizer(source: str):
     """MODEL's tokenizer: a .gguf file's own (gguf_reading.load_gguf_tokenizer, the file checked first), else
     the folder's."""
-    from quantkit.gguf_reading import is_gguf_file, load_gguf_tokenizer
+    from quantkit.gguf.reading import is_gguf_file, load_gguf_tokenizer
     from quantkit.harness import eval_text
 
     return load_gguf_tokenizer(source) if is_gguf_file(source) else eval_text.load_tokenizer(source)

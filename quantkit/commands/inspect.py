@@ -15,7 +15,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from quantkit.gguf_reading import is_gguf_file
+    from quantkit.gguf.reading import is_gguf_file
 
     if is_gguf_file(args.path):
         return inspect_gguf(args.path)
@@ -81,7 +81,7 @@ def inspect_gguf(path: str) -> int:
     as quantkit.load does (header, metadata, the tensors the architecture needs)."""
     import gguf
 
-    from quantkit.gguf_reading import FLOAT_TYPES, read_gguf
+    from quantkit.gguf.reading import FLOAT_TYPES, read_gguf
     from quantkit.summaries import human_bytes
 
     contents = read_gguf(path)

@@ -11,7 +11,7 @@ from . import add_model_options, input_paths, torch_dtype
 
 
 def register(sub) -> None:
-    from quantkit.formats.gguf_choices import FLOAT_TYPES
+    from quantkit.gguf.choices import FLOAT_TYPES
 
     p = sub.add_parser("quantize", help="quantize a model into a compressed-tensors checkpoint or a GGUF file",
                        description="Quantize MODEL (a local folder, a hub id, or ref:tiny / ref:small) with RECIPE "
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = input_paths(args.model, args.recipe, args.calib)
     owned = None
     if gguf_out:
-        from quantkit.formats.gguf import not_written_by_quantkit as owned
+        from quantkit.gguf.writing import not_written_by_quantkit as owned
     out = check_writable(args.out, force=args.force, file=gguf_out, inputs=inputs, owned=owned)  # before any work
     out_state = None if gguf_out else output_state(out)  # a folder another process writes meanwhile is never replaced
     if gguf_out and out.parent.is_dir():
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     if gguf_out and recipe.kv_cache is not None:
         raise UsageError(_NO_GGUF_KV_CACHE.format(recipe=recipe.name))
     if gguf_out and recipe.weights is not None:
-        from quantkit.formats.gguf import unwritable_scheme
+        from quantkit.gguf.writing import unwritable_scheme
 
         why = unwritable_scheme(recipe.weights)
         if why:
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         if not Path(source).is_dir():
             raise UsageError(f"{args.model}: GGUF output reads the model's local folder (config.json, tokenizer); "
                              f"download it first")
-        from quantkit.formats.gguf import check_exportable
+        from quantkit.gguf.writing import check_exportable
 
         check_exportable(source)
     calibrated = recipe.needs_calibration
@@ -172,7 +172,7 @@ def _write_gguf(model, recipe, args, source, size_before, start, inputs, out) ->
     import torch
 
     from quantkit import provenance
-    from quantkit.formats.gguf import export_gguf, not_written_by_quantkit
+    from quantkit.gguf.writing import export_gguf, not_written_by_quantkit
     from quantkit.outputs import atomic_output_file, check_free_space
     from quantkit.recipe import builtin_recipes
     from quantkit.summaries import SizeOnDisk, quantization_summary

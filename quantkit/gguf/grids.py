@@ -8,7 +8,7 @@ dequantizes as
 
 each product in fp32 first (ggml's dequantize_row_q4_K). The group's scale s_j = d * sc_j and minimum
 m_j = dmin * mn_j (>= 0: the lowest level -m_j is <= 0) are floats, not an integer zero point, which is
-why compressed-tensors cannot hold them and such weights are written as GGUF (quantkit/kernels/gguf_blocks.py has
+why compressed-tensors cannot hold them and such weights are written as GGUF (quantkit/gguf/blocks.py has
 the byte layouts). Q2_K is the same with sixteen groups of 16, u in 0..3 and 4-bit sc_j, mn_j (0..15).
 Q6_K has sixteen groups of 16, symmetric: y = (d * sc_j) * (u - 32), u in 0..63, sc_j int8; Q3_K likewise
 with y = (d * sc_j) * (u - 4), u in 0..7, sc_j a 6-bit signed -32..31.
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kernels import gguf_blocks
+from . import blocks
 
 SUPER_BLOCK = 256  # inputs per super-block
 GROUP = 32  # inputs per group (sub-block) of every grid but Q6_K's 16
@@ -186,7 +186,7 @@ class KQuantWeight(_OnGrid):
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/256 * 144]: the Q4_K blocks."""
-        return gguf_blocks.pack_q4_k(self.u, self.d, self.dmin, self.sc, self.mn)
+        return blocks.pack_q4_k(self.u, self.d, self.dmin, self.sc, self.mn)
 
 
 @dataclass
@@ -198,7 +198,7 @@ class Q5KWeight(KQuantWeight):
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/256 * 176]: the Q5_K blocks."""
-        return gguf_blocks.pack_q5_k(self.u, self.d, self.dmin, self.sc, self.mn)
+        return blocks.pack_q5_k(self.u, self.d, self.dmin, self.sc, self.mn)
 
 
 @dataclass
@@ -213,7 +213,7 @@ class Q2KWeight(KQuantWeight):
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/256 * 84]: the Q2_K blocks."""
-        return gguf_blocks.pack_q2_k(self.u, self.d, self.dmin, self.sc, self.mn)
+        return blocks.pack_q2_k(self.u, self.d, self.dmin, self.sc, self.mn)
 
 
 @dataclass
@@ -267,7 +267,7 @@ class Q6KWeight(_OnGrid):
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/256 * 210]: the Q6_K blocks."""
-        return gguf_blocks.pack_q6_k(self.u.to(torch.int16) - 32, self.d, self.sc)
+        return blocks.pack_q6_k(self.u.to(torch.int16) - 32, self.d, self.sc)
 
 
 @dataclass
@@ -282,7 +282,7 @@ class Q3KWeight(Q6KWeight):
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/256 * 110]: the Q3_K blocks."""
-        return gguf_blocks.pack_q3_k(self.u.to(torch.int16) - 4, self.d, self.sc)
+        return blocks.pack_q3_k(self.u.to(torch.int16) - 4, self.d, self.sc)
 
 
 @dataclass
@@ -316,7 +316,7 @@ class Q41Weight(_OnGrid):
         for these types, nor has this."""
         _need_blocks(w, cls)
         if search and importance is not None:
-            from .gguf_reference_quants import q1_fields
+            from .reference_quants import q1_fields
 
             d, m = q1_fields(w.float(), importance.float(), cls.LEVELS)
             return _fp16(d, f"a {cls.GGUF_TYPE} block scale"), _fp16(m, f"a {cls.GGUF_TYPE} block minimum")
@@ -326,7 +326,7 @@ class Q41Weight(_OnGrid):
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/32 * 20]: the Q4_1 blocks."""
-        return gguf_blocks.pack_q4_1(self.u, self.d, self.m)
+        return blocks.pack_q4_1(self.u, self.d, self.m)
 
 
 @dataclass
@@ -338,7 +338,7 @@ class Q51Weight(Q41Weight):
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/32 * 24]: the Q5_1 blocks."""
-        return gguf_blocks.pack_q5_1(self.u, self.d, self.m)
+        return blocks.pack_q5_1(self.u, self.d, self.m)
 
 
 @dataclass
@@ -372,14 +372,14 @@ class Q50Weight(_OnGrid):
         importance llama.cpp has no search for these types, nor has this."""
         _need_blocks(w, cls)
         if search and importance is not None:
-            from .gguf_reference_quants import qx_scales
+            from .reference_quants import qx_scales
 
             return (_fp16(qx_scales(w.float(), importance.float(), cls.OFFSET), f"a {cls.GGUF_TYPE} scale"),)
         return (_fp16(_signed_extremes(w, clip_ratio, GROUP) / -cls.OFFSET, f"a {cls.GGUF_TYPE} block scale"),)
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/32 * 22]: the Q5_0 blocks."""
-        return gguf_blocks.pack_q5_0(self.u, self.d)
+        return blocks.pack_q5_0(self.u, self.d)
 
 
 @dataclass
@@ -394,7 +394,7 @@ class Q40Weight(Q50Weight):
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/32 * 18]: the Q4_0 blocks."""
-        return gguf_blocks.pack_q4_0(self.u.to(torch.int16) - 8, self.d)
+        return blocks.pack_q4_0(self.u.to(torch.int16) - 8, self.d)
 
 
 @dataclass
@@ -416,7 +416,7 @@ class Q80Weight(Q50Weight):
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/32 * 34]: the Q8_0 blocks."""
-        return gguf_blocks.pack_q8_0(self.u.to(torch.int16) - 128, self.d)
+        return blocks.pack_q8_0(self.u.to(torch.int16) - 128, self.d)
 
 
 #: a scheme's grid -> the class of its weights
@@ -459,12 +459,12 @@ def super_block_fields(scale: torch.Tensor, minimum: torch.Tensor, group: int = 
 def searched_fields(w: torch.Tensor, importance: torch.Tensor | None = None,
                     kind: str = "Q4_K") -> tuple[torch.Tensor, ...]:
     """The fields of K-quant `kind` (Q2_K ... Q6_K) llama.cpp's own quantizer chooses for w [N, K]
-    (quantkit.gguf_reference_quants: e.g. Q4_K's make_qkx2_quants weighted least-squares search of each group's
+    (quantkit.gguf.reference_quants: e.g. Q4_K's make_qkx2_quants weighted least-squares search of each group's
     step and minimum, or with `importance` [K] the imatrix path's make_qkx3_quants / make_qp_quants): the
     grid's FIELDS, (d, dmin, sc, mn) or (d, sc)."""
-    from . import gguf_reference_quants
+    from . import reference_quants
 
-    fields = getattr(gguf_reference_quants, f"{kind.lower()}_fields")
+    fields = getattr(reference_quants, f"{kind.lower()}_fields")
     return fields(w.float(), None if importance is None else importance.float())[1:]
 
 

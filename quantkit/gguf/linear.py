@@ -1,4 +1,4 @@
-"""KQuantLinear: a linear whose weight lies on a GGUF grid (scheme.GGUF_GRIDS: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q4_1,
+"""GgufLinear: a linear whose weight lies on a GGUF grid (scheme.GGUF_GRIDS: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q4_1,
 Q5_1, Q4_0, Q5_0, Q8_0), held as the GGUF blocks themselves."""
 
 from __future__ import annotations
@@ -6,17 +6,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..kernels import gguf_blocks
-from ..kquant import GridWeight
 from ..scheme import GGUF_GRIDS, QuantScheme
+from . import blocks
+from .grids import GridWeight
 
 PACKED_WEIGHT = "weight_blocks"  # the tensor that holds the weight itself (what a weight census counts)
 
 
-class KQuantLinear(nn.Module):
-    """y = x @ W.T + b with W on a GGUF grid (quantkit.kquant), stored as the blocks a GGUF file holds.
+class GgufLinear(nn.Module):
+    """y = x @ W.T + b with W on a GGUF grid (quantkit.gguf.grids), stored as the blocks a GGUF file holds.
 
-    Buffers: weight_blocks uint8 [N, K / block * block bytes] (quantkit/kernels/gguf_blocks.py's layout of
+    Buffers: weight_blocks uint8 [N, K / block * block bytes] (quantkit/gguf/blocks.py's layout of
     `gguf_type`: e.g. Q4_K 144 bytes per 256 inputs, Q4_1 20 per 32); bias [N] in the model dtype or None.
     forward dequantizes the blocks on each call (pure torch): quantkit scores these weights and writes
     them as GGUF, which llama.cpp runs with its own kernels; compressed-tensors (and so quantkit.save and
@@ -27,20 +27,20 @@ class KQuantLinear(nn.Module):
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
         super().__init__()
         if scheme.grid not in GGUF_GRIDS:
-            raise ValueError(f"KQuantLinear holds GGUF-grid weights; got {scheme.describe()}")
+            raise ValueError(f"GgufLinear holds GGUF-grid weights; got {scheme.describe()}")
         self.gguf_type = GGUF_GRIDS[scheme.grid].ggml_type
-        block = gguf_blocks.BLOCK_WEIGHTS[self.gguf_type]
+        block = blocks.BLOCK_WEIGHTS[self.gguf_type]
         if in_features % block:
             raise ValueError(f"{self.gguf_type} weights need in_features in whole blocks of {block}, got {in_features}")
         self.in_features, self.out_features, self.scheme = in_features, out_features, scheme
-        row_bytes = in_features // block * gguf_blocks.BLOCK_BYTES[self.gguf_type]
+        row_bytes = in_features // block * blocks.BLOCK_BYTES[self.gguf_type]
         self.register_buffer("weight_blocks", torch.empty(out_features, row_bytes, dtype=torch.uint8, device=device))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device), requires_grad=False) if bias else None
 
     @classmethod
     def from_grid_weight(cls, qweight: GridWeight, bias: torch.Tensor | None = None,
-                         dtype: torch.dtype = torch.float32) -> "KQuantLinear":
-        """Pack a kquant.GridWeight (levels [N, K] and its fields) into a new layer on its device."""
+                         dtype: torch.dtype = torch.float32) -> "GgufLinear":
+        """Pack a grids.GridWeight (levels [N, K] and its fields) into a new layer on its device."""
         n, k = qweight.shape
         layer = cls(k, n, qweight.scheme, bias=bias is not None, dtype=dtype, device=qweight.u.device)
         layer.weight_blocks.copy_(qweight.blocks())
@@ -50,7 +50,7 @@ class KQuantLinear(nn.Module):
 
     def dequantized_weight(self) -> torch.Tensor:
         """fp32 [N, K], as ggml's dequantize_row_* computes it."""
-        return gguf_blocks.dequantize_blocks(self.weight_blocks, self.gguf_type)
+        return blocks.dequantize_blocks(self.weight_blocks, self.gguf_type)
 
     def stored_bits(self, scale_dtype: torch.dtype | None = None) -> int:
         """Bits the weight takes stored: its blocks (their fp16 / 6-bit fields whatever scale_dtype)."""
@@ -67,9 +67,9 @@ class KQuantLinear(nn.Module):
 
 
 def quantized_linear(qweight, bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Module:
-    """The layer an algorithm's result becomes: a KQuantLinear for a GGUF-grid weight, else a QuantLinear."""
-    from .quant_linear import QuantLinear
+    """The layer an algorithm's result becomes: a GgufLinear for a GGUF-grid weight, else a QuantLinear."""
+    from ..modules.quant_linear import QuantLinear
 
     if isinstance(qweight, GridWeight):
-        return KQuantLinear.from_grid_weight(qweight, bias, dtype=dtype)
+        return GgufLinear.from_grid_weight(qweight, bias, dtype=dtype)
     return QuantLinear.from_quantized(qweight, bias, dtype=dtype)

@@ -26,7 +26,7 @@ measured against ggml 0.26.0 and 0.25.3 (docs/gguf-k-quants.md). Checked with CP
 the same ops should round alike (true division, no fast math) but that is not tested.
 
 Shapes: w float [N, K], K % 256 == 0; the *_fields functions return the fields in the shapes that
-quantkit/kernels/gguf_blocks.py's pack_q4_k / pack_q5_k / pack_q6_k take, and quantize_* are those packs of them.
+quantkit/gguf/blocks.py's pack_q4_k / pack_q5_k / pack_q6_k take, and quantize_* are those packs of them.
 Non-finite weights are refused (ValueError), as are K % 256 != 0 and an importance that is not a finite,
 non-negative [K].
 """
@@ -36,9 +36,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from quantkit.kernels import gguf_blocks
+from . import blocks
 
-QK_K = gguf_blocks.SUPER_BLOCK
+QK_K = blocks.SUPER_BLOCK
 GROUP_MAX_EPS = np.float32(1e-15)
 #: super-blocks quantized per step (bounds the working memory: some 40 fp32 temporaries of this many x 256,
 #: ~160 MB at 4096)
@@ -345,7 +345,7 @@ def _q45_fields(x: torch.Tensor, qw: torch.Tensor | None, nmax: int, ref: tuple[
             ls, lm = ls.clamp(max=63), lm.clamp(max=63)
         d, dmin = _to_fp16(d_block), _to_fp16(m_block)
     # the C packs ls / lm into 12 bytes (wrapping as uint8 does) and reads them back with get_scale_min_k4
-    sc, mn = gguf_blocks.k4_scales_from_bytes(gguf_blocks.k4_scale_bytes(ls, lm))
+    sc, mn = blocks.k4_scales_from_bytes(blocks.k4_scale_bytes(ls, lm))
     sc, mn = sc.to(torch.int32), mn.to(torch.int32)
     dd = d.float().unsqueeze(-1) * sc.float()
     dm = dmin.float().unsqueeze(-1) * mn.float()
@@ -371,13 +371,13 @@ def q4_k_fields(w: torch.Tensor, importance: torch.Tensor | None = None) -> tupl
     """llama.cpp's Q4_K quantization of w float [N, K] (K % 256 == 0), optionally with the imatrix
     `importance` [K] (quantize_q4_K: quantize_row_q4_K_ref without, quantize_row_q4_K_impl with).
     returns (u uint8 [N, K] in 0..15, d fp16 [N, K/256], dmin fp16 [N, K/256], sc uint8 [N, K/32] in 0..63,
-    mn uint8 [N, K/32] in 0..63): the arguments of gguf_blocks.pack_q4_k."""
+    mn uint8 [N, K/32] in 0..63): the arguments of blocks.pack_q4_k."""
     return _k_fields(w, importance, "Q4_K", 15, (-1.0, 0.1, 20), clamp_impl_scales=False)
 
 
 def q5_k_fields(w: torch.Tensor, importance: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """llama.cpp's Q5_K quantization (quantize_row_q5_K_ref / _impl) of w float [N, K]: as q4_k_fields with
-    u in 0..31; the arguments of gguf_blocks.pack_q5_k."""
+    u in 0..31; the arguments of blocks.pack_q5_k."""
     return _k_fields(w, importance, "Q5_K", 31, (-0.5, 0.1, 15), clamp_impl_scales=True)
 
 
@@ -403,7 +403,7 @@ def _q6_fields(x: torch.Tensor, qw: torch.Tensor | None) -> tuple[torch.Tensor, 
 def q6_k_fields(w: torch.Tensor, importance: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """llama.cpp's Q6_K quantization (quantize_row_q6_K_ref without importance, quantize_row_q6_K_impl with)
     of w float [N, K] (K % 256 == 0). returns (q int8 [N, K] in -32..31, d fp16 [N, K/256],
-    sc int8 [N, K/16]): the arguments of gguf_blocks.pack_q6_k."""
+    sc int8 [N, K/16]): the arguments of blocks.pack_q6_k."""
     w, importance = _check(w, importance, "Q6_K")
     n, k = w.shape
     g = k // QK_K
@@ -498,7 +498,7 @@ def q3_k_fields(w: torch.Tensor, importance: torch.Tensor | None = None) -> tupl
     """llama.cpp's Q3_K quantization (quantize_row_q3_K_ref without importance: make_q3_quants; with it
     quantize_row_q3_K_impl: make_qx_quants weighted, then make_qx_quants of the scales) of w float [N, K]
     (K % 256 == 0). returns (q int8 [N, K] in -4..3, d fp16 [N, K/256], sc int8 [N, K/16] in -32..31): the
-    arguments of gguf_blocks.pack_q3_k."""
+    arguments of blocks.pack_q3_k."""
     L, d, v = _sub16_rows(_q3_fields, w, importance, "Q3_K")
     n, g = d.shape
     return (L - 4).to(torch.int8).reshape(n, g * QK_K), d, (v - 32).to(torch.int8).reshape(n, g * 16)
@@ -508,7 +508,7 @@ def q2_k_fields(w: torch.Tensor, importance: torch.Tensor | None = None) -> tupl
     """llama.cpp's Q2_K quantization (quantize_row_q2_K_ref without importance: make_qkx2_quants with absolute
     errors; with it quantize_row_q2_K_impl: make_qkx3_quants, make_qp_quants for the 4-bit scales and mins) of
     w float [N, K] (K % 256 == 0). returns (u uint8 [N, K] in 0..3, d fp16 [N, K/256], dmin fp16 [N, K/256],
-    sc uint8 [N, K/16] in 0..15, mn uint8 [N, K/16] in 0..15): the arguments of gguf_blocks.pack_q2_k."""
+    sc uint8 [N, K/16] in 0..15, mn uint8 [N, K/16] in 0..15): the arguments of blocks.pack_q2_k."""
     L, d, dmin, sc, mn = _sub16_rows(_q2_fields, w, importance, "Q2_K")
     n, g = d.shape
     return (L.to(torch.uint8).reshape(n, g * QK_K), d, dmin, sc.to(torch.uint8).reshape(n, g * 16),
@@ -517,27 +517,27 @@ def q2_k_fields(w: torch.Tensor, importance: torch.Tensor | None = None) -> tupl
 
 def quantize_q2_k(w: torch.Tensor, importance: torch.Tensor | None = None) -> torch.Tensor:
     """ggml_quantize_chunk(GGML_TYPE_Q2_K, w, ..., importance): w float [N, K] -> uint8 [N, K/256*84]."""
-    return gguf_blocks.pack_q2_k(*q2_k_fields(w, importance))
+    return blocks.pack_q2_k(*q2_k_fields(w, importance))
 
 
 def quantize_q3_k(w: torch.Tensor, importance: torch.Tensor | None = None) -> torch.Tensor:
     """ggml_quantize_chunk(GGML_TYPE_Q3_K, w, ..., importance): w float [N, K] -> uint8 [N, K/256*110]."""
-    return gguf_blocks.pack_q3_k(*q3_k_fields(w, importance))
+    return blocks.pack_q3_k(*q3_k_fields(w, importance))
 
 
 def quantize_q4_k(w: torch.Tensor, importance: torch.Tensor | None = None) -> torch.Tensor:
     """ggml_quantize_chunk(GGML_TYPE_Q4_K, w, ..., importance): w float [N, K] -> uint8 [N, K/256*144]."""
-    return gguf_blocks.pack_q4_k(*q4_k_fields(w, importance))
+    return blocks.pack_q4_k(*q4_k_fields(w, importance))
 
 
 def quantize_q5_k(w: torch.Tensor, importance: torch.Tensor | None = None) -> torch.Tensor:
     """ggml_quantize_chunk(GGML_TYPE_Q5_K, w, ..., importance): w float [N, K] -> uint8 [N, K/256*176]."""
-    return gguf_blocks.pack_q5_k(*q5_k_fields(w, importance))
+    return blocks.pack_q5_k(*q5_k_fields(w, importance))
 
 
 def quantize_q6_k(w: torch.Tensor, importance: torch.Tensor | None = None) -> torch.Tensor:
     """ggml_quantize_chunk(GGML_TYPE_Q6_K, w, ..., importance): w float [N, K] -> uint8 [N, K/256*210]."""
-    return gguf_blocks.pack_q6_k(*q6_k_fields(w, importance))
+    return blocks.pack_q6_k(*q6_k_fields(w, importance))
 
 
 def qx_scales(w: torch.Tensor, importance: torch.Tensor, nmax: int) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """A quantkit checkpoint as a GGUF file llama.cpp runs: metadata, tokenizer and tensors as llama.cpp's own
 converter (convert_hf_to_gguf.py) writes them for Llama, Mistral, Qwen2 and Qwen3, with the quantized
-linears written as ggml blocks (quantkit/kernels/gguf_blocks.py) without a second rounding.
+linears written as ggml blocks (quantkit/gguf/blocks.py) without a second rounding.
 
 What is exact (a weight of quantkit's [N, K] int q, fp32 scale [N, G], int zero point [N, G] -> blocks of 32):
 
@@ -9,7 +9,7 @@ What is exact (a weight of quantkit's [N, K] int q, fp32 scale [N, G], int zero 
 - symmetric int8, same groups -> Q8_0 (y = d * q);
 - asymmetric int4 -> Q4_1 with d = s and m = -s * (zp + 8) (quantkit's q + 8 is the nibble): exact up to
   the fp16 rounding of m, which `GGUFExport.q4_1_min_shift` reports (in units of the block's step d);
-- weights on a GGUF grid (quantkit.kquant, a KQuantLinear: Q4_K, Q5_K, Q6_K, Q4_1, Q5_1, Q5_0, Q8_0) -> that
+- weights on a GGUF grid (quantkit.gguf.grids, a GgufLinear: Q4_K, Q5_K, Q6_K, Q4_1, Q5_1, Q5_0, Q8_0) -> that
   type: the layer holds the blocks themselves (a recipe's `mix` puts its linears on several);
 - the scale must be an fp16 value (a bf16 or fp16 checkpoint's scales are, in fp16's normal range); an
   fp32 checkpoint's are refused unless round_scales, which rounds d to fp16 and reports the change.
@@ -17,7 +17,7 @@ What is exact (a weight of quantkit's [N, K] int q, fp32 scale [N, G], int zero 
 Everything else (asymmetric int8, K not a multiple of 32, ragged groups) is refused with the recipe to use.
 Norms and biases are F32 (as llama.cpp's converter writes every 1-D tensor); the embedding, the output
 head and any linear the recipe left in float get `float_type` ("auto" for a mix: llama-quantize's types for
-it, quantkit.gguf_mix.OUTPUT_TYPES).
+it, quantkit.gguf.mix.OUTPUT_TYPES).
 
 Every file carries quantkit's marker (`quantkit.written_by`, the key right after `general.architecture`), by
 which a forced write knows a file it may replace (`not_written_by_quantkit`), and how it was made
@@ -43,15 +43,15 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, UsageError
-from ..loading import source_dtype
-from ..kernels import gguf_blocks
 from ..kernels.packing import unpack_int32, unpack_zero_point
-from ..modules.kquant_linear import KQuantLinear
+from ..loading import source_dtype
 from ..modules.quant_linear import QuantLinear
 from ..scheme import LLAMA_CPP_FALLBACK
 from ..targets import output_head_name
-from .gguf_choices import FLOAT_TYPES, RECIPES_FOR
-from .gguf_pretokenizers import CHECK_TEXT, PRE_TOKENIZERS
+from . import blocks
+from .choices import FLOAT_TYPES, RECIPES_FOR
+from .linear import GgufLinear
+from .pretokenizers import CHECK_TEXT, PRE_TOKENIZERS
 
 #: the largest RMS difference between a quantized output head and the embedding, relative to the embedding's
 #: RMS, for the two to be one matrix quantized (tie_output): 2-bit rounding stays far below it, two unrelated
@@ -130,8 +130,8 @@ def rope_permutation(rows: int, n_head: int) -> torch.Tensor:
 
 def _block_scales(scale: torch.Tensor, k: int, group_size: int | None) -> torch.Tensor:
     """[N, G] group scales -> [N, K/32], one per block of 32 (a group of 64 or 128 spans 2 or 4 blocks)."""
-    per = (group_size or k) // gguf_blocks.BLOCK
-    return scale.repeat_interleave(per, dim=1) if scale.shape[1] * per == k // gguf_blocks.BLOCK else None
+    per = (group_size or k) // blocks.BLOCK
+    return scale.repeat_interleave(per, dim=1) if scale.shape[1] * per == k // blocks.BLOCK else None
 
 
 def _fp16_scales(scale: torch.Tensor, name: str, round_scales: bool) -> tuple[torch.Tensor, float]:
@@ -176,7 +176,7 @@ def gguf_weight(layer: QuantLinear, name: str, *, row_order: torch.Tensor | None
         raise UsageError(f"{name}: {why}")
     kind = "Q8_0" if bits == 8 else "Q4_0" if scheme.symmetric else "Q4_1"
     scale = layer.weight_scale.float()
-    d = None if k % gguf_blocks.BLOCK else _block_scales(scale, k, layer.group_size)
+    d = None if k % blocks.BLOCK else _block_scales(scale, k, layer.group_size)
     if d is None:
         raise UsageError(f"{name}: {scheme.describe()} with {k} inputs does not split into GGUF blocks of 32 "
                          f"(K must be a multiple of 32 and each group whole); quantize with {RECIPES_FOR[kind]}")
@@ -188,15 +188,15 @@ def gguf_weight(layer: QuantLinear, name: str, *, row_order: torch.Tensor | None
     d16, change = _fp16_scales(d, name, round_scales)
     measures = {"scale_rounding": change}
     if kind == "Q8_0":
-        return kind, gguf_blocks.pack_q8_0(q, d16), measures
+        return kind, blocks.pack_q8_0(q, d16), measures
     if kind == "Q4_0":
-        return kind, gguf_blocks.pack_q4_0(q, d16), measures
+        return kind, blocks.pack_q4_0(q, d16), measures
     zb = _block_scales(zp.float(), k, layer.group_size)  # [N, K/32]
     m = -d16.float() * (zb + 8)  # y = s*(q - zp) = d*(q + 8) - s*(zp + 8)
     m16 = m.to(torch.float16)
     shift = (m16.float() - m).abs() / d16.float()
     measures.update(min_shift=shift.max().item(), min_shift_sq=shift.pow(2).sum().item(), blocks=shift.numel())
-    return kind, gguf_blocks.pack_q4_1((q.to(torch.int16) + 8), d16, m16), measures
+    return kind, blocks.pack_q4_1((q.to(torch.int16) + 8), d16, m16), measures
 
 
 # -- metadata and tokenizer -------------------------------------------------------------------------
@@ -248,7 +248,7 @@ def check_exportable(folder: str | os.PathLike) -> None:
     if problem:
         raise UsageError(f"{folder}: {problem}")
     if _tokenizer_kind(Path(folder)) == "sentencepiece":
-        from .gguf_sentencepiece import load_processor
+        from .sentencepiece import load_processor
 
         load_processor(Path(folder) / "tokenizer.model")
     else:
@@ -347,7 +347,7 @@ def _set_vocab(writer, folder: Path, vocab_size: int, arch: str) -> None:
     import gguf
 
     if _tokenizer_kind(folder) == "sentencepiece":
-        from .gguf_sentencepiece import set_vocab
+        from .sentencepiece import set_vocab
 
         return set_vocab(writer, folder, vocab_size, arch)
     tokenizer, reverse, pre = _bpe_tokenizer(folder, vocab_size)
@@ -406,19 +406,19 @@ def float_fallback(float_type: str, width: int) -> tuple[str, str | None]:
     llama-quantize falls back, a width that is no multiple of 256 gets Q8_0 for q6_k and Q5_0 for q4_k, one
     that is no multiple of 32 F16."""
     asked, why = float_type, None
-    if float_type in LLAMA_CPP_FALLBACK and width % gguf_blocks.SUPER_BLOCK:  # a mix's q3_k / q2_k: Q4_0
+    if float_type in LLAMA_CPP_FALLBACK and width % blocks.SUPER_BLOCK:  # a mix's q3_k / q2_k: Q4_0
         float_type = LLAMA_CPP_FALLBACK[float_type]
-        why = f"{width} inputs are no whole super-block of {gguf_blocks.SUPER_BLOCK}"
-    if float_type in ("q8_0", "q5_0", "q4_0") and width % gguf_blocks.BLOCK:
+        why = f"{width} inputs are no whole super-block of {blocks.SUPER_BLOCK}"
+    if float_type in ("q8_0", "q5_0", "q4_0") and width % blocks.BLOCK:
         float_type = "f16"
-        why = f"{width} inputs are no whole block of {gguf_blocks.BLOCK}"
+        why = f"{width} inputs are no whole block of {blocks.BLOCK}"
     return float_type, why if float_type != asked else None
 
 
 def _float_tensor(t: torch.Tensor, float_type: str):
     """(numpy data, ggml type) for a float tensor written in float_type (FLOAT_TYPES but auto; its fallback
     for the tensor's width, float_fallback). q8_0 and q5_0 are the gguf package's rounding, q6_k / q4_k
-    llama.cpp's (quantkit.gguf_reference_quants)."""
+    llama.cpp's (quantkit.gguf.reference_quants)."""
     import gguf
 
     data = t.detach().float().cpu()
@@ -427,9 +427,9 @@ def _float_tensor(t: torch.Tensor, float_type: str):
     if float_type == "f32":
         return data.numpy(), qtype
     if float_type in LLAMA_CPP_FALLBACK:  # the K-quants
-        from .. import gguf_reference_quants
+        from . import reference_quants
 
-        return getattr(gguf_reference_quants, f"quantize_{float_type}")(data).numpy(), qtype
+        return getattr(reference_quants, f"quantize_{float_type}")(data).numpy(), qtype
     return gguf.quants.quantize(data.numpy(), qtype), qtype
 
 
@@ -461,7 +461,7 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
                 check_space: Callable[[int], None] | None = None) -> GGUFExport:
     """Write `model` (a quantkit checkpoint loaded from `folder`, whose tokenizer and config.json are read)
     to the file `out` (overwritten: the caller writes to a temporary path). returns what was written.
-    mix: the recipe's mix (quantkit.gguf_mix), which names the file type and, with float_type "auto", the
+    mix: the recipe's mix (quantkit.gguf.mix), which names the file type and, with float_type "auto", the
     types of the embedding and output head.
     tie_output: write the quantized output head as token_embd and no output.weight, as llama.cpp's files of
     models with tied embeddings are (llama.cpp then reads both the lookup and the head from it): for a
@@ -472,7 +472,7 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
     without room for them)."""
     import gguf
 
-    from ..gguf_mix import FILE_TYPES, OUTPUT_TYPES
+    from .mix import FILE_TYPES, OUTPUT_TYPES
     from ..modules.kv_scales import read_kv_scales
 
     folder = Path(folder)
@@ -515,7 +515,7 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
     fallbacks: dict[tuple[str, str, str], list[str]] = {}  # (asked, written, why) -> gguf names
     kinds: dict[str, int] = {}
     shift_max, shift_sq, shift_n = None, 0.0, 0
-    quantized = {n for n, m in model.named_modules() if isinstance(m, (QuantLinear, KQuantLinear))}
+    quantized = {n for n, m in model.named_modules() if isinstance(m, (QuantLinear, GgufLinear))}
     head = output_head_name(model)
     embedding = next((n for n, m in model.named_modules() if m is model.get_input_embeddings()), None)
     if tie_output or head in quantized:  # with a quantized head, say whether --tie-output applies
@@ -533,7 +533,7 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
         if gname is None:
             raise UsageError(f"{module_name}: no GGUF tensor name for it in llama.cpp's {arch} layout")
         rows = order(module_name, module.out_features)
-        if isinstance(module, KQuantLinear):  # its blocks as they are; a row permutation moves whole rows
+        if isinstance(module, GgufLinear):  # its blocks as they are; a row permutation moves whole rows
             kind, data, measures = module.gguf_type, module.weight_blocks if rows is None else module.weight_blocks[rows], {}
         else:
             kind, data, measures = gguf_weight(module, module_name, row_order=rows, round_scales=round_scales)

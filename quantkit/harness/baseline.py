@@ -17,7 +17,7 @@ from torch import nn
 
 from .. import provenance
 from ..errors import UsageError
-from ..gguf_reading import gguf_origin
+from ..gguf.reading import gguf_origin
 from ..loading import source_dtype
 
 #: config fields that must agree: the architecture and every dimension of its weights

@@ -149,7 +149,7 @@ def refuse_gguf_sources(model: str, baseline: str | None, variants) -> None:
 def _refuse_gguf(spec: str, role: str) -> None:
     """UsageError for a GGUF file as a benchmark's model or variant (`role`): transformers dequantizes its blocks
     into float weights, so its timings would be a float model's, not the file's."""
-    from quantkit.gguf_reading import is_gguf_file
+    from quantkit.gguf.reading import is_gguf_file
 
     if any(is_gguf_file(part) for part in spec.split("+")):
         raise UsageError(

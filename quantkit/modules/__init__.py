@@ -1,6 +1,6 @@
-"""Modules that replace or extend transformers' layers at inference time."""
+"""Modules that replace or extend transformers' layers at inference time (the GGUF-block layer,
+GgufLinear, is in quantkit.gguf.linear)."""
 
-from .kquant_linear import KQuantLinear
 from .quant_linear import QuantLinear
 
-__all__ = ["KQuantLinear", "QuantLinear"]
+__all__ = ["QuantLinear"]
