@@ -40,3 +40,18 @@ def check_cpu_threads(threads: int, *, option: str = "--threads") -> int:
     if not 1 <= threads <= cpus:
         raise UsageError(f"{option} {threads}: this machine has {cpus} CPUs; give {option} 1 to {cpus}")
     return threads
+
+
+def check_backend(name: str, device=None) -> str:
+    """`--backend` value, checked before any work (UsageError listing the backends, or saying why the
+    backend cannot run on `device` when one is given)."""
+    from .kernels.wna16 import BACKENDS, resolve_backend
+
+    if name not in BACKENDS:
+        raise UsageError(f"--backend {name!r} is unknown; choose one of {', '.join(BACKENDS)}")
+    if device is not None:
+        try:
+            resolve_backend(name, device)
+        except ValueError as e:
+            raise UsageError(f"--backend {name}: {e}") from None
+    return name

@@ -39,3 +39,17 @@ def read_input_text(path: "str | os.PathLike", what: str, max_bytes: int,
 
 def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def input_paths(*names: str | None) -> list[str]:
+    """The local paths among `names` (ref:NAME as its folder), which an output must never overwrite; names
+    that are no local path (hub ids, recipe names, None) are left out."""
+    from .refmodels import resolve_model_name
+
+    paths = []
+    for name in names:
+        if name:
+            path = os.path.expanduser(resolve_model_name(name))
+            if os.path.lexists(path):
+                paths.append(path)
+    return paths

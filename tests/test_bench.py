@@ -190,7 +190,7 @@ def test_the_default_cache_limit_is_a_quarter_of_the_timed_devices_memory():
     """--gpu h200 on a CPU prices the roofline only: the KV cache limit comes from this machine's RAM."""
     import os
 
-    from quantkit.commands.bench import benchmark
+    from quantkit.harness.benchmark import benchmark
 
     data = benchmark("ref:tiny", gpu="h200", device="cpu", dtype="float32", prompt_lens=[8], context_lens=[8],
                      batch_sizes=[1], warmup=0, repeats=1, quiet=True)

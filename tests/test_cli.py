@@ -66,7 +66,7 @@ def test_eval_on_the_tiny_reference_model(tmp_path, capsys):
 
 def test_demo_end_to_end_on_tiny(tmp_path, capsys, monkeypatch):
     from quantkit import cli
-    from quantkit.commands import bench
+    from quantkit.harness import benchmark as bench
     from quantkit.harness import speed_model
 
     # speed is timed on a model sized from the last-level cache: a 64 KiB cache keeps it tiny here

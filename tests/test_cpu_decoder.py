@@ -148,7 +148,7 @@ def test_bench_times_every_variant_in_the_loop():
     """--decode-loop quantkit: baseline and variants decode in the C++ loop, each in its own cache (the
     model's bf16, fp8 for the FP8-KV recipe), which the records name, count in bytes and price in the
     roofline; the printed table says it too."""
-    from quantkit.commands.bench import benchmark
+    from quantkit.harness.benchmark import benchmark
     from quantkit.harness.report import summary_lines
 
     data = benchmark("ref:tiny", variants=["w4a16-rtn", "kv-fp8"], device="cpu", dtype="bf16", prompt_lens=[8],

@@ -19,20 +19,6 @@ def torch_dtype(name: str):
     return None if name == "auto" else getattr(torch, name)
 
 
-def input_paths(*names: str | None) -> list[str]:
-    """The local paths among `names` (ref:NAME as its folder), which an output must never overwrite; names
-    that are no local path (hub ids, recipe names, None) are left out."""
-    from quantkit.refmodels import resolve_model_name
-
-    paths = []
-    for name in names:
-        if name:
-            path = os.path.expanduser(resolve_model_name(name))
-            if os.path.lexists(path):
-                paths.append(path)
-    return paths
-
-
 def int_at_least(minimum: int, why: str = ""):
     """An argparse `type`: an integer >= minimum, else argparse's usage error naming the flag (exit 2)."""
 
@@ -101,19 +87,3 @@ def _finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return value
-
-
-def check_backend(name: str, device=None) -> str:
-    """`--backend` value, checked before any work (UsageError listing the backends, or saying why the
-    backend cannot run on `device` when one is given)."""
-    from quantkit.errors import UsageError
-    from quantkit.kernels.wna16 import BACKENDS, resolve_backend
-
-    if name not in BACKENDS:
-        raise UsageError(f"--backend {name!r} is unknown; choose one of {', '.join(BACKENDS)}")
-    if device is not None:
-        try:
-            resolve_backend(name, device)
-        except ValueError as e:
-            raise UsageError(f"--backend {name}: {e}") from None
-    return name

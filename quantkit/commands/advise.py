@@ -8,7 +8,9 @@ import json
 import sys
 from pathlib import Path
 
-from . import input_paths, int_at_least, nonnegative_float, positive_float
+from quantkit.inputs import input_paths
+
+from . import int_at_least, nonnegative_float, positive_float
 
 
 def register(subparsers) -> None:

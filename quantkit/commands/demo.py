@@ -13,7 +13,9 @@ import json
 import time
 from pathlib import Path
 
-from . import input_paths, int_at_least
+from quantkit.inputs import input_paths
+
+from . import int_at_least
 
 DEFAULT_RECIPES = "w8a16-rtn,w4a16-rtn,w4a16-rtn-asym,w4a16-rtn-kv-fp8"
 SPEED_MODEL = "speed-model.json"  # the config of the model speed is timed on, in the output folder
@@ -130,7 +132,7 @@ def _bench(model: str, recipes, tmp: Path, out: Path) -> tuple[dict, str]:
     this CPU's last-level cache (its config written to ``tmp`` / SPEED_MODEL, ``tmp`` becoming ``out``),
     each phase in the dtype fastest here; short settings (two lengths, five repeats). Returns the
     results and a paragraph saying what was timed and why."""
-    from quantkit.commands.bench import benchmark
+    from quantkit.harness.benchmark import benchmark
     from quantkit.harness.speed_model import (CACHE_MULTIPLE, MAX_FLOAT32_BYTES, bandwidth_bound_config,
                                               last_level_cache)
 

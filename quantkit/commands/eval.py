@@ -7,7 +7,9 @@ import json
 import sys
 import time
 
-from . import add_model_options, add_other_baseline_option, check_backend, input_paths, int_at_least, torch_dtype
+from quantkit.inputs import input_paths
+
+from . import add_model_options, add_other_baseline_option, int_at_least, torch_dtype
 
 WINDOW_WHY = " (a window of W tokens predicts its tokens 2..W)"
 # Tokens evaluated unless --max-tokens says otherwise: minutes on a CPU for a small model, not the whole text.
@@ -40,7 +42,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import quantkit
-    from quantkit.device import resolve_device
+    from quantkit.device import check_backend, resolve_device
     from quantkit.errors import UsageError
     from quantkit.gguf.reading import check_gguf_tokenizer, is_gguf_file, load_gguf_tokenizer
     from quantkit.harness.eval_text import check_model_tokenizer, eval_window, load_tokenizer, read_eval_tokens

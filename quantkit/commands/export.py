@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import input_paths
+from quantkit.inputs import input_paths
 
 FORMATS = ("gguf",)
 

@@ -7,7 +7,9 @@ import argparse
 import time
 from pathlib import Path
 
-from . import add_model_options, input_paths, torch_dtype
+from quantkit.inputs import input_paths
+
+from . import add_model_options, torch_dtype
 
 
 def register(sub) -> None:
