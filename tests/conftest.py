@@ -5,26 +5,10 @@ from __future__ import annotations
 import sys
 
 import pytest
-import torch
+
+from fixtures.random_models import make_random_model  # noqa: F401 (the tests import it from here)
 
 FAMILIES = ("llama", "mistral", "qwen2")
-
-
-def make_random_model(family: str = "llama", *, seed: int = 0, vocab: int = 512, layers: int = 2, tied: bool = True,
-                      hidden: int = 128, intermediate: int = 384):
-    """A random-initialised causal LM: hidden 128, intermediate 384 (by default), 4 heads, 2 KV heads (GQA)."""
-    import transformers
-
-    common = dict(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=vocab, max_position_embeddings=256, tie_word_embeddings=tied)
-    config_cls, model_cls = {
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-    }[family]
-    torch.manual_seed(seed)
-    return model_cls(config_cls(**common)).eval()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from quantkit.errors import CheckpointError, UsageError
 from quantkit.formats.safetensors_io import read_header, safetensors_files
 
 from .conftest import make_random_model
-from .robustness_cases import _rewrite_header
+from fixtures.robustness_cases import _rewrite_header
 
 LINEAR = "model.layers.1.mlp.down_proj"  # [out 128, in 384]: int4 g128 -> packed [128, 48], scale [128, 3]
 

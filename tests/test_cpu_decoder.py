@@ -121,7 +121,7 @@ def test_refuses_what_it_cannot_run():
 
 
 def test_refuses_a_moe_model():
-    from .moe_fixtures import make_moe_model
+    from fixtures.moe_fixtures import make_moe_model
 
     assert "model type 'qwen3_moe'" in unsupported_reason(make_moe_model("qwen3_moe"))
 

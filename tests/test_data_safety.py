@@ -17,7 +17,7 @@ from quantkit.cli import main
 from quantkit.errors import OutputRefusedError
 from quantkit.outputs import MARKER, atomic_output_dir, clean_stale, read_marker
 
-from .robustness_cases_safety import CASES
+from fixtures.robustness_cases_safety import CASES
 
 
 def _snapshot(folder: Path) -> dict[str, str]:
@@ -36,7 +36,7 @@ def cases_root(tmp_path_factory):
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_nothing_the_user_had_is_lost(case, cases_root, monkeypatch, capsys):
-    """Each command of tests/robustness_cases_safety.py is refused and leaves every file as it was."""
+    """Each command of fixtures/robustness_cases_safety.py is refused and leaves every file as it was."""
     work = cases_root / case.name
     work.mkdir()
     monkeypatch.chdir(work)

@@ -1,6 +1,6 @@
 """GGUF files read by quantkit: the header and metadata validator (hypothesis), the tensor set llama.cpp
 needs, the file's vocabulary, the baseline of a file whose embedding is on a grid, and the Mistral and
-Qwen3 files that were refused though llama.cpp runs them. The CLI's messages: tests/robustness_cases_gguf_read.py."""
+Qwen3 files that were refused though llama.cpp runs them. The CLI's messages: fixtures/robustness_cases_gguf_read.py."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from quantkit.modules.quant_linear import QuantLinear
 from quantkit.refmodels import resolve_model_name
 
 from .conftest import make_random_model
-from .robustness_cases_gguf_read import rewrite, set_field, shuffled_vocabulary
+from fixtures.robustness_cases_gguf_read import rewrite, set_field, shuffled_vocabulary
 
 gguf = pytest.importorskip("gguf")
 

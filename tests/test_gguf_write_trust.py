@@ -1,5 +1,5 @@
 """GGUF writes replace only GGUF files quantkit wrote, leave nothing behind when killed or out of space, refuse
-what llama.cpp would run otherwise, and say what the file holds (tests/robustness_cases_gguf_write.py has the
+what llama.cpp would run otherwise, and say what the file holds (fixtures/robustness_cases_gguf_write.py has the
 command-line cases)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from quantkit.errors import UsageError  # noqa: E402
 from quantkit.gguf import writing as gguf_format  # noqa: E402
 from quantkit.gguf.writing import MARKER_KEY, export_gguf, not_written_by_quantkit  # noqa: E402
 
-from .robustness_cases_gguf_write import TOKENIZER_FILES, foreign_gguf, stale_temporary  # noqa: E402
+from fixtures.robustness_cases_gguf_write import TOKENIZER_FILES, foreign_gguf, stale_temporary  # noqa: E402
 from .test_disk_full import small_tmpfs  # noqa: E402, F401  (a fixture: a 256 KiB tmpfs)
 
 _Usage = namedtuple("_Usage", "total used free")

@@ -207,7 +207,7 @@ def test_float_tensors_in_llama_cpps_k_quants(tmp_path, capsys):
 
 
 def test_gguf_output_of_an_unsupported_architecture_is_refused_before_any_work(tmp_path, capsys):
-    from .moe_fixtures import save_moe_model
+    from fixtures.moe_fixtures import save_moe_model
 
     folder = tmp_path / "moe"
     save_moe_model("qwen3_moe", folder)

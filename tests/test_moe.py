@@ -18,7 +18,7 @@ from quantkit.modules.quant_experts import QuantExperts
 from quantkit.modules.quant_linear import QuantLinear
 from quantkit.moe import router_names, to_disk_name
 from quantkit.weight_census import weight_census
-from tests.moe_fixtures import MOE_FAMILIES, make_moe_model
+from fixtures.moe_fixtures import MOE_FAMILIES, make_moe_model
 
 RTN_RECIPES = ("w4a16-rtn", "w8a16-rtn", "w4a16-rtn-asym")
 
@@ -146,7 +146,7 @@ def test_dense_census_has_no_routers():
 
 def test_cli_prints_share_and_float_kinds(tmp_path, capsys):
     from quantkit.cli import main
-    from tests.moe_fixtures import save_moe_model
+    from fixtures.moe_fixtures import save_moe_model
 
     src = save_moe_model("qwen3_moe", tmp_path / "src")
     assert main(["quantize", str(src), "--recipe", "w4a16-rtn", "--out", str(tmp_path / "q")]) == 0

@@ -13,7 +13,7 @@ import quantkit
 from quantkit import provenance
 from quantkit.calibration import gptq_processor
 from quantkit.modules.quant_experts import QuantExperts
-from tests.moe_fixtures import MOE_FAMILIES, make_moe_model
+from fixtures.moe_fixtures import MOE_FAMILIES, make_moe_model
 
 CALIB = torch.randint(3, 512, (8, 64), generator=torch.Generator().manual_seed(0))
 HELD_OUT = torch.randint(3, 512, (4, 64), generator=torch.Generator().manual_seed(1))

@@ -1,6 +1,6 @@
 """`quantkit eval`, `bench`, `report` and `advise` on a quantized mixture-of-experts checkpoint, through the CLI.
 
-A small random MoE model (tests/moe_fixtures.py; vocab 4096 with ref:tiny's tokenizer beside it, so that
+A small random MoE model (fixtures/moe_fixtures.py; vocab 4096 with ref:tiny's tokenizer beside it, so that
 eval reads the reference held-out text) is quantized with the RTN W4 recipe by `quantkit quantize`; then:
 
 - eval: finite perplexities, KL and top-1 agreement, and the JSON names the checkpoint and its baseline;
@@ -28,7 +28,7 @@ import pytest
 
 from quantkit.cli import main
 from quantkit.harness.roofline import ModelShape, RooflineScheme, linear_weight_bytes, moe_roofline_note
-from tests.moe_fixtures import save_moe_model
+from fixtures.moe_fixtures import save_moe_model
 
 FAMILIES = ("qwen3_moe", "qwen2_moe")
 BATCHES = (1, 4)

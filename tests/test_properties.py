@@ -277,7 +277,7 @@ def _changed(before: dict, after: dict) -> list[str]:
 def test_advise_json_writes_a_file_or_through_a_stream_and_never_replaces_anything_else(tmp_path, capsys, kind):
     tmp = tmp_path / kind
     tmp.mkdir()
-    from .robustness_cases_reports import GOOD_QUALITY
+    from fixtures.robustness_cases_reports import GOOD_QUALITY
 
     (tmp / "quality.json").write_text(json.dumps(GOOD_QUALITY))
     path = _make(tmp, kind)
@@ -357,7 +357,7 @@ def test_a_folder_output_is_written_whole_or_refused_without_advice_that_fails(t
 @pytest.mark.parametrize("kind", ["new", "file-out", "link-to-folder", "quantkit-report", "foreign-report",
                                   "dev-null"])
 def test_report_out_is_written_or_refused_and_a_forced_report_leaves_nothing_stale(tmp_path, capsys, kind, force):
-    from .robustness_cases_reports import GOOD_QUALITY
+    from fixtures.robustness_cases_reports import GOOD_QUALITY
 
     tmp = tmp_path / f"{kind}-{force}"
     tmp.mkdir()

@@ -1,4 +1,4 @@
-"""Every bad input of tests/robustness_cases*.py: exit status 2, the message on stderr, no traceback,
+"""Every bad input of fixtures/robustness_cases*.py: exit status 2, the message on stderr, no traceback,
 nothing written."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from quantkit.cli import main
 
-from .robustness_cases import all_cases
+from fixtures.robustness_cases import all_cases
 
 CASES = all_cases()
 PYTHON_CASES = all_cases("PYTHON_CASES")

@@ -9,7 +9,7 @@ from quantkit.harness.roofline import (
     ModelShape, decode_cost, decoder_weight_bytes, linear_weight_bytes, moe_roofline_note, prefill_cost,
     standard_schemes, weight_memory_bytes,
 )
-from tests.moe_fixtures import MOE_FAMILIES, make_moe_model
+from fixtures.moe_fixtures import MOE_FAMILIES, make_moe_model
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)

@@ -1,5 +1,5 @@
 """Float sources load exactly as stored or are refused (the refusals themselves are robustness cases in
-tests/robustness_cases_source.py); the reads of recipes and evaluation text are bounded."""
+fixtures/robustness_cases_source.py); the reads of recipes and evaluation text are bounded."""
 
 from __future__ import annotations
 

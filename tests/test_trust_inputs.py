@@ -22,7 +22,7 @@ from quantkit.kernels import cpu_extension
 from quantkit.modules.quant_linear import QuantLinear
 from quantkit.refmodels import corpus
 
-from .moe_fixtures import make_moe_model
+from fixtures.moe_fixtures import make_moe_model
 
 
 # -- calibration: at least MIN_CALIBRATION_TOKENS tokens, however they are asked for ----------------------

@@ -16,7 +16,7 @@ from quantkit.errors import CheckpointError, QuantizationError
 from quantkit.modules.quant_linear import QuantLinear
 from quantkit.recipe import DEFAULT_IGNORE, builtin_recipes, load_recipe
 
-from .moe_fixtures import make_moe_model
+from fixtures.moe_fixtures import make_moe_model
 
 BERT = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=128, vocab_size=100)
 LLAMA = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,

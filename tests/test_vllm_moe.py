@@ -32,7 +32,7 @@ from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tenso
 
 import quantkit  # noqa: E402
 from quantkit.modules.quant_experts import QuantExperts  # noqa: E402
-from tests.moe_fixtures import MOE_FAMILIES, make_moe_model  # noqa: E402
+from fixtures.moe_fixtures import MOE_FAMILIES, make_moe_model  # noqa: E402
 from tests.vllm_engines import check_amx_tile_permission, shut_down  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -189,7 +189,7 @@ def test_moe_checkpoints_stop_in_every_worker_without_a_wna16_moe_backend(tmp_pa
 
     import quantkit
     from quantkit.refmodels.registry import reference_model_path
-    from tests.moe_fixtures import make_moe_model
+    from fixtures.moe_fixtures import make_moe_model
 
     if torch.cpu._is_amx_tile_supported():
         pytest.skip("this CPU has AMX: vLLM's CPU build may run WNA16 MoE here, which this test does not cover")

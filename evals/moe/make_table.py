@@ -36,7 +36,7 @@ def make_model(family: str, folder: Path) -> Path:
     import torch
 
     from quantkit.loading import resolve_model_source
-    from tests.moe_fixtures import make_moe_model
+    from fixtures.moe_fixtures import make_moe_model
 
     model = make_moe_model(family)
     config = model.config
