@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 
 from . import provenance
 from .algorithms import rtn_quantize
+from .algorithms.rtn import RTNOptions
 from .device import resolve_device
 from .dtypes import checkpoint_dtype
 from .fast_generate import install as install_fast_generate
@@ -161,10 +162,10 @@ def quantize(
 
         for name in tqdm(names, desc=f"quantize {recipe.name}", unit="layer", disable=not progress or not names):
             linear = model.get_submodule(name)
-            options = recipe.algorithm.options if recipe.algorithm.name == "rtn" and recipe.algorithm.options else None
+            # the recipe's own RTN options where its algorithm is RTN; calibrated algorithms' leftovers get RTN's defaults
+            options = recipe.algorithm.options if isinstance(recipe.algorithm.options, RTNOptions) else RTNOptions()
             stored = scale_dtype or source_dtype(model)
-            qweight = rtn_quantize(linear.weight.detach(), schemes[name], *([options] if options else []),
-                                   scale_dtype=stored)
+            qweight = rtn_quantize(linear.weight.detach(), schemes[name], options, scale_dtype=stored)
             if not isinstance(qweight, GridWeight):  # GGUF grids' fields are fp16 (6-bit) whatever the model dtype
                 qweight.scale = _round_scale(qweight.scale, stored)  # what the output will hold
             set_submodule(model, name, quantized_linear(qweight, linear.bias, dtype=linear.weight.dtype))
