@@ -281,3 +281,36 @@ def test_gptq_calibrates_a_targeted_output_head_on_the_final_norm(family):
     with pytest.warns(UserWarning, match="lm_head: outside the decoder blocks, quantized with RTN"):
         quantkit.quantize(awq, dataclasses.replace(load_recipe("w4a16-awq"), ignore=()), calibration_data=batches,
                           progress=False)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_models_calibrate_in_fp32_where_the_cpu_emulates_bf16(monkeypatch, native):
+    """On a CPU without native bf16 a bf16 model's block passes run in fp32 (one block upcast at a time);
+    the model comes back in bf16 with bf16 quantized layers, its outputs those of the bf16 calibration."""
+    from quantkit.calibration import runner
+    from quantkit.kernels import cpu_flags
+
+    monkeypatch.setattr(cpu_flags, "_NATIVE_BF16", native)
+    assert runner.calibration_dtype(torch.bfloat16, torch.device("cpu")) == (torch.bfloat16 if native else torch.float32)
+    assert runner.calibration_dtype(torch.float32, torch.device("cpu")) == torch.float32
+    assert runner.calibration_dtype(torch.bfloat16, torch.device("cuda")) == torch.bfloat16
+
+    model = tiny_model("llama").to(torch.bfloat16)
+    seen = []
+    real = gptq_processor.GPTQProcessor.process_block
+
+    def record(self, ctx):
+        seen.append((ctx.inputs[0].dtype, ctx.block.mlp.down_proj.weight.dtype, ctx.block.input_layernorm.weight.dtype))
+        return real(self, ctx)
+
+    monkeypatch.setattr(gptq_processor.GPTQProcessor, "process_block", record)
+    batches = token_batches()
+    quantkit.quantize(model, "w4a16-gptq", batches, progress=False)
+    want = torch.bfloat16 if native else torch.float32
+    assert seen == [(want, want, want)] * 2
+    floats = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    assert floats == {torch.bfloat16}
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    assert len(layers) == 14 and {m.weight_scale.dtype for m in layers} == {torch.bfloat16}
+    logits = model(batches[0]).logits
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits).all()

@@ -74,6 +74,29 @@ def check_finite(x: torch.Tensor, where: str) -> None:
         )
 
 
+def calibration_dtype(model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype a block's calibration passes run in: the model's, except bf16 on a CPU that emulates bf16
+    matrix products (no AVX512-BF16 / AMX), where fp32 runs them several times faster and more exactly (a
+    2-layer width-1024 GPTQ: 15.4 s in bf16 against 8.9 s in fp32 on a 2-core Xeon without native bf16).
+    One block at a time is upcast, and it goes back to the model's dtype before its linears are replaced."""
+    from ..kernels.cpu_flags import compute_dtype
+
+    return compute_dtype(model_dtype) if device.type == "cpu" and model_dtype == torch.bfloat16 else model_dtype
+
+
+def _float_to(obj: Any, dtype: torch.dtype) -> Any:
+    """``obj`` (tensors in tuples, lists and dicts) with its floating tensors cast to ``dtype``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dtype) if obj.is_floating_point() else obj
+    if isinstance(obj, tuple):
+        return tuple(_float_to(o, dtype) for o in obj)
+    if isinstance(obj, list):
+        return [_float_to(o, dtype) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _float_to(v, dtype) for k, v in obj.items()}
+    return obj
+
+
 def _to_device(obj: Any, device: torch.device) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.to(device)
@@ -90,7 +113,7 @@ def _to_device(obj: Any, device: torch.device) -> Any:
 class BlockContext:
     """A decoder block on the compute device with its calibration inputs, handed to each processor.
 
-    inputs: per calibration batch, the block's input hidden states [B, T, H] (model dtype).
+    inputs: per calibration batch, the block's input hidden states [B, T, H] (in calibration_dtype).
     kwargs: per batch, the other arguments the model passes to this block (mask, rotary, positions).
     steps: the sub-layer steps in call order (only those with targeted linears are listed).
     quantized: block-relative linear name -> QuantizedWeight, filled by `set_quantized`.
@@ -311,12 +334,16 @@ def run_blockwise(
     was_training = model.training
     model.eval()
     inputs, kwargs = capture_block_inputs(model, blocks, batches, device)
+    model_dtype = inputs[0].dtype
+    compute = calibration_dtype(model_dtype, device)
+    inputs, kwargs = _float_to(inputs, compute), _float_to(kwargs, compute)
     bar = tqdm(total=len(blocks), desc=desc, unit="block", disable=not progress)
     try:
         for i, block in enumerate(blocks):
             name = f"{adapter.blocks}.{i}"
             home = home_device(block)
             materialize_(block, device)
+            block.to(compute)
             adapter.check_block(block, name)
             local_targets = per_block.get(i, [])
             found = nonfinite_tensors((f"{name}.{n}", t) for n, t in block.state_dict().items())
@@ -340,9 +367,10 @@ def run_blockwise(
                 if isinstance(module, QuantExperts) and module.count_routing:
                     module.routed_tokens = None
             inputs = ctx.forward()
+            block.to(model_dtype)  # before the quantized layers go in: their fields keep their own dtypes
             for local, qweight in ctx.quantized.items():
                 linear = block.get_submodule(local)
-                layer = quantized_linear(qweight, linear.bias, dtype=linear.weight.dtype)
+                layer = quantized_linear(qweight, linear.bias, dtype=model_dtype)
                 block.set_submodule(local, layer)
             block.to(home)
             kwargs[i] = []
