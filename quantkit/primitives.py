@@ -123,18 +123,19 @@ def mse_clip_ratio(
     best = torch.ones(wg.shape[:2], dtype=torch.float32, device=w.device)  # [N, G]
     best_err = torch.full_like(best, float("inf"))
     last_better = 0
+    deq = torch.empty_like(wg, dtype=torch.float32)  # one buffer for every candidate: no fresh pages per step
     for i in range(max(1, int(round(max_shrink * grid)) + 1)):
         if i - last_better > _MSE_PATIENCE:
             break
         r = 1.0 - i / grid
         scale, zero = _range_qparams(wmin * r, wmax * r, scheme, symmetric_scale, scale_dtype)
         scale = scale.unsqueeze(-1)  # [N, G, 1]
-        q = torch.round(wg / scale)
+        torch.div(wg, scale, out=deq).round_()
         if zero is not None:
             zero = zero.float().unsqueeze(-1)
-            deq = (q + zero).clamp_(scheme.qmin, scheme.qmax).sub_(zero).mul_(scale)
+            deq.add_(zero).clamp_(scheme.qmin, scheme.qmax).sub_(zero).mul_(scale)
         else:
-            deq = q.clamp_(scheme.qmin, scheme.qmax).mul_(scale)
+            deq.clamp_(scheme.qmin, scheme.qmax).mul_(scale)
         err = deq.sub_(wg).pow_(2).mul_(weight).sum(dim=-1)  # [N, G]
         better = err < best_err
         if bool(better.any()):
