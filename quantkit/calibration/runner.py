@@ -84,29 +84,26 @@ def calibration_dtype(model_dtype: torch.dtype, device: torch.device) -> torch.d
     return compute_dtype(model_dtype) if device.type == "cpu" and model_dtype == torch.bfloat16 else model_dtype
 
 
-def _float_to(obj: Any, dtype: torch.dtype) -> Any:
-    """``obj`` (tensors in tuples, lists and dicts) with its floating tensors cast to ``dtype``."""
+def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``obj`` with ``fn`` applied to each tensor in it (through tuples, lists and dicts)."""
     if isinstance(obj, torch.Tensor):
-        return obj.to(dtype) if obj.is_floating_point() else obj
+        return fn(obj)
     if isinstance(obj, tuple):
-        return tuple(_float_to(o, dtype) for o in obj)
+        return tuple(_map_tensors(o, fn) for o in obj)
     if isinstance(obj, list):
-        return [_float_to(o, dtype) for o in obj]
+        return [_map_tensors(o, fn) for o in obj]
     if isinstance(obj, dict):
-        return {k: _float_to(v, dtype) for k, v in obj.items()}
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
     return obj
+
+
+def _float_to(obj: Any, dtype: torch.dtype) -> Any:
+    """``obj`` with its floating tensors cast to ``dtype``."""
+    return _map_tensors(obj, lambda t: t.to(dtype) if t.is_floating_point() else t)
 
 
 def _to_device(obj: Any, device: torch.device) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, tuple):
-        return tuple(_to_device(o, device) for o in obj)
-    if isinstance(obj, list):
-        return [_to_device(o, device) for o in obj]
-    if isinstance(obj, dict):
-        return {k: _to_device(v, device) for k, v in obj.items()}
-    return obj
+    return _map_tensors(obj, lambda t: t.to(device))
 
 
 @dataclass
