@@ -296,6 +296,7 @@ def test_bf16_models_calibrate_in_fp32_where_the_cpu_emulates_bf16(monkeypatch, 
     assert runner.calibration_dtype(torch.bfloat16, torch.device("cuda")) == torch.bfloat16
 
     model = tiny_model("llama").to(torch.bfloat16)
+    model.model.layers[1].register_buffer("kept", torch.ones(3))  # an fp32 tensor of a bf16 model stays fp32
     seen = []
     real = gptq_processor.GPTQProcessor.process_block
 
@@ -309,7 +310,7 @@ def test_bf16_models_calibrate_in_fp32_where_the_cpu_emulates_bf16(monkeypatch, 
     want = torch.bfloat16 if native else torch.float32
     assert seen == [(want, want, want)] * 2
     floats = {p.dtype for p in model.parameters() if p.is_floating_point()}
-    assert floats == {torch.bfloat16}
+    assert floats == {torch.bfloat16} and model.model.layers[1].kept.dtype == torch.float32
     layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
     assert len(layers) == 14 and {m.weight_scale.dtype for m in layers} == {torch.bfloat16}
     logits = model(batches[0]).logits

@@ -106,6 +106,17 @@ def _to_device(obj: Any, device: torch.device) -> Any:
     return _map_tensors(obj, lambda t: t.to(device))
 
 
+def _recast(module: nn.Module, src: torch.dtype, dst: torch.dtype, only: set[str] | None = None) -> set[str]:
+    """Cast ``module``'s parameters and buffers of dtype ``src`` (those named in ``only``, when given) to
+    ``dst`` in place; returns their names. Tensors of other dtypes (a norm kept in fp32) are left alone."""
+    cast = set()
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        if t.dtype == src and (only is None or name in only):
+            t.data = t.data.to(dst)
+            cast.add(name)
+    return cast
+
+
 @dataclass
 class BlockContext:
     """A decoder block on the compute device with its calibration inputs, handed to each processor.
@@ -340,7 +351,7 @@ def run_blockwise(
             name = f"{adapter.blocks}.{i}"
             home = home_device(block)
             materialize_(block, device)
-            block.to(compute)
+            upcast = _recast(block, model_dtype, compute) if compute != model_dtype else set()
             adapter.check_block(block, name)
             local_targets = per_block.get(i, [])
             found = nonfinite_tensors((f"{name}.{n}", t) for n, t in block.state_dict().items())
@@ -364,7 +375,7 @@ def run_blockwise(
                 if isinstance(module, QuantExperts) and module.count_routing:
                     module.routed_tokens = None
             inputs = ctx.forward()
-            block.to(model_dtype)  # before the quantized layers go in: their fields keep their own dtypes
+            _recast(block, compute, model_dtype, upcast)  # before the quantized layers go in: they hold their own
             for local, qweight in ctx.quantized.items():
                 linear = block.get_submodule(local)
                 layer = quantized_linear(qweight, linear.bias, dtype=model_dtype)

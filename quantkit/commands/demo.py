@@ -130,7 +130,7 @@ def _decode_loop(recipes) -> tuple[str, str]:
 def _bench(model: str, recipes, tmp: Path, out: Path) -> tuple[dict, str]:
     """TTFT and TPOT of the float model and each recipe on a random-weight Llama whose weights exceed
     this CPU's last-level cache (its config written to ``tmp`` / SPEED_MODEL, ``tmp`` becoming ``out``),
-    each phase in the dtype fastest here; short settings (two lengths, five repeats). Returns the
+    each phase in the dtype fastest here; short settings (two prompts, CONTEXT_LENS, five repeats). Returns the
     results and a paragraph saying what was timed and why."""
     from quantkit.harness.benchmark import benchmark
     from quantkit.harness.speed_model import (CACHE_MULTIPLE, MAX_FLOAT32_BYTES, bandwidth_bound_config,
