@@ -21,9 +21,9 @@ TIMING_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "MKL_NUM_THREADS", "CUDA_VIS
 
 
 def command_line(model: str, baseline: str | None, variants: list[str], device, settings, *, dtype: str,
-                  backend: str, gpu: str, seed: int, max_cache_gb: float | None, cuda_graphs: bool,
-                  compile: str | None, compile_backend: str, threads: int | None, json_out: str | None,
-                  decode_loop: str = "transformers", allow_source_mismatch: bool = False, allow_other_baseline: bool = False) -> str:
+                 backend: str, gpu: str, seed: int, max_cache_gb: float | None, cuda_graphs: bool,
+                 compile: str | None, compile_backend: str, threads: int | None, json_out: str | None,
+                 decode_loop: str = "transformers", allow_source_mismatch: bool = False, allow_other_baseline: bool = False) -> str:
     """The command that repeats this measurement (every setting spelled out)."""
     import shlex
 
