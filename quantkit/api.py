@@ -95,6 +95,7 @@ def quantize(
     model: nn.Module, recipe: "str | os.PathLike | Recipe | dict", calibration_data: Any = None, *,
     progress: bool = True, tokenizer: Any = None, device: "str | torch.device | None" = None,
     leave_float: bool = False, scale_dtype: "torch.dtype | None" = None,
+    spill_folder: "str | os.PathLike | None" = None,
 ) -> nn.Module:
     """Quantize `model`'s targeted nn.Linear layers in place per `recipe`; returns the model.
 
@@ -109,6 +110,13 @@ def quantize(
       Models loaded with accelerate CPU/disk offloading are supported and come back as plain CPU models.
     leave_float: leave weights quantkit cannot quantize (matrices that are no nn.Linear, e.g. fused 3-D
       experts of an unknown layout) in full precision instead of refusing (QuantizationError naming them).
+    spill_folder: a folder on a disk where each finished block's (or RTN layer's) quantized tensors are
+      written and then mapped back, so that they sit in the page cache instead of the process's memory
+      (quantkit.calibration.spill; the files are unlinked at once, their space freed with the model).
+      With the source weights memory-mapped (from_pretrained of safetensors in their stored dtype), the
+      process holds one float block at a time whatever the depth (large allocations are then mapped one by
+      one for the rest of the process: calibration.offload.map_large_allocations). None: quantized tensors
+      stay in memory.
     Mixture-of-experts models (Qwen2/3-MoE, Mixtral, OLMoE, ...): the fused experts are first split into
     per-expert linears (quantkit.modules.QuantExperts), which the recipe's targets then reach; routers
     stay float.
@@ -132,6 +140,13 @@ def quantize(
 
         check_kv_cache_model(model)
     calibrated = recipe.needs_calibration
+    spill = None
+    if spill_folder is not None:
+        from .calibration.offload import map_large_allocations
+        from .calibration.spill import BlockSpill
+
+        spill = BlockSpill(spill_folder)
+        map_large_allocations()  # freed float temporaries leave the process, block after block
     unfuse_experts(model)  # MoE: per-expert linears, as checkpoints store them (a KV-only recipe too)
     if recipe.weights is not None:
         if recipe.weights.grid != "uniform" and router_names(model):
@@ -152,7 +167,7 @@ def quantize(
 
             names = quantize_blockwise(
                 model, recipe, names, calibration_data, tokenizer=tokenizer, device=device, progress=progress,
-                scale_dtype=scale_dtype, schemes=schemes,
+                scale_dtype=scale_dtype, schemes=schemes, spill=spill,
             )
             if names:
                 warnings.warn(
@@ -168,8 +183,11 @@ def quantize(
             qweight = rtn_quantize(linear.weight.detach(), schemes[name], options, scale_dtype=stored)
             if not isinstance(qweight, GridWeight):  # GGUF grids' fields are fp16 (6-bit) whatever the model dtype
                 qweight.scale = _round_scale(qweight.scale, stored)  # what the output will hold
-            set_submodule(model, name, quantized_linear(qweight, linear.bias, dtype=linear.weight.dtype))
-            del linear, qweight
+            layer = quantized_linear(qweight, linear.bias, dtype=linear.weight.dtype)
+            set_submodule(model, name, layer)
+            if spill is not None:
+                spill.keep(layer)
+            del linear, qweight, layer
             release_freed_memory()  # the freed float temporaries' pages, which glibc would keep (calibration.offload)
     if recipe.kv_cache is not None:
         from .calibration import calibration_batches

@@ -6,6 +6,20 @@ from collections.abc import Iterable
 
 import torch
 
+CHUNK = 1 << 22  # values checked at a time: the check's temporaries stay small whatever the tensor's size
+
+
+def count_nonfinite(tensor: torch.Tensor) -> int:
+    """Number of NaN/Inf values of a floating tensor, read in chunks of CHUNK values (a whole-tensor
+    torch.isfinite of a 49152 x 2048 embedding would allocate several hundred MB at once)."""
+    flat = tensor.detach().reshape(-1)
+    bad = 0
+    for start in range(0, flat.numel(), CHUNK):
+        chunk = flat[start:start + CHUNK]
+        if not bool(torch.isfinite(chunk).all()):
+            bad += int((~torch.isfinite(chunk)).sum())
+    return bad
+
 
 def nonfinite_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, int]]:
     """(name, number of NaN/Inf values) of every floating tensor that has any, in the order given.
@@ -17,7 +31,7 @@ def nonfinite_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[s
     for name, tensor in named:
         if tensor is None or not tensor.is_floating_point() or tensor.is_meta:
             continue
-        bad = int((~torch.isfinite(tensor)).sum())
+        bad = count_nonfinite(tensor)
         if bad:
             found.append((name, bad))
     return found

@@ -125,7 +125,7 @@ def check_writable(path: str | os.PathLike, *, force: bool = False, file: bool =
             check_replaceable(out, known_files=known_files)
         if not force:
             raise OutputExistsError(out)
-    parent = _nearest_existing(out.parent)
+    parent = nearest_existing(out.parent)
     if not parent.is_dir():
         raise UsageError(f"cannot write {out}: {parent} is a file, not a folder; choose another output path")
     try:
@@ -137,7 +137,7 @@ def check_writable(path: str | os.PathLike, *, force: bool = False, file: bool =
     return out
 
 
-def _nearest_existing(path: Path) -> Path:
+def nearest_existing(path: Path) -> Path:
     """`path` or its nearest parent that exists (os.path.exists: a name too long is one that does not)."""
     while not os.path.exists(path):
         path = path.parent
@@ -148,12 +148,12 @@ def _check_name_lengths(out: Path) -> None:
     """UsageError when a name in the absolute path `out` is longer than its filesystem allows (NAME_MAX bytes,
     usually 255): a folder to create, or the output's own name, which also needs room for the temporary
     names written beside it (`.NAME.probe-PID-XXXXXXXX`)."""
-    existing = _nearest_existing(out)
+    existing = nearest_existing(out)
     try:
         limit = os.pathconf(existing, "PC_NAME_MAX")
     except (OSError, ValueError):  # no such query here: the common limit
         limit = 255
-    for part in out.parent.relative_to(_nearest_existing(out.parent)).parts:
+    for part in out.parent.relative_to(nearest_existing(out.parent)).parts:
         if len(os.fsencode(part)) > limit:
             raise UsageError(f"cannot write {out}: the folder name {part!r} is {len(os.fsencode(part))} bytes, "
                              f"more than the {limit} this filesystem allows; choose a shorter path")
@@ -502,7 +502,7 @@ def check_free_space(out: str | os.PathLike, needed: int) -> None:
     """NoSpaceError, before anything is written, when the filesystem that will hold `out` has fewer than
     `needed` bytes free (unknown free space passes; a quota is only found when it is hit)."""
     out = _absolute(out)
-    parent = _nearest_existing(out.parent)
+    parent = nearest_existing(out.parent)
     try:
         free = shutil.disk_usage(parent).free
     except OSError:

@@ -22,6 +22,13 @@ def human_bytes(n: float | None) -> str:
     return f"{n:.1f} TiB"
 
 
+def human_seconds(seconds: float) -> str:
+    """A duration as a person reads it: '42 s', '7.5 min', '2.1 h'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
 def state_bytes(model: nn.Module) -> int:
     """Bytes of the model's parameters and persistent buffers as they are in memory (tied tensors once)."""
     seen, total = set(), 0

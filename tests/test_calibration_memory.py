@@ -56,3 +56,68 @@ def test_malloc_trim_is_found_on_glibc():
     from quantkit.calibration import offload
 
     assert offload._libc_malloc_trim() is not None
+
+
+def _random_llama(layers: int = 2):
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                                      num_attention_heads=2, vocab_size=128)
+    return transformers.LlamaForCausalLM(config)
+
+
+def _anonymous_quantized_bytes(model) -> int:
+    """Bytes of the quantized linears' tensors that live in the process's memory (not spilled to a file)."""
+    from quantkit.modules.quant_linear import QuantLinear
+
+    return sum(t.numel() * t.element_size() for m in model.modules() if isinstance(m, QuantLinear)
+               for t in [*m.parameters(), *m.buffers()] if not getattr(t, "_quantkit_spilled", False))
+
+
+@pytest.mark.parametrize("recipe", ["w4a16-rtn", "w4a16-gptq", "w4a16-awq"])
+def test_spilled_blocks_are_the_same_model_and_leave_no_file(tmp_path, recipe):
+    """With spill_folder every finished block's tensors are views of unlinked files, the quantized model
+    equals the one kept in memory tensor for tensor, and the folder is left empty."""
+    import torch
+
+    import quantkit
+
+    batches = [torch.randint(0, 128, (1, 128), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    kept = quantkit.quantize(_random_llama(), recipe, calibration_data=batches, progress=False)
+    spilled = quantkit.quantize(_random_llama(), recipe, calibration_data=batches, progress=False,
+                                spill_folder=tmp_path)
+    assert _anonymous_quantized_bytes(kept) > 0 and _anonymous_quantized_bytes(spilled) == 0
+    assert list(tmp_path.iterdir()) == []
+    a, b = kept.state_dict(), spilled.state_dict()
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name].dtype == b[name].dtype and torch.equal(a[name], b[name]), name
+    ids = batches[0]
+    assert torch.equal(kept(ids).logits, spilled(ids).logits)
+    quantkit.save(spilled, tmp_path / "spilled")
+    quantkit.save(kept, tmp_path / "kept")
+    assert (tmp_path / "spilled" / "model.safetensors").read_bytes() == (tmp_path / "kept" / "model.safetensors").read_bytes()
+
+
+def test_a_spilled_tensor_written_in_place_leaves_the_file_and_the_others_alone(tmp_path):
+    """Spill files are mapped privately: an in-place edit of one view copies its page, nothing else moves."""
+    import torch
+    from torch import nn
+
+    from quantkit.calibration.spill import BlockSpill
+
+    module = nn.Sequential(nn.Linear(300, 200), nn.Linear(200, 100))
+    module[0].register_buffer("counts", torch.arange(7))
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    spill = BlockSpill(tmp_path)
+    written = spill.keep(module)
+    assert written >= sum(v.numel() * v.element_size() for v in before.values()) and spill.bytes == written
+    assert spill.keep(module) == 0  # already file-backed
+    after = module.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    with torch.no_grad():
+        module[0].weight.add_(1.0)
+    assert torch.equal(module[0].weight, before["0.weight"] + 1.0)
+    assert torch.equal(module[1].weight, before["1.weight"]) and torch.equal(module[0].counts, torch.arange(7))

@@ -47,15 +47,21 @@ def test_replayed_block_inputs_match_the_model_forward(family):
 
 
 def _spy_on_gptq(monkeypatch):
-    """Record (layer name, Hessian, QuantizedWeight) of every gptq_quantize call the runner makes."""
-    calls = []
-    real = gptq_processor.gptq_quantize
+    """Record (layer name, Hessian, QuantizedWeight) of every gptq_quantize call the runner makes (the
+    Hessian: the one the step's factor_hessian was given, which the linears of the step share)."""
+    calls, current = [], []
+    real, real_factor = gptq_processor.gptq_quantize, gptq_processor.factor_hessian
 
-    def spy(weight, hessian, scheme, options, **kw):
-        q = real(weight, hessian, scheme, options, **kw)
-        calls.append((kw["name"], hessian.clone(), q))
+    def spy_factor(hessian, *args, **kw):
+        current[:] = [hessian.clone()]
+        return real_factor(hessian, *args, **kw)
+
+    def spy(weight, factor, scheme, options, **kw):
+        q = real(weight, factor, scheme, options, **kw)
+        calls.append((kw["name"], current[0], q))
         return q
 
+    monkeypatch.setattr(gptq_processor, "factor_hessian", spy_factor)
     monkeypatch.setattr(gptq_processor, "gptq_quantize", spy)
     return calls
 

@@ -39,7 +39,7 @@ def test_too_little_free_space_is_found_before_anything_is_written(tmp_path, mon
     def no_write(*args, **kwargs):
         raise AssertionError("weights were written although the disk was known to be too full")
 
-    monkeypatch.setattr(safetensors_io, "save_file", no_write)
+    monkeypatch.setattr(safetensors_io, "save_safetensors_file", no_write)
     with pytest.raises(NoSpaceError) as e:
         quantkit.save(w4_model, tmp_path / "ck")
     message = str(e.value)
@@ -49,12 +49,12 @@ def test_too_little_free_space_is_found_before_anything_is_written(tmp_path, mon
 
 
 def test_a_disk_that_fills_while_writing_leaves_nothing(tmp_path, monkeypatch, w4_model):
-    def fill_the_disk(tensors, path, metadata=None):
+    def fill_the_disk(tensors, path):
         with open(path, "wb") as f:
             f.write(b"\0" * 1000)  # what fitted before the disk filled
-        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(safetensors_io, "save_file", fill_the_disk)
+    monkeypatch.setattr(safetensors_io, "save_safetensors_file", fill_the_disk)
     (tmp_path / "ck").mkdir()  # an earlier, empty output: kept as it was
     with pytest.raises(NoSpaceError, match=rf"cannot write {tmp_path}/ck: No space left on device in {tmp_path} "
                                            rf"\(about .* needed"):

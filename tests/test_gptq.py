@@ -225,3 +225,29 @@ def test_mse_observer_lowers_output_error(act_order):
         GPTQOptions(observer="percentile")
     with pytest.raises(ValueError, match="mse_max_shrink"):
         GPTQOptions(observer="mse", mse_max_shrink=1.0)
+
+
+@pytest.mark.parametrize("act_order", [True, False])
+@pytest.mark.parametrize("shape", [(24, 64), (40, 96)])
+def test_one_factor_serves_every_linear_of_an_input(act_order, shape):
+    """The runner factors a step's Hessian once for its linears (q/k/v, gate/up): each linear quantizes
+    exactly as it does from the Hessian itself, and factoring leaves the Hessian as it was unless handed over."""
+    from quantkit.algorithms.gptq import factor_hessian
+
+    n, k = shape
+    g = torch.Generator().manual_seed(k + act_order)
+    x = torch.randn(256, k, generator=g)
+    x[:, 3] = 0.0  # a dead input
+    h, _ = hessian_update(None, 0, x)
+    kept = h.clone()
+    options = GPTQOptions(act_order=act_order)
+    scheme = QuantScheme(num_bits=4, group_size=32, symmetric=False, strategy="group")
+    factor = factor_hessian(h, options)
+    assert torch.equal(h, kept)
+    for seed in range(2):
+        w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+        a, b = gptq_quantize(w, h, scheme, options), gptq_quantize(w, factor, scheme, options)
+        assert torch.equal(a.q, b.q) and torch.equal(a.scale, b.scale) and torch.equal(a.zero_point, b.zero_point)
+        assert a.scheme == b.scheme
+    handed = factor_hessian(h, options, overwrite=True)
+    assert torch.equal(handed.u, factor.u) and not torch.equal(h, kept)  # damped (and permuted) in place

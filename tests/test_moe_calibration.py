@@ -53,13 +53,19 @@ def _starve(model, layer: int, expert: int) -> None:
 
 
 def _hessians(monkeypatch):
-    seen = {}
-    real = gptq_processor.gptq_quantize
+    """linear name -> the Hessian its GPTQ call was factored from."""
+    seen, current = {}, []
+    real, real_factor = gptq_processor.gptq_quantize, gptq_processor.factor_hessian
 
-    def spy(weight, h, scheme, options, **kw):
-        seen[kw["name"]] = h.clone()
-        return real(weight, h, scheme, options, **kw)
+    def spy_factor(h, *args, **kw):
+        current[:] = [h.clone()]
+        return real_factor(h, *args, **kw)
 
+    def spy(weight, factor, scheme, options, **kw):
+        seen[kw["name"]] = current[0]
+        return real(weight, factor, scheme, options, **kw)
+
+    monkeypatch.setattr(gptq_processor, "factor_hessian", spy_factor)
     monkeypatch.setattr(gptq_processor, "gptq_quantize", spy)
     return seen
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -65,21 +66,44 @@ def rss_anon(pid: int) -> int | None:
     return None
 
 
-def save_model(folder: Path, layers: int, hidden: int, intermediate: int, vocab: int) -> int:
-    """Save a random bf16 Llama in `folder` with ref:tiny's tokenizer; returns one decoder layer's bf16 bytes."""
+def save_model(folder: Path, layers: int, hidden: int, intermediate: int, vocab: int,
+               kv_heads: int | None = None) -> int:
+    """Save a random bf16 Llama in `folder` with ref:tiny's tokenizer, one shard per decoder layer, written
+    tensor by tensor (an 8B-shaped model never sits in memory); returns one decoder layer's bf16 bytes.
+    Weights are normal(0, 0.02) as transformers initialises a Llama, norms 1."""
     import torch
     import transformers
 
-    torch.manual_seed(0)
+    from quantkit.formats.safetensors_io import INDEX_FILE, save_safetensors_file
+
+    heads = hidden // 64
     config = transformers.LlamaConfig(
         hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-        num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64, vocab_size=vocab,
+        num_attention_heads=heads, num_key_value_heads=kv_heads or heads, vocab_size=vocab,
         max_position_embeddings=2048, tie_word_embeddings=False, dtype="bfloat16")
-    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(folder)
+    with torch.device("meta"):
+        shapes = {n: tuple(t.shape) for n, t in transformers.LlamaForCausalLM(config).state_dict().items()}
+    folder.mkdir(parents=True)
+    config.save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(TINY / name, folder / name)
-    return sum(p.numel() * 2 for p in model.model.layers[0].parameters())
+    shard_of = {n: (n.split(".")[2] if n.startswith("model.layers.") else "rest") for n in shapes}
+    shards = sorted(set(shard_of.values()), key=lambda k: (k == "rest", int(k) if k.isdigit() else 0))
+    generator = torch.Generator().manual_seed(0)
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {}
+        for name in (n for n in shapes if shard_of[n] == shard):
+            shape = shapes[name]
+            tensors[name] = (torch.ones(shape) if "norm" in name else
+                             torch.randn(shape, generator=generator) * 0.02).to(torch.bfloat16)
+            weight_map[name] = file
+        save_safetensors_file(tensors, folder / file)
+        del tensors
+    total = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    (folder / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    return sum(math.prod(shape) * 2 for n, shape in shapes.items() if n.startswith("model.layers.0."))
 
 
 def measure(folder: Path, out: Path, recipe: str, samples: int, seq_len: int, keep: bool,
@@ -110,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--intermediate", type=int, default=2816)
     p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default: as many as query heads)")
+    p.add_argument("--work-dir", metavar="DIR", help="where the models and outputs are made, then removed (default: the temporary folder; the 8B shape needs ~25 GB)")
     p.add_argument("--recipe", default="w4a16-gptq")
     p.add_argument("--samples", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=128)
@@ -118,10 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the rows here")
     args = p.parse_args(argv)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
         for depth in (int(d) for d in args.layers.split(",")):
             folder = Path(tmp) / f"llama-{depth}"
-            layer_bytes = save_model(folder, depth, args.hidden, args.intermediate, args.vocab)
+            layer_bytes = save_model(folder, depth, args.hidden, args.intermediate, args.vocab, args.kv_heads)
             disk = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
             peak, seconds = measure(folder, Path(tmp) / f"out-{depth}", args.recipe, args.samples, args.seq_len,
                                    args.keep_freed_pages, args.quantize_only)

@@ -4,7 +4,9 @@ Two verbs, both pure functions over tensors (the calibration runner schedules th
 
 - ``hessian_update(h, count, x)``: accumulate H = 2 XᵀX / n over calibration inputs, as a running
   mean in fp32 (the same matrix whatever the batching);
-- ``gptq_quantize(weight, hessian, scheme, options)``: the quantized weight.
+- ``factor_hessian(h, options)``: what the column walk needs of H (the Cholesky factor of its damped
+  inverse, in visit order), once for all the linears that share an input;
+- ``gptq_quantize(weight, hessian or factor, scheme, options)``: the quantized weight.
 
 Algorithm (Frantar et al., "GPTQ", 2022), with the fixes later implementations converged on:
 
@@ -168,9 +170,56 @@ def _qparams(w: torch.Tensor, energy: torch.Tensor, scheme: QuantScheme, scale_d
 
 
 
+@dataclass
+class HessianFactor:
+    """What GPTQ needs of a layer's Hessian, computed once for all the linears that read the same input
+    (q/k/v, gate/up): each then walks its columns with it, and the [K, K] Hessian itself can go.
+
+    u: upper Cholesky factor of the damped H^-1, rows and columns in visit order [K, K];
+    dead: inputs never active in calibration (diag H == 0) [K] bool, their weights zeroed;
+    energy: diag(H), dead inputs set to 1, original order [K]; perm: the visit order (act_order) or None;
+    damp: the damping actually used.
+    """
+
+    u: torch.Tensor
+    dead: torch.Tensor
+    energy: torch.Tensor
+    perm: torch.Tensor | None
+    damp: float
+
+
+def factor_hessian(hessian: torch.Tensor, options: GPTQOptions = GPTQOptions(), *, name: str = "weight",
+                   dtype: torch.dtype = torch.float32, device: torch.device | None = None,
+                   overwrite: bool = False) -> HessianFactor:
+    """The HessianFactor of `hessian` [K, K] (hessian_update), in `dtype` on `device` (default: the Hessian's).
+
+    overwrite: the caller hands the matrix over (it is damped and permuted in place, and must not be used
+    afterwards): one [K, K] copy less, which at a 14336-wide down_proj is 0.8 GB. At most three [K, K]
+    matrices are alive at once.
+    """
+    k = hessian.shape[0]
+    if hessian.dim() != 2 or hessian.shape[1] != k:
+        raise ValueError(f"{name}: the Hessian must be square [K, K], got shape {tuple(hessian.shape)}")
+    if not torch.isfinite(hessian).all():
+        raise ValueError(f"{name}: the Hessian has NaN/Inf entries: the calibration activations overflowed")
+    h = hessian.detach().to(dtype=dtype, device=device or hessian.device)
+    if not overwrite and h.data_ptr() == hessian.data_ptr():
+        h = h.clone()
+    del hessian
+    dead = torch.diag(h) == 0
+    h[dead, dead] = 1.0
+    energy = torch.diag(h).clone()  # [K], original order
+    perm = torch.argsort(energy, descending=True) if options.act_order else None
+    if perm is not None:
+        h = h[perm]
+        h = h[:, perm]
+    u, damp = _damped_cholesky_inverse(h, options.damp_percent, name)  # [K, K] upper
+    return HessianFactor(u, dead, energy, perm, damp)
+
+
 def gptq_quantize(
     weight: torch.Tensor,
-    hessian: torch.Tensor,
+    hessian: torch.Tensor | HessianFactor,
     scheme: QuantScheme,
     options: GPTQOptions = GPTQOptions(),
     *,
@@ -179,7 +228,8 @@ def gptq_quantize(
 ) -> QuantizedWeight | grids.GridWeight:
     """GPTQ-quantize one linear weight.
 
-    weight: float [N, K] (out, in); hessian: [K, K] = 2 XᵀX / n of the layer's inputs (hessian_update).
+    weight: float [N, K] (out, in); hessian: [K, K] = 2 XᵀX / n of the layer's inputs (hessian_update), or
+    its HessianFactor (factor_hessian with the same options), shared by the linears of one input.
     scale_dtype: dtype the scales are stored in (the model dtype); scales are rounded to it before use.
     Math runs in fp32 (fp64 if weight and hessian are fp64). Inputs are not modified.
     returns: QuantizedWeight (q int8 [N, K], scale fp32 [N, G], zero_point int32 [N, G] | None), columns in
@@ -192,26 +242,27 @@ def gptq_quantize(
     if weight.dim() != 2:
         raise ValueError(f"{name}: expected a 2-D weight [out, in], got shape {tuple(weight.shape)}")
     n, k = weight.shape
-    if tuple(hessian.shape) != (k, k):
-        raise ValueError(f"{name}: Hessian shape {tuple(hessian.shape)} does not match in_features {k}")
-    if not torch.isfinite(hessian).all():
-        raise ValueError(f"{name}: the Hessian has NaN/Inf entries: the calibration activations overflowed")
-    dtype = torch.float64 if (weight.dtype == torch.float64 and hessian.dtype == torch.float64) else torch.float32
+    if isinstance(hessian, HessianFactor):
+        factor = hessian
+        if tuple(factor.u.shape) != (k, k):
+            raise ValueError(f"{name}: Hessian factor of shape {tuple(factor.u.shape)} does not match in_features {k}")
+        dtype = factor.u.dtype
+    else:
+        if tuple(hessian.shape) != (k, k):
+            raise ValueError(f"{name}: Hessian shape {tuple(hessian.shape)} does not match in_features {k}")
+        dtype = torch.float64 if (weight.dtype == torch.float64 and hessian.dtype == torch.float64) else torch.float32
+        factor = factor_hessian(hessian, options, name=name, dtype=dtype, device=weight.device)
+    u, dead, energy, perm = factor.u, factor.dead, factor.energy, factor.perm
     w = weight.detach().to(dtype).clone()  # [N, K]
-    h = hessian.detach().to(dtype=dtype, device=w.device).clone()  # [K, K]
     groups = scheme.groups_for(k)
     group_size = scheme.group_size if scheme.strategy == "group" else k  # the last group may be shorter (ragged)
-
-    dead = torch.diag(h) == 0
-    h[dead, dead] = 1.0
     w[:, dead] = 0.0
-    energy = torch.diag(h).clone()  # [K], original order
 
     # Channel-wise and static-group parameters come from the (dead-zeroed) weight in its original order.
     scales = torch.zeros(n, groups, dtype=dtype, device=w.device)  # [N, G]
     zeros = None if scheme.symmetric else torch.zeros(n, groups, dtype=dtype, device=w.device)
     grid = grids.GRID_WEIGHTS.get(scheme.grid)  # static too: a super-block's fields span eight groups
-    static = scheme.strategy == "channel" or options.act_order or grid is not None
+    static = scheme.strategy == "channel" or perm is not None or grid is not None
     if grid is not None:
         fields = grid.choose_fields(w.float(), search=options.observer == "mse", importance=energy)
         step, minimum = grid.steps(*fields)
@@ -225,14 +276,9 @@ def gptq_quantize(
     else:  # each group's parameters from its updated columns, when the walk reaches the group
         one_group = dataclasses.replace(scheme, strategy="channel", group_size=None, actorder=None)
 
-    perm = torch.argsort(energy, descending=True) if options.act_order else None
     if perm is not None:
         w = w[:, perm]
-        h = h[perm][:, perm]
     column_group = (perm if perm is not None else torch.arange(k, device=w.device)) // group_size  # [K]
-
-    u = _damped_cholesky_inverse(h, options.damp_percent, name)[0]  # [K, K] upper
-    del h
 
     block = options.block_size
     if not static and block % group_size:
@@ -267,7 +313,7 @@ def gptq_quantize(
         q_int = q_int[:, torch.argsort(perm)]
     if grid is not None:
         return grid(q_int.to(torch.uint8), *fields, scheme=scheme)
-    if options.act_order and scheme.strategy == "group":
+    if perm is not None and scheme.strategy == "group":
         # recorded as compressed-tensors does; per-channel stays null (compressed-tensors < 0.16 refuses it there)
         scheme = dataclasses.replace(scheme, actorder="weight")
     return QuantizedWeight(

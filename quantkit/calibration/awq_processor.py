@@ -27,6 +27,7 @@ from ..algorithms.awq import (
 from ..errors import QuantizationError
 from ..scheme import QuantScheme
 from .adapters import LinearGroup
+from .distributed import refuse_unsupported
 from .runner import BlockContext, check_finite
 from .sampling import TokenSubsample
 
@@ -138,6 +139,7 @@ class AWQProcessor:
 
     # -- block ----------------------------------------------------------------------------------------
     def process_block(self, ctx: BlockContext) -> None:
+        refuse_unsupported("AWQ's scale search")
         for step in ctx.steps:
             if step.group.prev is not None:
                 ctx.status(f"awq scales {'/'.join(n.rsplit('.', 1)[-1] for n in step.targets)}")

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..algorithms.gptq import GPTQOptions, gptq_quantize, hessian_update
+import torch
+
+from ..algorithms.gptq import GPTQOptions, factor_hessian, gptq_quantize, hessian_update
 from ..algorithms.rtn import rtn_quantize
+from ..quantized_weight import QuantizedWeight
 from ..scheme import QuantScheme
+from .distributed import add_hessians, gather_rows, row_share, world
 from .runner import BlockContext, check_finite
 
 
@@ -37,13 +41,14 @@ class GPTQProcessor:
                 acc["h"], acc["count"] = hessian_update(acc["h"], acc["count"], x)
 
             ctx.forward({first: accumulate}, stop_after=[first])
+            acc["h"], acc["count"] = add_hessians(acc["h"], acc["count"])  # every process's windows
+            # one factorisation for the step's linears; the Hessian is handed over and freed
+            factor = factor_hessian(acc.pop("h"), self.options, name=f"{ctx.name}.{first}", overwrite=True)
             for name in step.targets:
                 linear = ctx.module(name)
-                qweight = gptq_quantize(
-                    linear.weight, acc["h"], self.scheme_for(f"{ctx.name}.{name}"), self.options,
-                    scale_dtype=self.scale_dtype or linear.weight.dtype, name=f"{ctx.name}.{name}",
-                )
-                ctx.set_quantized(name, qweight)
+                ctx.set_quantized(name, self._walk(linear.weight, factor, self.scheme_for(f"{ctx.name}.{name}"),
+                                                   f"{ctx.name}.{name}"))
+            del factor
 
     def quantize_head(self, name: str, linear, inputs: list):
         """The output head `linear` with GPTQ, its Hessian from `inputs` (per batch, the final norm of the last
@@ -51,8 +56,21 @@ class GPTQProcessor:
         h, count = None, 0
         for x in inputs:
             h, count = hessian_update(h, count, x)
-        return gptq_quantize(linear.weight, h, self.scheme_for(name), self.options,
-                             scale_dtype=self.scale_dtype or linear.weight.dtype, name=name)
+        h, count = add_hessians(h, count)
+        factor = factor_hessian(h, self.options, name=name, overwrite=True)
+        return self._walk(linear.weight, factor, self.scheme_for(name), name)
+
+    def _walk(self, weight, factor, scheme: QuantScheme, name: str):
+        """gptq_quantize of `weight` [N, K] with `factor`; under several processes each walks its share of the
+        rows (they are independent given the factor) and the rows are gathered (calibration.distributed)."""
+        scale_dtype = self.scale_dtype or weight.dtype
+        rows = weight.shape[0]
+        if world()[1] == 1 or scheme.grid != "uniform" or rows < world()[1]:
+            return gptq_quantize(weight, factor, scheme, self.options, scale_dtype=scale_dtype, name=name)
+        start, stop = row_share(rows)
+        part = gptq_quantize(weight[start:stop], factor, scheme, self.options, scale_dtype=scale_dtype, name=name)
+        zero = None if part.zero_point is None else gather_rows(part.zero_point, rows)
+        return QuantizedWeight(gather_rows(part.q, rows), gather_rows(part.scale, rows), zero, part.scheme)
 
     def _separate_step(self, ctx: BlockContext, targets: tuple[str, ...]) -> None:
         """MoE experts: one Hessian per expert (its gate and up share it), all from one forward; an expert
@@ -75,15 +93,18 @@ class GPTQProcessor:
         ctx.forward(firsts, stop_after=list(firsts))
         for parent, names in by_parent.items():
             a = acc.pop(parent)
+            if world()[1] > 1:  # an expert no window of this process reached may be reached on another
+                k = ctx.module(names[0]).in_features
+                h = a["h"] if a["h"] is not None else torch.zeros(k, k, device=ctx.device)
+                a["h"], a["count"] = add_hessians(h, a["count"])
+            factor = None if a["count"] == 0 else factor_hessian(a.pop("h"), self.options, name=f"{ctx.name}.{parent}",
+                                                                 overwrite=True)
             for name in names:
                 linear = ctx.module(name)
                 scheme = self.scheme_for(f"{ctx.name}.{name}")
-                if a["count"] == 0:
+                if factor is None:
                     self.rtn_fallback.append(f"{ctx.name}.{name}")
                     qweight = rtn_quantize(linear.weight.detach().float(), scheme)
                 else:
-                    qweight = gptq_quantize(
-                        linear.weight, a["h"], scheme, self.options,
-                        scale_dtype=self.scale_dtype or linear.weight.dtype, name=f"{ctx.name}.{name}",
-                    )
+                    qweight = self._walk(linear.weight, factor, scheme, f"{ctx.name}.{name}")
                 ctx.set_quantized(name, qweight)

@@ -18,7 +18,9 @@ from ..recipe import Recipe
 from ..scheme import QuantScheme
 from .adapters import adapter_for
 from .data import calibration_batches
+from .distributed import share
 from .runner import BlockProcessor, run_blockwise
+from .spill import BlockSpill
 
 
 def make_processor(recipe: Recipe, schemes: dict[str, QuantScheme],
@@ -42,18 +44,19 @@ def make_processor(recipe: Recipe, schemes: dict[str, QuantScheme],
 def quantize_blockwise(
     model: nn.Module, recipe: Recipe, targets: Sequence[str], calibration_data: Any = None, *,
     tokenizer=None, device: torch.device | str | None = None, progress: bool = True,
-    scale_dtype: torch.dtype | None = None, schemes: dict | None = None,
+    scale_dtype: torch.dtype | None = None, schemes: dict | None = None, spill: BlockSpill | None = None,
 ) -> list[str]:
     """Quantize the targeted linears inside `model`'s decoder blocks with the recipe's calibrated algorithm.
 
     scale_dtype: the dtype the output stores scales in (default: the source's, quantkit.loading.source_dtype).
     schemes: module path -> weight scheme of each target (default: Recipe.weights_for of each).
+    spill: where each finished block's tensors go instead of the process's memory (None: kept in memory).
 
     Returns the targeted names outside the decoder blocks (left for the caller to quantize without
     calibration). Raises QuantizationError for an unsupported family before loading any data.
     """
     adapter_for(model)
-    batches = calibration_batches(calibration_data, model, tokenizer)
+    batches = share(calibration_batches(calibration_data, model, tokenizer))  # this process's windows
     if schemes is None:
         schemes = recipe.schemes_for(model, targets)
     processor = make_processor(recipe, schemes, scale_dtype or source_dtype(model))
@@ -64,7 +67,7 @@ def quantize_blockwise(
     try:
         outside = run_blockwise(
             model, batches, targets, [processor], device=device, progress=progress,
-            desc=f"{recipe.algorithm.name} {recipe.name}",
+            desc=f"{recipe.algorithm.name} {recipe.name}", spill=spill,
         )
     finally:
         for m in experts:

@@ -28,6 +28,7 @@ quantizer sees the block with its linears already quantized.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -45,6 +46,7 @@ from ..quantized_weight import QuantizedWeight
 from ..targets import output_head_name, set_submodule
 from .adapters import FamilyAdapter, LinearGroup, adapter_for
 from .offload import home_device, materialize_, materialize_model_, release_freed_memory
+from .spill import BlockSpill
 
 InputHook = Callable[[nn.Module, torch.Tensor, Any], None]  # (module, its first input, its output)
 
@@ -289,6 +291,14 @@ def _quantize_head(model: nn.Module, outside: list[str], last_outputs: list[torc
     return [n for n in outside if n != name]
 
 
+def estimate_line(first_block_s: float, blocks: int) -> str:
+    """What quantize prints after its first block: that block's time and the run's estimate from it."""
+    from ..summaries import human_seconds
+
+    return (f"first of {blocks} blocks took {human_seconds(first_block_s)}: about "
+            f"{human_seconds(first_block_s * blocks)} for all of them")
+
+
 def _block_steps(adapter: FamilyAdapter, block: nn.Module, targets: list[str]) -> list[Step]:
     """The adapter's sub-layer steps restricted to the targeted linears, plus one step per targeted linear
     the adapter does not know (quantized last, each on its own input)."""
@@ -315,6 +325,7 @@ def run_blockwise(
     device: torch.device | str | None = None,
     progress: bool = True,
     desc: str = "calibrate",
+    spill: BlockSpill | None = None,
 ) -> list[str]:
     """Walk `model` block by block, letting `processors` quantize the targeted linears inside blocks.
 
@@ -325,6 +336,8 @@ def run_blockwise(
     norm of the last block's outputs. Returns the targeted names left: those not in any decoder block and
     not so quantized, which the caller quantizes without calibration.
     An offloaded model (accelerate device_map with cpu/disk) comes back as a plain CPU model.
+    spill: where each finished block's tensors go (file pages instead of the process's memory; None: kept
+    in memory).
     """
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     adapter = adapter_for(model)
@@ -346,6 +359,7 @@ def run_blockwise(
     compute = calibration_dtype(model_dtype, device)
     inputs, kwargs = _float_to(inputs, compute), _float_to(kwargs, compute)
     bar = tqdm(total=len(blocks), desc=desc, unit="block", disable=not progress)
+    started = time.perf_counter()
     try:
         for i, block in enumerate(blocks):
             name = f"{adapter.blocks}.{i}"
@@ -381,10 +395,14 @@ def run_blockwise(
                 layer = quantized_linear(qweight, linear.bias, dtype=model_dtype)
                 block.set_submodule(local, layer)
             block.to(home)
+            if spill is not None:
+                spill.keep(block)
             kwargs[i] = []
             del ctx
             release_freed_memory()
             bar.update(1)
+            if i == 0 and progress and len(blocks) > 1:
+                bar.write(estimate_line(time.perf_counter() - started, len(blocks)))
     finally:
         bar.close()
     materialize_model_(model)

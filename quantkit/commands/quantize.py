@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from quantkit import provenance
     from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source, source_dtype
     from quantkit.device import resolve_device
-    from quantkit.outputs import check_free_space, check_writable, clean_stale, output_state
+    from quantkit.outputs import check_free_space, check_writable, clean_stale, nearest_existing, output_state
     from quantkit.summaries import SizeOnDisk, dtype_name, quantization_summary, state_bytes
 
     from quantkit.errors import UsageError
@@ -96,7 +96,13 @@ def run(args: argparse.Namespace) -> int:
     if args.calib_device is not None:
         resolve_device(args.calib_device, option="--calib-device")
 
+    from quantkit.calibration.distributed import init_from_environment
+
+    rank, processes = init_from_environment()  # under torchrun: one share of the calibration each
     recipe = quantkit.load_recipe(args.recipe)  # validate before loading anything big
+    if processes > 1 and recipe.algorithm.name not in ("gptq", "rtn"):
+        raise UsageError(f"recipe {recipe.name} uses {recipe.algorithm.name}: only GPTQ and RTN recipes quantize "
+                         f"data-parallel (torchrun); run it in one process")
     if recipe.weights is not None and recipe.weights.grid != "uniform" and not gguf_out:
         raise UsageError(f"recipe {recipe.name} puts the weights on llama.cpp's {recipe.weights.grid.upper()} grid, "
                          f"whose float group minimums only a GGUF file holds: give --out a file name ending in .gguf")
@@ -132,17 +138,18 @@ def run(args: argparse.Namespace) -> int:
         size_before = SizeOnDisk(folder_size_bytes(Path(source)), dtype_name(source_dtype(model)), "on disk")
     else:  # a hub model: its tensors as loaded
         size_before = SizeOnDisk(state_bytes(model), dtype_name(model.dtype), "as loaded")
-    check_free_space(out, _least_checkpoint_bytes(model, recipe, dtype or source_dtype(model)))  # before the work
+    least = _least_checkpoint_bytes(model, recipe, dtype or source_dtype(model))
+    spilled = _least_quantized_bytes(model, recipe)  # the finished blocks, in files beside the output meanwhile
+    check_free_space(out, least + spilled)  # before the work
     import torch
 
     scale_dtype = torch.float16 if gguf_out else None  # GGUF's block scales are fp16: round to them, exactly
-    if calibrated:
-        quantkit.quantize(model, recipe, calibration, device=args.calib_device, leave_float=args.leave_float,
-                          scale_dtype=scale_dtype)
-    else:
-        if args.calib is not None:
-            print(f"note: --calib is ignored: {recipe.name} uses {recipe.algorithm.name}, which needs no calibration")
-        quantkit.quantize(model, recipe, leave_float=args.leave_float, scale_dtype=scale_dtype)
+    if not calibrated and args.calib is not None:
+        print(f"note: --calib is ignored: {recipe.name} uses {recipe.algorithm.name}, which needs no calibration")
+    quantkit.quantize(model, recipe, calibration, device=args.calib_device, leave_float=args.leave_float,
+                      scale_dtype=scale_dtype, spill_folder=nearest_existing(out.parent), progress=rank == 0)
+    if rank != 0:  # every process holds the same quantized model: the first one writes it
+        return 0
     if gguf_out:
         return _write_gguf(model, recipe, args, source, size_before, start, inputs, out)
     saved_dtype = dtype or source_dtype(model)  # the source's dtype unless --dtype asks for another
@@ -222,13 +229,24 @@ def _check_tie_output(recipe, source: Path) -> None:
                          f"config.json has tie_word_embeddings false: drop --tie-output")
 
 
-def _least_checkpoint_bytes(model, recipe, dtype) -> int:
-    """A lower bound of the checkpoint's size: the targeted linears' weights at the recipe's bits (scales
-    left out), every other parameter (tied ones once) in `dtype`."""
+def _packed_weights(model, recipe) -> set[str]:
+    """The parameter names of the linears the recipe quantizes."""
     from quantkit.moe import unfuse_experts
 
     unfuse_experts(model)  # fused MoE experts count as the per-expert linears quantize makes of them
     names = recipe.linears(model)[0] if recipe.weights is not None else []
-    packed = {f"{name}.weight" for name in names}
+    return {f"{name}.weight" for name in names}
+
+
+def _least_checkpoint_bytes(model, recipe, dtype) -> int:
+    """A lower bound of the checkpoint's size: the targeted linears' weights at the recipe's bits (scales
+    left out), every other parameter (tied ones once) in `dtype`."""
+    packed = _packed_weights(model, recipe)
     return sum(p.numel() * recipe.weights.num_bits // 8 if name in packed else p.numel() * dtype.itemsize
                for name, p in model.named_parameters())
+
+
+def _least_quantized_bytes(model, recipe) -> int:
+    """A lower bound of the quantized linears' bytes (their weights at the recipe's bits, scales left out)."""
+    packed = _packed_weights(model, recipe)
+    return sum(p.numel() * recipe.weights.num_bits // 8 for name, p in model.named_parameters() if name in packed)

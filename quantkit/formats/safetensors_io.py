@@ -13,7 +13,6 @@ from typing import NamedTuple
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from ..errors import CheckpointError
 
@@ -39,13 +38,13 @@ def write_state_dict(state: dict[str, torch.Tensor], folder: Path, max_shard_byt
     from ..outputs import give_default_mode
 
     if len(shards) == 1:
-        _save_file(shards[0], folder / SINGLE_FILE)
+        save_safetensors_file(shards[0], folder / SINGLE_FILE)
         give_default_mode(folder / SINGLE_FILE)
         return [SINGLE_FILE]
     names, weight_map = [], {}
     for i, shard in enumerate(shards, 1):
         fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        _save_file(shard, folder / fname)
+        save_safetensors_file(shard, folder / fname)
         give_default_mode(folder / fname)
         names.append(fname)
         weight_map.update({k: fname for k in shard})
@@ -54,17 +53,33 @@ def write_state_dict(state: dict[str, torch.Tensor], folder: Path, max_shard_byt
     return names
 
 
-def _save_file(tensors: dict[str, torch.Tensor], path: Path) -> None:
-    """safetensors' save_file; its I/O errors (reported as SafetensorError, "... (os error N)") come back as
-    the OSError they are, so that a full disk reads as one."""
-    try:
-        save_file(tensors, str(path), metadata={"format": "pt"})
-    except Exception as e:  # safetensors raises its own error types
-        code = re.search(r"\(os error (\d+)\)", str(e))
-        if code is None:
-            raise
-        number = int(code.group(1))
-        raise OSError(number, os.strerror(number), str(path)) from e
+def save_safetensors_file(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """Write `tensors` (contiguous, on the CPU) as one safetensors file, one tensor at a time.
+
+    The file is byte for byte what safetensors' save_file writes (tensors ordered by dtype as DATA_ORDER,
+    then by name, so that every tensor starts at a multiple of its element size; a compact JSON header with
+    ``{"format": "pt"}`` metadata, padded with spaces to a multiple of 8 bytes), but save_file first copies
+    every tensor into a bytes object of its own, so a shard costs its whole size in memory while it is
+    written; here tensors go to the file one by one as they are (memory-mapped ones from the page cache).
+    """
+    rank = {name: i for i, name in enumerate(DATA_ORDER)}
+    order = sorted(tensors, key=lambda n: (rank[SAFETENSORS_DTYPES[tensors[n].dtype]], n))
+    header: dict = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name in order:
+        t = tensors[name]
+        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + _tensor_bytes(t)]}
+        offset += _tensor_bytes(t)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for name in order:
+            t = tensors[name]
+            if t.numel():
+                f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
 
 
 def _index_weight_map(folder: Path) -> dict[str, str]:
@@ -133,6 +148,11 @@ TORCH_DTYPES = {
     "F8_E4M3": torch.float8_e4m3fn, "F8_E4M3FNUZ": torch.float8_e4m3fnuz, "F8_E5M2": torch.float8_e5m2,
     "F8_E5M2FNUZ": torch.float8_e5m2fnuz, "C64": torch.complex64,
 }
+#: torch dtype -> its safetensors name.
+SAFETENSORS_DTYPES = {v: k for k, v in TORCH_DTYPES.items()}
+#: The order of the dtypes in a safetensors file's data, as safetensors writes it (its Dtype enum, last first).
+DATA_ORDER = ("U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16", "U16", "I16", "F8_E5M2FNUZ",
+              "F8_E4M3FNUZ", "F8_E4M3", "F8_E5M2", "I8", "U8", "BOOL")
 #: safetensors dtype names of the floating types, and their torch dtypes.
 FLOAT_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 

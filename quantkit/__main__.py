@@ -1,0 +1,7 @@
+"""`python -m quantkit ...`: the quantkit command (also what `torchrun -m quantkit quantize ...` runs)."""
+
+import sys
+
+from quantkit.cli import main
+
+sys.exit(main())
