@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 SOURCES = ("wna16_q8dot.cpp", "decode_step.cpp", "decode_attention_cpu.cpp")
-HEADERS = ("q8dot.h", "decode_attention_cpu.h")
+HEADERS = ("q8dot.h", "decode_attention_cpu.h", "cpu_isa.h")
 CFLAGS = ("-O3", "-std=c++17", "-fopenmp")  # -fopenmp: at::parallel_for is inline OpenMP, sequential without it
 LDFLAGS = ("-fopenmp",)
 ENV_SWITCH = "QUANTKIT_CPU_KERNELS"

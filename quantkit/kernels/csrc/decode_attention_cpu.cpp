@@ -22,6 +22,8 @@
 // values). They differ only in the order of the fp32 additions.
 #include "decode_attention_cpu.h"
 
+#include "cpu_isa.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -43,24 +45,10 @@ namespace {
 using quantkit::KvBlocks;
 using quantkit::KvDtype;
 
-enum Isa : int64_t { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
-
-// The same three levels as the quantized linear (wna16_q8dot.cpp), so one forced level means the same
-// path in both; AVX2 also needs F16C here (fp16 / fp8 conversion).
-int64_t detected_isa() {
-  static const int64_t isa = [] {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni"))
-      return (int64_t)ISA_AVX512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-      return (int64_t)ISA_AVX2;
-#endif
-    return (int64_t)ISA_SCALAR;
-  }();
-  return isa;
-}
+using quantkit::detected_isa;
+using quantkit::ISA_AVX2;
+using quantkit::ISA_AVX512;
+using quantkit::ISA_SCALAR;
 
 constexpr float FP8_UNIT = 256.f;  // every path reads an fp8 code c as fp8(c) / 256
 

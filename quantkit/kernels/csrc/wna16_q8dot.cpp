@@ -34,6 +34,7 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include "cpu_isa.h"
 #include "q8dot.h"
 
 #include <immintrin.h>
@@ -45,22 +46,10 @@
 
 namespace {
 
-enum Isa : int64_t { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
-
-int64_t detected_isa() {
-  static const int64_t isa = [] {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512vnni"))
-      return (int64_t)ISA_AVX512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return (int64_t)ISA_AVX2;
-#endif
-    return (int64_t)ISA_SCALAR;
-  }();
-  return isa;
-}
+using quantkit::detected_isa;
+using quantkit::ISA_AVX2;
+using quantkit::ISA_AVX512;
+using quantkit::ISA_SCALAR;
 
 int64_t g_forced_isa = -1;  // -1: the CPU's best
 
