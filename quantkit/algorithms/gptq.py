@@ -283,31 +283,40 @@ def gptq_quantize(
     block = options.block_size
     if not static and block % group_size:
         block = max(group_size, (block // group_size) * group_size)
-    q_int = torch.zeros(n, k, dtype=dtype, device=w.device)  # [N, K] (visit order)
+    # The walk runs on transposed copies ([K, N] weights, [G, N] scales): each column is a contiguous row.
+    wt = w.t().contiguous()  # [K, N] (visit order)
+    del w
+    q_t = torch.zeros(k, n, dtype=dtype, device=wt.device)  # [K, N] (visit order)
+    scales_t = scales.t().contiguous()  # [G, N]
+    zeros_t = zeros.t().contiguous() if zeros is not None else None
+    minimums_t = minimums.t().contiguous() if grid is not None else None
+    groups_of = column_group.tolist()
     for i1 in range(0, k, block):
         i2 = min(i1 + block, k)
-        w1 = w[:, i1:i2].clone()  # [N, B]
+        w1 = wt[i1:i2].clone()  # [B, N]
         err1 = torch.zeros_like(w1)
         u1 = u[i1:i2, i1:i2]  # [B, B]
         for i in range(i2 - i1):
             col = i1 + i
-            g = int(column_group[col])
+            g = groups_of[col]
             if not static and col % group_size == 0:
-                s, z = _qparams(w1[:, i:i + group_size], energy[col:col + group_size], one_group, scale_dtype, options)
-                scales[:, g] = s[:, 0]
-                if zeros is not None:
-                    zeros[:, g] = z[:, 0]
+                s, z = _qparams(w1[i:i + group_size].t(), energy[col:col + group_size], one_group, scale_dtype, options)
+                scales_t[g] = s[:, 0]
+                if zeros_t is not None:
+                    zeros_t[g] = z[:, 0]
             if grid is not None:
-                q = grid.quantize_onto(w1[:, i], scales[:, g].float(), minimums[:, g].float()).to(dtype)
-                deq = q * scales[:, g] - minimums[:, g]
+                q = grid.quantize_onto(w1[i], scales_t[g].float(), minimums_t[g].float()).to(dtype)
+                deq = q * scales_t[g] - minimums_t[g]
             else:
-                zero = zeros[:, g] if zeros is not None else None
-                q, deq = _quantize_column(w1[:, i], scales[:, g], zero, scheme)
-            q_int[:, col] = q
-            err = (w1[:, i] - deq) / u1[i, i]  # [N]
-            w1[:, i:] -= err.unsqueeze(1) * u1[i, i:].unsqueeze(0)
-            err1[:, i] = err
-        w[:, i2:] -= err1 @ u[i1:i2, i2:]
+                q, deq = _quantize_column(w1[i], scales_t[g], zeros_t[g] if zeros_t is not None else None, scheme)
+            q_t[col] = q
+            err = (w1[i] - deq) / u1[i, i]  # [N]
+            w1[i:] -= u1[i, i:].unsqueeze(1) * err.unsqueeze(0)
+            err1[i] = err
+        wt[i2:] -= (err1.t() @ u[i1:i2, i2:]).t()
+    q_int = q_t.t()  # [N, K] (visit order)
+    scales = scales_t.t()
+    zeros = zeros_t.t() if zeros_t is not None else None
 
     if perm is not None:
         q_int = q_int[:, torch.argsort(perm)]
