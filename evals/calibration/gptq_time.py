@@ -43,9 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     blocks = model.config.num_hidden_layers
     windows = torch.cat(calibration_batches(CalibrationConfig(source="ref", num_samples=args.samples,
                                                               seq_len=args.seq_len), model))
-    start = time.perf_counter()
-    quantkit.quantize(model, "w4a16-gptq", [windows], progress=False)
-    rows = [{"tool": f"quantkit {quantkit.__version__} w4a16-gptq", "seconds": time.perf_counter() - start}]
+    rows = []
+    minmax = (HERE.parents[1] / "recipes" / "w4a16-gptq.yaml").read_text().replace("observer: mse", "observer: minmax")
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "w4a16-gptq-minmax.yaml").write_text(minmax)
+        for recipe, what in (("w4a16-gptq", "w4a16-gptq (MSE range search)"),
+                             (str(Path(tmp) / "w4a16-gptq-minmax.yaml"), "w4a16-gptq with observer: minmax")):
+            model = load_float_model(args.model)
+            start = time.perf_counter()
+            quantkit.quantize(model, recipe, [windows], progress=False)
+            rows.append({"tool": f"quantkit {quantkit.__version__} {what}", "seconds": time.perf_counter() - start})
     if args.llmcompressor_python:
         with tempfile.TemporaryDirectory() as tmp:
             save_file({"input_ids": windows.contiguous()}, f"{tmp}/calib.safetensors")
@@ -53,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"{tmp}/calib.safetensors", f"{tmp}/out"], check=True,
                            env={**__import__("os").environ, "OMP_NUM_THREADS": str(args.threads)})
             timing = json.loads(Path(f"{tmp}/out/timing.json").read_text())
-        rows.append({"tool": f"llm-compressor {timing['llmcompressor']} GPTQ (W4A16, actorder static)",
+        rows.append({"tool": f"llm-compressor {timing['llmcompressor']} GPTQ (W4A16 preset: minmax, actorder static)",
                      "seconds": timing["seconds"]})
     print(f"{blocks} blocks, {args.samples} x {args.seq_len} tokens, {args.threads} threads\n")
     print("| tool | seconds | per block | vs quantkit |\n|---|---:|---:|---:|")
