@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..errors import QuantizationError
+
 ALIGN = 64  # bytes: every tensor of a spill file starts at a cache line
 
 
@@ -29,7 +31,10 @@ class BlockSpill:
     """Moves modules' tensors into unlinked files in `folder` (which should be on a disk, not a tmpfs)."""
 
     def __init__(self, folder: str | os.PathLike) -> None:
-        self.folder = Path(folder)
+        self.folder = Path(folder).expanduser()
+        if not self.folder.is_dir() or not os.access(self.folder, os.W_OK | os.X_OK):
+            raise QuantizationError(f"spill_folder {self.folder}: not a folder this process can write in; give an "
+                                    f"existing writable folder on a disk (the output's parent is a good one)")
         self.bytes = 0  # written so far: disk space held until the model is freed
 
     def keep(self, module: nn.Module) -> int:
