@@ -35,8 +35,12 @@ def world() -> tuple[int, int]:
 
 
 def launched_by_torchrun() -> bool:
-    """True in a process torchrun (or another launcher setting WORLD_SIZE > 1) started."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    """True in a process torchrun (or another launcher setting WORLD_SIZE > 1, RANK and MASTER_ADDR) started."""
+    try:
+        size = int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return False
+    return size > 1 and "RANK" in os.environ and "MASTER_ADDR" in os.environ
 
 
 def init_from_environment() -> tuple[int, int]:
