@@ -47,8 +47,8 @@ def test_the_streamed_file_is_byte_for_byte_safetensors_save_file(tmp_path_facto
             assert torch.equal(back.reshape(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8))
 
 
-def test_a_memory_mapped_tensor_is_written_without_a_copy_of_the_shard(tmp_path):
-    """The writer reads tensors as they are: one memory-mapped from another file comes out equal."""
+def test_a_memory_mapped_tensor_is_written_as_it_is(tmp_path):
+    """A tensor memory-mapped from another file (a streamed model's weight) is written with its values."""
     src = torch.randn(1000, 300)
     save_file({"w": src}, str(tmp_path / "src.safetensors"))
     nbytes = (tmp_path / "src.safetensors").stat().st_size

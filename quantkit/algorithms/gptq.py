@@ -177,15 +177,13 @@ class HessianFactor:
 
     u: upper Cholesky factor of the damped H^-1, rows and columns in visit order [K, K];
     dead: inputs never active in calibration (diag H == 0) [K] bool, their weights zeroed;
-    energy: diag(H), dead inputs set to 1, original order [K]; perm: the visit order (act_order) or None;
-    damp: the damping actually used.
+    energy: diag(H), dead inputs set to 1, original order [K]; perm: the visit order (act_order) or None.
     """
 
     u: torch.Tensor
     dead: torch.Tensor
     energy: torch.Tensor
     perm: torch.Tensor | None
-    damp: float
 
 
 def factor_hessian(hessian: torch.Tensor, options: GPTQOptions = GPTQOptions(), *, name: str = "weight",
@@ -213,8 +211,8 @@ def factor_hessian(hessian: torch.Tensor, options: GPTQOptions = GPTQOptions(), 
     if perm is not None:
         h = h[perm]
         h = h[:, perm]
-    u, damp = _damped_cholesky_inverse(h, options.damp_percent, name)  # [K, K] upper
-    return HessianFactor(u, dead, energy, perm, damp)
+    u = _damped_cholesky_inverse(h, options.damp_percent, name)[0]  # [K, K] upper
+    return HessianFactor(u, dead, energy, perm)
 
 
 def gptq_quantize(

@@ -21,14 +21,13 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.distributed as dist
 
 from ..errors import QuantizationError
 
 
 def world() -> tuple[int, int]:
     """(rank, number of processes) of the default process group, (0, 1) without one."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
@@ -46,8 +45,6 @@ def launched_by_torchrun() -> bool:
 def init_from_environment() -> tuple[int, int]:
     """Join the process group torchrun describes in the environment (gloo; nccl when CUDA is there), once;
     returns (rank, number of processes)."""
-    import torch.distributed as dist
-
     if launched_by_torchrun() and not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     return world()
@@ -72,8 +69,6 @@ def share(batches: list[torch.Tensor]) -> list[torch.Tensor]:
 
 def add_hessians(h: torch.Tensor | None, count: int) -> tuple[torch.Tensor | None, int]:
     """The running mean H over `count` rows of this rank's inputs -> the mean over every rank's rows."""
-    import torch.distributed as dist
-
     if world()[1] == 1:
         return h, count
     total = torch.tensor([count], dtype=torch.float64)
@@ -95,8 +90,6 @@ def row_share(rows: int) -> tuple[int, int]:
 
 def gather_rows(part: torch.Tensor, rows: int) -> torch.Tensor:
     """Every rank's [stop - start, ...] share (row_share) -> the whole [rows, ...] tensor, on every rank."""
-    import torch.distributed as dist
-
     size = world()[1]
     if size == 1:
         return part

@@ -138,9 +138,8 @@ def run(args: argparse.Namespace) -> int:
         size_before = SizeOnDisk(folder_size_bytes(Path(source)), dtype_name(source_dtype(model)), "on disk")
     else:  # a hub model: its tensors as loaded
         size_before = SizeOnDisk(state_bytes(model), dtype_name(model.dtype), "as loaded")
-    least = _least_checkpoint_bytes(model, recipe, dtype or source_dtype(model))
-    spilled = _least_quantized_bytes(model, recipe)  # the finished blocks, in files beside the output meanwhile
-    check_free_space(out, least + spilled)  # before the work
+    least, spilled = _least_bytes(model, recipe, dtype or source_dtype(model))
+    check_free_space(out, least + spilled)  # before the work; the finished blocks sit in files beside it meanwhile
     import torch
 
     scale_dtype = torch.float16 if gguf_out else None  # GGUF's block scales are fp16: round to them, exactly
@@ -229,24 +228,18 @@ def _check_tie_output(recipe, source: Path) -> None:
                          f"config.json has tie_word_embeddings false: drop --tie-output")
 
 
-def _packed_weights(model, recipe) -> set[str]:
-    """The parameter names of the linears the recipe quantizes."""
+def _least_bytes(model, recipe, dtype) -> tuple[int, int]:
+    """Lower bounds of (the checkpoint's size, its quantized linears' bytes): the targeted linears' weights at
+    the recipe's bits (scales left out), every other parameter (tied ones once) in `dtype`."""
     from quantkit.moe import unfuse_experts
 
     unfuse_experts(model)  # fused MoE experts count as the per-expert linears quantize makes of them
     names = recipe.linears(model)[0] if recipe.weights is not None else []
-    return {f"{name}.weight" for name in names}
-
-
-def _least_checkpoint_bytes(model, recipe, dtype) -> int:
-    """A lower bound of the checkpoint's size: the targeted linears' weights at the recipe's bits (scales
-    left out), every other parameter (tied ones once) in `dtype`."""
-    packed = _packed_weights(model, recipe)
-    return sum(p.numel() * recipe.weights.num_bits // 8 if name in packed else p.numel() * dtype.itemsize
-               for name, p in model.named_parameters())
-
-
-def _least_quantized_bytes(model, recipe) -> int:
-    """A lower bound of the quantized linears' bytes (their weights at the recipe's bits, scales left out)."""
-    packed = _packed_weights(model, recipe)
-    return sum(p.numel() * recipe.weights.num_bits // 8 for name, p in model.named_parameters() if name in packed)
+    packed = {f"{name}.weight" for name in names}
+    quantized = other = 0
+    for name, p in model.named_parameters():
+        if name in packed:
+            quantized += p.numel() * recipe.weights.num_bits // 8
+        else:
+            other += p.numel() * dtype.itemsize
+    return quantized + other, quantized

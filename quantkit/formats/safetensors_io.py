@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import re
 import struct
 from collections.abc import Callable
 from pathlib import Path
