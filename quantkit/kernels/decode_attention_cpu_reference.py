@@ -10,20 +10,24 @@ from __future__ import annotations
 
 import torch
 
+#: The smallest normal float8_e4m3fn magnitude: the kernel reads codes below it (subnormals) as 0.
+FP8_SMALLEST_NORMAL = 2.0 ** -6
+
 
 def dequantize_blocks(blocks: list[torch.Tensor], token_scales: list[torch.Tensor],
                       head_scale: torch.Tensor | None, *, keys: bool) -> torch.Tensor:
     """Cache blocks (fp32 / bf16 / fp16 / float8_e4m3fn / int8; keys [B, Hkv, block / 16, D, 16],
     values [B, Hkv, block, D]) -> fp64 [B, Hkv, T, D].
 
-    int8: each block's fp32 scales [B, Hkv, block] multiply their tokens; float8_e4m3fn: head_scale
-    fp32 [Hkv] (or [1]) multiplies its heads."""
+    int8: each block's fp32 scales [B, Hkv, block] multiply their tokens; float8_e4m3fn: subnormal codes
+    read as 0 (as the kernel reads them), head_scale fp32 [Hkv] (or [1]) multiplies its heads."""
     if keys:  # tiles [D, 16] -> positions [16, D]
         blocks = [b.transpose(3, 4).reshape(b.shape[0], b.shape[1], -1, b.shape[3]) for b in blocks]
     x = torch.cat(blocks, dim=2).double()
     if blocks[0].dtype == torch.int8:
         x = x * torch.cat(token_scales, dim=2).double()[..., None]
     if blocks[0].dtype == torch.float8_e4m3fn:
+        x = torch.where(x.abs() < FP8_SMALLEST_NORMAL, 0.0, x)
         x = x * head_scale.double().reshape(1, -1, 1, 1)
     return x
 

@@ -11,15 +11,24 @@
 //
 // Dequantization in registers:
 //   bf16: the 16-bit pattern shifted into the high half of an fp32; fp16: vcvtph2ps;
-//   fp8 e4m3: no x86 conversion before AVX10.2: the code's exponent and mantissa bits shifted into
-//     an fp16 (c & 0x7f) << 7 | (c & 0x80) << 8, whose value is exactly fp8(c) / 256 for every code
-//     (normal and subnormal; the cache never stores NaN), converted with vcvtph2ps; the 256 and the
-//     fp8 head scale are folded into the query (keys) and into the final output (values);
+//   fp8 e4m3: no x86 conversion before AVX10.2: the code c, sign-extended to 32 bits, shifted left by
+//     20 and masked with 0x87f00000, is an fp32 bit pattern whose value is exactly fp8(c) * 2^-120 for
+//     every normal code (exponent and mantissa land in the fp32's, the sign in its sign bit): three
+//     integer ops, no conversion. Subnormal codes (|fp8(c)| < 2^-6, 1/28672 of the scale's range)
+//     become fp32 subnormals, read as 0: the fp8 tasks run with the CPU's denormals-are-zero and
+//     flush-to-zero set (a subnormal operand costs a microcode assist on every FMA). The 2^-120 is
+//     undone in three steps that keep every product normal: the query is scaled by 2^64 (and the head
+//     scale), the scores by 2^56, the softmax weights by 2^64 (in the exponent of exp), and the output
+//     by 2^120 (and the head scale) over the weights' sum, which carries the same 2^64;
 //   int8: sign-extended and converted; its per-token scale multiplies the score (keys) and the
 //     softmax weight (values).
 // Three code paths in one build, chosen at run time from the CPU (cpuid) or by the caller: AVX-512
 // (16 values a vector), AVX2 + F16C (8) and portable scalar code (fp8 by a 256-entry table of the same
 // values). They differ only in the order of the fp32 additions.
+//
+// Memory: keys are read a tile (16 positions) at a time and values a row at a time, each prefetched
+// KEY_AHEAD tiles / VALUE_AHEAD rows ahead (the hardware prefetcher alone left a bf16 cache at ~9 GB/s
+// on one core).
 #include "decode_attention_cpu.h"
 
 #include "cpu_isa.h"
@@ -50,9 +59,28 @@ using quantkit::ISA_AVX2;
 using quantkit::ISA_AVX512;
 using quantkit::ISA_SCALAR;
 
-constexpr float FP8_UNIT = 256.f;  // every path reads an fp8 code c as fp8(c) / 256
+// Every path reads an fp8 code c as fp8(c) * 2^-FP8_EXP (0 for subnormal codes); the query is scaled
+// by 2^FP8_Q, the scores by 2^(FP8_EXP - FP8_Q), the softmax weights by 2^FP8_P (see the header).
+constexpr int FP8_EXP = 120, FP8_Q = 64, FP8_P = 64;
+constexpr int32_t FP8_MASK = static_cast<int32_t>(0x87f00000u);  // sign, exponent bits 23-26, mantissa 20-22
 
-int64_t value_bytes(KvDtype t) {
+// Denormals-are-zero and flush-to-zero for the calling thread while it lives (fp8 tasks).
+struct SubnormalsAreZero {
+#if defined(__x86_64__) || defined(__i386__)
+  explicit SubnormalsAreZero(bool on) : saved(_mm_getcsr()), on(on) {
+    if (on) _mm_setcsr(saved | 0x8040);  // FTZ (bit 15) | DAZ (bit 6)
+  }
+  ~SubnormalsAreZero() {
+    if (on) _mm_setcsr(saved);
+  }
+  unsigned saved;
+  bool on;
+#else
+  explicit SubnormalsAreZero(bool) {}
+#endif
+};
+
+constexpr int64_t value_bytes(KvDtype t) {
   switch (t) {
     case quantkit::KV_FP32: return 4;
     case quantkit::KV_BF16:
@@ -78,21 +106,27 @@ inline int64_t key_index(int64_t r, int64_t e, int64_t D) { return ((r / TILE) *
 //   scores: s[g * ld + r] = (q[g] . k_r) (* scale_r)   for r < n (vector paths also fill s up to n
 //           rounded up to 2 * TILE: the caller's buffer has room, the values are not read)
 //   values: o[g] += sum_r p[g * ld + r] (* scale_r) v_r
-//   exp_sum: m = max(x[0..n)), x[i] = exp(x[i] - m), returns their sum (and m)
+//   exp_sum: m = max(x[0..n)), x[i] = exp(x[i] - m) * 2^shift, returns their sum (and m)
 struct Kernels {
   void (*scores)(const Rows&, const float* q, int64_t G, int64_t D, float* s, int64_t ld);
   void (*values)(const Rows&, const float* p, int64_t G, int64_t ld, float* o, int64_t D);
-  float (*exp_sum)(float* x, int64_t n, float* m);
+  float (*exp_sum)(float* x, int64_t n, float* m, int shift);
 };
+
+// The factor of the scores (keys), after int8's per-token scale.
+template <int DT>
+constexpr float score_factor() { return DT == quantkit::KV_FP8 ? static_cast<float>(1ull << (FP8_EXP - FP8_Q)) : 1.f; }
 
 // ----------------------------------------------------------------------------------------------- scalar
 
 const float* fp8_table() {
   static const std::vector<float> table = [] {
     std::vector<float> t(256);
-    for (int c = 0; c < 256; ++c)
-      t[c] = static_cast<float>(c10::Float8_e4m3fn(static_cast<uint8_t>(c), c10::Float8_e4m3fn::from_bits())) /
-             FP8_UNIT;
+    for (int c = 0; c < 256; ++c)  // subnormal codes (exponent bits 0) read as 0, as the vector paths
+      t[c] = (c & 0x78) == 0 ? 0.f
+                             : std::ldexp(static_cast<float>(c10::Float8_e4m3fn(static_cast<uint8_t>(c),
+                                                                                c10::Float8_e4m3fn::from_bits())),
+                                          -FP8_EXP);
     return t;
   }();
   return table.data();
@@ -119,7 +153,7 @@ void scores_scalar(const Rows& rows, const float* q, int64_t G, int64_t D, float
     for (int64_t g = 0; g < G; ++g) {
       float dot = 0.f;
       for (int64_t e = 0; e < D; ++e) dot += q[g * D + e] * load_scalar<DT>(rows.data, key_index(r, e, D));
-      s[g * ld + r] = DT == quantkit::KV_INT8 ? dot * rows.scale[r] : dot;
+      s[g * ld + r] = (DT == quantkit::KV_INT8 ? dot * rows.scale[r] : dot) * score_factor<DT>();
     }
 }
 
@@ -134,10 +168,10 @@ void values_scalar(const Rows& rows, const float* p, int64_t G, int64_t ld, floa
   }
 }
 
-float exp_sum_scalar(float* x, int64_t n, float* m) {
+float exp_sum_scalar(float* x, int64_t n, float* m, int shift) {
   *m = *std::max_element(x, x + n);
   float sum = 0.f;
-  for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - *m));
+  for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::ldexp(std::exp(x[i] - *m), shift));
   return sum;
 }
 
@@ -149,6 +183,14 @@ float exp_sum_scalar(float* x, int64_t n, float* m) {
 // (GT x NV accumulators in registers, at most 24 of the 32 vector registers).
 constexpr int KEY_TILE = 4;
 constexpr int value_tile(int nv) { return nv <= 6 ? 4 : nv <= 8 ? 3 : 1; }
+
+// How far ahead of its reads a task prefetches: key tiles, value rows.
+constexpr int64_t KEY_AHEAD = 4, VALUE_AHEAD = 32;
+
+// Prefetches the cache lines of [p, p + bytes) into L1.
+inline void prefetch(const uint8_t* p, int64_t bytes) {
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+}
 
 // Calls f.template operator()<T>() with T = min(rest, TILE) as a compile-time constant (1..4).
 #define QK_TILE_SWITCH(rest, TILE, CALL) \
@@ -171,10 +213,9 @@ QK_AVX512 inline __m512 load16(const uint8_t* data, int64_t i) {
   }
   if constexpr (DT == quantkit::KV_FP16)
     return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(data + 2 * i)));
-  if constexpr (DT == quantkit::KV_FP8) {
-    // sign-extended to 16 bits and shifted by 7: sign in bit 15 (and 14, cleared), exponent and mantissa in 13..7
-    const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(data + i)));
-    return _mm512_cvtph_ps(_mm256_and_si256(_mm256_slli_epi16(w, 7), _mm256_set1_epi16(static_cast<short>(0xbfff))));
+  if constexpr (DT == quantkit::KV_FP8) {  // fp8(c) * 2^-120 as an fp32 bit pattern (see the header)
+    const __m512i w = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(data + i)));
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(w, 20), _mm512_set1_epi32(FP8_MASK)));
   }
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(data + i))));
 }
@@ -183,8 +224,10 @@ QK_AVX512 inline __m512 load16(const uint8_t* data, int64_t i) {
 template <int DT, int GT>
 QK_AVX512 void scores_tile_avx512(const Rows& rows, const float* q, int64_t D, float* s, int64_t ld) {
   for (int64_t r = 0; r < rows.n; r += 2 * TILE) {
-    const uint8_t* t0 = rows.data + key_index(r, 0, D) * value_bytes(static_cast<KvDtype>(DT));
+    constexpr int64_t vb = value_bytes(static_cast<KvDtype>(DT));
+    const uint8_t* t0 = rows.data + key_index(r, 0, D) * vb;
     const int64_t next = D * TILE;  // values from one tile to the next
+    prefetch(t0 + KEY_AHEAD * next * vb, 2 * next * vb);
     __m512 a0[GT], a1[GT];
     for (int g = 0; g < GT; ++g) a0[g] = a1[g] = _mm512_setzero_ps();
     for (int64_t e = 0; e < D; ++e) {
@@ -196,8 +239,9 @@ QK_AVX512 void scores_tile_avx512(const Rows& rows, const float* q, int64_t D, f
       }
     }
     const bool int8 = DT == quantkit::KV_INT8;
-    const __m512 s0 = int8 ? _mm512_loadu_ps(rows.scale + r) : _mm512_set1_ps(1.f);
-    const __m512 s1 = int8 ? _mm512_loadu_ps(rows.scale + r + TILE) : _mm512_set1_ps(1.f);
+    const __m512 f = _mm512_set1_ps(score_factor<DT>());
+    const __m512 s0 = int8 ? _mm512_mul_ps(_mm512_loadu_ps(rows.scale + r), f) : f;
+    const __m512 s1 = int8 ? _mm512_mul_ps(_mm512_loadu_ps(rows.scale + r + TILE), f) : f;
     for (int g = 0; g < GT; ++g) {
       _mm512_storeu_ps(s + g * ld + r, _mm512_mul_ps(a0[g], s0));
       _mm512_storeu_ps(s + g * ld + r + TILE, _mm512_mul_ps(a1[g], s1));
@@ -220,8 +264,10 @@ QK_AVX512 void values_tile_avx512(const Rows& rows, const float* p, int64_t ld, 
   __m512 acc[GT][NV];
   for (int g = 0; g < GT; ++g)
     for (int j = 0; j < NV; ++j) acc[g][j] = _mm512_loadu_ps(o + g * D + 16 * j);
+  constexpr int64_t row_bytes = D * value_bytes(static_cast<KvDtype>(DT));
   for (int64_t r = 0; r < rows.n; ++r) {
-    const uint8_t* row = rows.data + r * D * value_bytes(static_cast<KvDtype>(DT));
+    const uint8_t* row = rows.data + r * row_bytes;
+    prefetch(row + VALUE_AHEAD * row_bytes, row_bytes);
     __m512 v[NV];
     for (int j = 0; j < NV; ++j) v[j] = load16<DT>(row, 16 * j);
     const float sc = DT == quantkit::KV_INT8 ? rows.scale[r] : 1.f;
@@ -244,8 +290,9 @@ QK_AVX512 void values_avx512(const Rows& rows, const float* p, int64_t G, int64_
   }
 }
 
-// exp(x) for x <= 0 (Cephes: 2^n * p(r), |r| <= ln2 / 2; ~2 ulp), 0 below -87.
-QK_AVX512 inline __m512 exp16(__m512 x) {
+// exp(x) * 2^shift for x <= 0 and 0 <= shift <= 64 (Cephes: 2^(n + shift) * p(r), |r| <= ln2 / 2;
+// ~2 ulp), exp(-87) * 2^shift below -87.
+QK_AVX512 inline __m512 exp16(__m512 x, int shift) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -258,11 +305,11 @@ QK_AVX512 inline __m512 exp16(__m512 x) {
   y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
   y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
   y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127 + shift)), 23);
   return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
 }
 
-QK_AVX512 float exp_sum_avx512(float* x, int64_t n, float* m) {
+QK_AVX512 float exp_sum_avx512(float* x, int64_t n, float* m, int shift) {
   const __mmask16 tail = static_cast<__mmask16>((1u << (n % 16)) - 1);
   const __m512 lowest = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __m512 mx = lowest;
@@ -273,13 +320,13 @@ QK_AVX512 float exp_sum_avx512(float* x, int64_t n, float* m) {
   __m512 acc = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv));
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), mv), shift);
     _mm512_storeu_ps(x + i, e);
     acc = _mm512_add_ps(acc, e);
   }
   if (i < n) {
     const __mmask16 k = static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mv));
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mv), shift);
     _mm512_mask_storeu_ps(x + i, k, e);
     acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(k, e));
   }
@@ -305,8 +352,8 @@ QK_AVX2 inline __m256 load8(const uint8_t* data, int64_t i) {
   if constexpr (DT == quantkit::KV_FP16)
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(data + 2 * i)));
   if constexpr (DT == quantkit::KV_FP8) {  // as load16
-    const __m128i w = _mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(data + i)));
-    return _mm256_cvtph_ps(_mm_and_si128(_mm_slli_epi16(w, 7), _mm_set1_epi16(static_cast<short>(0xbfff))));
+    const __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(data + i)));
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(w, 20), _mm256_set1_epi32(FP8_MASK)));
   }
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(data + i))));
 }
@@ -315,7 +362,9 @@ QK_AVX2 inline __m256 load8(const uint8_t* data, int64_t i) {
 template <int DT, int GT>
 QK_AVX2 void scores_tile_avx2(const Rows& rows, const float* q, int64_t D, float* s, int64_t ld) {
   for (int64_t r = 0; r < rows.n; r += TILE) {
-    const uint8_t* t0 = rows.data + key_index(r, 0, D) * value_bytes(static_cast<KvDtype>(DT));
+    constexpr int64_t vb = value_bytes(static_cast<KvDtype>(DT));
+    const uint8_t* t0 = rows.data + key_index(r, 0, D) * vb;
+    prefetch(t0 + KEY_AHEAD * D * TILE * vb, D * TILE * vb);
     __m256 a0[GT], a1[GT];
     for (int g = 0; g < GT; ++g) a0[g] = a1[g] = _mm256_setzero_ps();
     for (int64_t e = 0; e < D; ++e) {
@@ -327,8 +376,9 @@ QK_AVX2 void scores_tile_avx2(const Rows& rows, const float* q, int64_t D, float
       }
     }
     const bool int8 = DT == quantkit::KV_INT8;
-    const __m256 s0 = int8 ? _mm256_loadu_ps(rows.scale + r) : _mm256_set1_ps(1.f);
-    const __m256 s1 = int8 ? _mm256_loadu_ps(rows.scale + r + 8) : _mm256_set1_ps(1.f);
+    const __m256 f = _mm256_set1_ps(score_factor<DT>());
+    const __m256 s0 = int8 ? _mm256_mul_ps(_mm256_loadu_ps(rows.scale + r), f) : f;
+    const __m256 s1 = int8 ? _mm256_mul_ps(_mm256_loadu_ps(rows.scale + r + 8), f) : f;
     for (int g = 0; g < GT; ++g) {
       _mm256_storeu_ps(s + g * ld + r, _mm256_mul_ps(a0[g], s0));
       _mm256_storeu_ps(s + g * ld + r + 8, _mm256_mul_ps(a1[g], s1));
@@ -349,8 +399,10 @@ QK_AVX2 void scores_avx2(const Rows& rows, const float* q, int64_t G, int64_t D,
 template <int DT, int NV>
 QK_AVX2 void values_avx2(const Rows& rows, const float* p, int64_t G, int64_t ld, float* o, int64_t) {
   constexpr int64_t D = 8 * NV;
+  constexpr int64_t row_bytes = D * value_bytes(static_cast<KvDtype>(DT));
   for (int64_t r = 0; r < rows.n; ++r) {
-    const uint8_t* row = rows.data + r * D * value_bytes(static_cast<KvDtype>(DT));
+    const uint8_t* row = rows.data + r * row_bytes;
+    prefetch(row + VALUE_AHEAD * row_bytes, row_bytes);
     const float sc = DT == quantkit::KV_INT8 ? rows.scale[r] : 1.f;
     for (int j = 0; j < NV; ++j) {
       const __m256 v = load8<DT>(row, 8 * j);
@@ -362,7 +414,7 @@ QK_AVX2 void values_avx2(const Rows& rows, const float* p, int64_t G, int64_t ld
   }
 }
 
-QK_AVX2 inline __m256 exp8(__m256 x) {  // as exp16
+QK_AVX2 inline __m256 exp8(__m256 x, int shift) {  // as exp16
   x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -375,11 +427,11 @@ QK_AVX2 inline __m256 exp8(__m256 x) {  // as exp16
   y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
   y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127 + shift)), 23);
   return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-QK_AVX2 float exp_sum_avx2(float* x, int64_t n, float* m) {
+QK_AVX2 float exp_sum_avx2(float* x, int64_t n, float* m, int shift) {
   __m256 mx = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(x + j));
@@ -392,12 +444,12 @@ QK_AVX2 float exp_sum_avx2(float* x, int64_t n, float* m) {
   __m256 acc = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv));
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv), shift);
     _mm256_storeu_ps(x + i, e);
     acc = _mm256_add_ps(acc, e);
   }
   float sum = hsum8(acc);
-  for (; i < n; ++i) sum += (x[i] = std::exp(x[i] - best));
+  for (; i < n; ++i) sum += (x[i] = std::ldexp(std::exp(x[i] - best), shift));
   return sum;
 }
 #endif
@@ -460,7 +512,10 @@ void decode_attention_cpu(const float* q, int64_t q_stride, float* out, int64_t 
   const int64_t nch = (max_len + chunk - 1) / chunk, tasks = B * Hkv * nch;
   const int64_t vbytes = value_bytes(c.dtype);
   std::vector<float> part_o(tasks * G * D), part_m(tasks * G), part_l(tasks * G);
+  const bool fp8 = c.dtype == KV_FP8;
+  const int p_shift = fp8 ? FP8_P : 0;
   at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+    const SubnormalsAreZero daz(fp8);
     std::vector<float> qs(G * D), s(G * chunk);
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t b = task / (Hkv * nch), h = task / nch % Hkv, ci = task % nch;
@@ -472,7 +527,7 @@ void decode_attention_cpu(const float* q, int64_t q_stride, float* out, int64_t 
         std::fill(part_l.data() + task * G, part_l.data() + (task + 1) * G, 0.f);
         continue;
       }
-      const float kf = sm_scale * (c.dtype == KV_FP8 ? c.k_head_scale[h] * FP8_UNIT : 1.f);
+      const float kf = sm_scale * (fp8 ? std::ldexp(c.k_head_scale[h], FP8_Q) : 1.f);
       for (int64_t g = 0; g < G; ++g) {
         const float* qg = q + b * q_stride + (h * G + g) * D;
         for (int64_t e = 0; e < D; ++e) qs[g * D + e] = qg[e] * kf;
@@ -492,12 +547,13 @@ void decode_attention_cpu(const float* q, int64_t q_stride, float* out, int64_t 
         }
         if (pass == 0)
           for (int64_t g = 0; g < G; ++g) {
-            part_l[task * G + g] = kern.exp_sum(s.data() + g * chunk, n, &part_m[task * G + g]);
+            part_l[task * G + g] = kern.exp_sum(s.data() + g * chunk, n, &part_m[task * G + g], p_shift);
           }
       }
     }
   });
   at::parallel_for(0, B * heads, 16, [&](int64_t r0, int64_t r1) {
+    const SubnormalsAreZero daz(fp8);
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t b = r / heads, hq = r % heads, h = hq / G, g = hq % G;
       const int64_t first = (b * Hkv + h) * nch;
@@ -514,7 +570,7 @@ void decode_attention_cpu(const float* q, int64_t q_stride, float* out, int64_t 
         const float* o = part_o.data() + (t * G + g) * D;
         for (int64_t e = 0; e < D; ++e) dst[e] += w * o[e];
       }
-      const float f = (c.dtype == KV_FP8 ? c.v_head_scale[h] * FP8_UNIT : 1.f) / total;
+      const float f = fp8 ? std::ldexp(c.v_head_scale[h] / total, FP8_EXP) : 1.f / total;
       for (int64_t e = 0; e < D; ++e) dst[e] *= f;
     }
   });
