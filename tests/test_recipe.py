@@ -58,7 +58,7 @@ def test_algorithm_registry_answers_what_callers_ask():
     from quantkit.algorithms.registry import ALGORITHMS
     from quantkit.calibration import make_processor
 
-    assert set(ALGORITHMS) == {"rtn", "gptq", "awq"}
+    assert set(ALGORITHMS) == {"rtn", "gptq", "awq", "autoround"}
     for name, algorithm in ALGORITHMS.items():
         recipe = load_recipe({"weights": {"num_bits": 4, "strategy": "channel"}, "algorithm": {"name": name}})
         assert isinstance(recipe.algorithm.options, algorithm.options)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .autoround import AutoRoundOptions
 from .awq import AWQOptions
 from .gptq import GPTQOptions
 from .rtn import RTNOptions
@@ -38,5 +39,7 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("gptq", GPTQOptions, needs_calibration=True,
                   processor="quantkit.calibration.gptq_processor:GPTQProcessor"),
         Algorithm("awq", AWQOptions, needs_calibration=True, processor="quantkit.calibration.awq_processor:AWQProcessor"),
+        Algorithm("autoround", AutoRoundOptions, needs_calibration=True,
+                  processor="quantkit.calibration.autoround_processor:AutoRoundProcessor"),
     )
 }
