@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
+from .gguf.types import GRID_TYPES, for_width
+
 STRATEGIES = ("channel", "group", "tensor")
 TYPES = ("int", "float")
 INT_BITS = (4, 8)
@@ -19,49 +21,17 @@ INDIVISIBLE = ("smaller-group", "channel", "ragged", "error")
 FP8_E4M3_MAX = 448.0
 
 
-@dataclass(frozen=True)
-class GGUFGrid:
-    """One of llama.cpp's block types as a weight grid (quantkit.gguf.grids): what a QuantScheme on it must say
-    (num_bits, symmetric, group_size: a group is a sub-block with its own scale), its ggml type and the
-    inputs one of its blocks spans (256 for the K-quants' super-blocks, else 32), and its stored bits per
-    weight."""
-
-    num_bits: int
-    symmetric: bool
-    group_size: int
-    ggml_type: str
-    block: int
-    bits_per_weight: float
-
-
 #: Where a scheme's scales and minimums may lie: "uniform" (any stored scale, integer zero points: the
-#: compressed-tensors grid), or one of llama.cpp's block types (quantkit.gguf.grids), whose scales are fp16 or
-#: 6-bit / 8-bit multiples of a super-block's fp16 scale and whose minimums (Q4_K, Q5_K, Q4_1, Q5_1) are
-#: floats, which compressed-tensors cannot hold: such weights are written as GGUF.
-GGUF_GRIDS = {
-    "q2_k": GGUFGrid(2, False, 16, "Q2_K", 256, 2.625),  # y = d*sc*u - dmin*mn, 4-bit sc / mn per 16
-    "q3_k": GGUFGrid(3, True, 16, "Q3_K", 256, 3.4375),  # y = d*sc*(u - 4), 6-bit signed sc per 16
-    "q4_k": GGUFGrid(4, False, 32, "Q4_K", 256, 4.5),  # y = d*sc*u - dmin*mn, 6-bit sc / mn per 32
-    "q5_k": GGUFGrid(5, False, 32, "Q5_K", 256, 5.5),
-    "q6_k": GGUFGrid(6, True, 16, "Q6_K", 256, 6.5625),  # y = d*sc*(u - 32), int8 sc per 16
-    "q4_1": GGUFGrid(4, False, 32, "Q4_1", 32, 5.0),  # y = d*u + m, fp16 d and m per 32
-    "q5_1": GGUFGrid(5, False, 32, "Q5_1", 32, 6.0),
-    "q4_0": GGUFGrid(4, True, 32, "Q4_0", 32, 4.5),  # y = d*(u - 8), fp16 d per 32, either sign
-    "q5_0": GGUFGrid(5, True, 32, "Q5_0", 32, 5.5),  # y = d*(u - 16)
-    "q8_0": GGUFGrid(8, True, 32, "Q8_0", 32, 8.5),  # y = d*(u - 128)
-}
-GRIDS = ("uniform", *GGUF_GRIDS)
-#: the grid a linear whose inputs are no whole block of its grid gets: quantkit's Q4_K recipes keep 4 bits
-#: with a float minimum (Q4_1); the others go where llama.cpp's llama-quantize sends them (LLAMA_CPP_FALLBACK);
-#: a 32-block grid goes to the uniform grid.
-GRID_FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q4_1", "q5_k": "q5_1", "q6_k": "q8_0"}
-#: llama-quantize's tensor_type_fallback (what its K-quant mixes write for such a linear)
-LLAMA_CPP_FALLBACK = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
+#: compressed-tensors grid), or one of llama.cpp's block types (quantkit.gguf.types.GRID_TYPES, one record each:
+#: what a scheme on it must say, its block, bits and fallbacks), whose scales are fp16 or 6-bit / 8-bit multiples
+#: of a super-block's fp16 scale and whose minimums (Q4_K, Q5_K, Q4_1, Q5_1) are floats, which compressed-tensors
+#: cannot hold: such weights are written as GGUF.
+GRIDS = ("uniform", *GRID_TYPES)
 
 
 def grid_scheme(grid: str) -> "QuantScheme":
-    """The QuantScheme of weights on the GGUF grid `grid` (a key of GGUF_GRIDS)."""
-    g = GGUF_GRIDS[grid]
+    """The QuantScheme of weights on the GGUF grid `grid` (a key of GRID_TYPES)."""
+    g = GRID_TYPES[grid]
     return QuantScheme(num_bits=g.num_bits, symmetric=g.symmetric, strategy="group", group_size=g.group_size,
                        grid=grid)
 
@@ -82,7 +52,7 @@ class QuantScheme:
     actorder: how the weights were calibrated, as compressed-tensors records it: None, or "weight"
       (GPTQ visited the columns by activation order with static groups: the layout and the
       inference are unchanged, no g_idx). Set by the algorithm, not by recipes.
-    grid: one of GRIDS; a GGUF grid fixes num_bits, symmetric and group_size (GGUF_GRIDS: e.g. q4_k int4
+    grid: one of GRIDS; a GGUF grid fixes num_bits, symmetric and group_size (GRID_TYPES: e.g. q4_k int4
       asymmetric g32, q6_k int6 symmetric g16), strategy group, and inputs in whole blocks of it (quantkit.gguf.grids).
     """
 
@@ -111,10 +81,10 @@ class QuantScheme:
         if not isinstance(self.grid, str) or self.grid not in GRIDS:
             raise ValueError(f"grid must be one of {GRIDS}, got {_shown(self.grid)}")
         if self.grid != "uniform":
-            spec = GGUF_GRIDS[self.grid]
+            spec = GRID_TYPES[self.grid]
             if (self.type, self.num_bits, self.symmetric, self.strategy, self.group_size) != (
                     "int", spec.num_bits, spec.symmetric, "group", spec.group_size):
-                raise ValueError(f"grid {self.grid!r} is llama.cpp's {spec.ggml_type}: it needs num_bits: "
+                raise ValueError(f"grid {self.grid!r} is llama.cpp's {spec.name}: it needs num_bits: "
                                  f"{spec.num_bits}, symmetric: {str(spec.symmetric).lower()}, strategy: group, "
                                  f"group_size: {spec.group_size}")
             return
@@ -162,29 +132,29 @@ class QuantScheme:
         """Whether every group of a weight with `in_features` inputs is whole (always true per channel); on a
         GGUF grid, every block of it (256 inputs for the K-quants)."""
         if self.grid != "uniform":
-            return in_features % GGUF_GRIDS[self.grid].block == 0
+            return in_features % GRID_TYPES[self.grid].block == 0
         return self.strategy != "group" or in_features % self.group_size == 0
 
-    def fitted(self, in_features: int, indivisible: str = "error",
-               fallback: dict[str, str] = GRID_FALLBACK) -> "QuantScheme":
+    def fitted(self, in_features: int, indivisible: str = "error", llama_cpp: bool = False) -> "QuantScheme":
         """The scheme a linear with `in_features` inputs gets under the `indivisible` rule (INDIVISIBLE):
         this scheme when its group size divides in_features (or with "ragged"), else a smaller group, per
         channel, or a ValueError for "error". On a K-quant grid, in_features not in whole super-blocks of 256
-        get the grid `fallback` names (fitted again), as llama.cpp falls back from K-quants; on a grid of
-        blocks of 32, the uniform grid at 4 or 8 bits."""
+        get the grid its fallback names (quantkit's, or with llama_cpp llama-quantize's: gguf.types.for_width),
+        as llama.cpp falls back from K-quants; on a grid of blocks of 32, the uniform grid at 4 or 8 bits."""
         if indivisible not in INDIVISIBLE:
             raise ValueError(f"indivisible must be one of {INDIVISIBLE}, got {indivisible!r}")
         if self.grid != "uniform":  # as llama.cpp falls back from K-quants: e.g. Q4_K -> Q4_1 -> the uniform grid
             if self.divides(in_features):
                 return self
-            spec = GGUF_GRIDS[self.grid]
+            spec = GRID_TYPES[self.grid]
             if indivisible == "error":
+                fallback = (spec.llama_cpp_fallback if llama_cpp else spec.fallback) or "the uniform grid"
                 raise ValueError(f"grid {self.grid} needs in_features in whole blocks of {spec.block}, got "
                                  f"{in_features}; use the recipe's `indivisible:` rule (smaller-group: "
-                                 f"{self.grid.upper()} falls back to {fallback.get(self.grid, 'the uniform grid').upper()})"
-                                 f" or ignore that linear")
-            if self.grid in fallback:
-                return grid_scheme(fallback[self.grid]).fitted(in_features, indivisible, fallback)
+                                 f"{self.grid.upper()} falls back to {fallback.upper()}) or ignore that linear")
+            spec, whole = for_width(self.grid, in_features, llama_cpp=llama_cpp)
+            if whole:
+                return grid_scheme(spec.grid)
             bits = 4 if spec.num_bits <= 4 else 8
             return QuantScheme(num_bits=bits, symmetric=spec.symmetric, strategy="group",
                                group_size=spec.group_size).fitted(in_features, indivisible)
@@ -205,7 +175,7 @@ class QuantScheme:
     def bits_per_weight(self) -> float:
         """Nominal storage bits per weight incl. 16-bit scales (and packed zero points)."""
         if self.grid != "uniform":
-            return GGUF_GRIDS[self.grid].bits_per_weight  # the block's bytes * 8 / its weights
+            return GRID_TYPES[self.grid].bits_per_weight  # the block's bytes * 8 / its weights
         if self.strategy != "group":
             return float(self.num_bits)
         assert self.group_size is not None
@@ -251,6 +221,6 @@ class QuantScheme:
             return f"fp8-e4m3 per-{self.strategy}"
         if self.grid != "uniform":
             return (f"int{self.num_bits} g{self.group_size} {'sym' if self.symmetric else 'asym'} on the "
-                    f"{GGUF_GRIDS[self.grid].ggml_type} grid")
+                    f"{GRID_TYPES[self.grid].name} grid")
         where = f"g{self.group_size}" if self.strategy == "group" else f"per-{self.strategy}"
         return f"int{self.num_bits} {where} {'sym' if self.symmetric else 'asym'}"

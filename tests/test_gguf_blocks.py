@@ -11,6 +11,7 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 from quantkit.gguf import blocks as gguf_blocks  # noqa: E402
+from quantkit.gguf.types import GGML_TYPES  # noqa: E402
 
 T = gguf.GGMLQuantizationType
 SHAPES = [(1, 256), (3, 512), (5, 1024), (2, 2560), (0, 512)]
@@ -40,7 +41,7 @@ def test_k_blocks_match_the_gguf_package(kind, shape):
     n, k = shape
     fields = random_fields(kind, n, k, seed=n * 7919 + k)
     data = PACK[kind](*fields)
-    assert data.dtype == torch.uint8 and data.shape == (n, k // 256 * gguf_blocks.BLOCK_BYTES[kind])
+    assert data.dtype == torch.uint8 and data.shape == (n, k // 256 * GGML_TYPES[kind].block_bytes)
     back = UNPACK[kind](data)
     dtypes = (torch.int8, torch.float16, torch.int8) if kind == "Q6_K" else \
         (torch.uint8, torch.float16, torch.float16, torch.uint8, torch.uint8)
@@ -123,5 +124,5 @@ def test_k_refusals():
         gguf_blocks.pack_q6_k(u, h[:1], s16)
     for kind in ("Q4_K", "Q5_K", "Q6_K"):
         with pytest.raises(ValueError, match=f"{kind}: expected uint8"):
-            gguf_blocks.dequantize_blocks(torch.zeros(2, gguf_blocks.BLOCK_BYTES[kind] + 1, dtype=torch.uint8), kind)
+            gguf_blocks.dequantize_blocks(torch.zeros(2, GGML_TYPES[kind].block_bytes + 1, dtype=torch.uint8), kind)
     assert gguf_blocks.SUPER_BLOCK == 256

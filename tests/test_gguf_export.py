@@ -15,6 +15,7 @@ import quantkit  # noqa: E402
 from quantkit.cli import main  # noqa: E402
 from quantkit.gguf.writing import rope_permutation  # noqa: E402
 from quantkit.gguf import blocks as gguf_blocks  # noqa: E402
+from quantkit.gguf.types import GGML_TYPES  # noqa: E402
 from quantkit.modules.quant_linear import QuantLinear  # noqa: E402
 from quantkit.recipe import load_recipe  # noqa: E402
 from quantkit.refmodels import resolve_model_name  # noqa: E402
@@ -49,7 +50,7 @@ def test_blocks_match_the_gguf_package(kind, shape):
         data = gguf_blocks.pack_q8_0(q, d)
         assert torch.equal(gguf_blocks.unpack_q8_0(data)[0], q.to(torch.int8))
         expect = (q.float().reshape(n, -1, 32) * d.float().unsqueeze(-1)).reshape(n, k)
-    assert data.shape == (n, k // 32 * gguf_blocks.BLOCK_BYTES[kind])
+    assert data.shape == (n, k // 32 * GGML_TYPES[kind].block_bytes)
     theirs = gguf.quants.dequantize(data.numpy(), getattr(T, kind))
     assert np.array_equal(theirs, gguf_blocks.dequantize_blocks(data, kind).numpy())
     assert np.array_equal(theirs, expect.numpy())

@@ -24,7 +24,8 @@ from quantkit.config_utils import ConfigError  # noqa: E402
 from quantkit.gguf.mix import MIX_GRIDS, MixModel, mix_grid, use_more_bits  # noqa: E402
 from quantkit.gguf.linear import GgufLinear  # noqa: E402
 from quantkit.refmodels import resolve_model_name  # noqa: E402
-from quantkit.scheme import GGUF_GRIDS, LLAMA_CPP_FALLBACK, QuantScheme, grid_scheme  # noqa: E402
+from quantkit.gguf.types import GRID_TYPES  # noqa: E402
+from quantkit.scheme import QuantScheme, grid_scheme  # noqa: E402
 
 from .conftest import make_random_model  # noqa: E402
 from .test_kquant import read_back  # noqa: E402
@@ -48,15 +49,15 @@ def _weight(n, k, seed):
 def test_each_grid_dequantizes_as_the_gguf_package_reads_its_blocks(grid, n, k, seed):
     w = _weight(n, k, seed)
     w[1, :256] = 0  # a zero (super-)block stays zero
-    spec = GGUF_GRIDS[grid]
+    spec = GRID_TYPES[grid]
     scheme = grid_scheme(grid)
     levels = (1 << spec.num_bits) - 1
     for observer in ("minmax", "mse"):
         kw = rtn_quantize(w, scheme, RTNOptions(observer=observer))
         assert int(kw.u.max()) <= levels
         blocks = GgufLinear.from_grid_weight(kw).weight_blocks
-        assert blocks.shape == (n, k // spec.block * gguf.GGML_QUANT_SIZES[getattr(T, spec.ggml_type)][1])
-        theirs = gguf.quants.dequantize(blocks.numpy(), getattr(T, spec.ggml_type))  # llama.cpp's own Python
+        assert blocks.shape == (n, k // spec.block * gguf.GGML_QUANT_SIZES[getattr(T, spec.name)][1])
+        theirs = gguf.quants.dequantize(blocks.numpy(), getattr(T, spec.name))  # llama.cpp's own Python
         assert np.array_equal(theirs, kw.dequantize().numpy()), observer
         assert torch.equal(kw.dequantize()[1, :256], torch.zeros(256))
         # every weight within half a step of its value, where the clamp does not bind
@@ -112,17 +113,19 @@ def test_gptq_onto_each_grid_beats_round_to_nearest(grid):
 def test_grid_schemes_fallbacks_and_mix_validation():
     with pytest.raises(ValueError, match="Q6_K: it needs num_bits: 6, symmetric: true, strategy: group, group_size: 16"):
         QuantScheme(num_bits=4, symmetric=True, strategy="group", group_size=32, grid="q6_k")
-    for grid, spec in GGUF_GRIDS.items():
+    for grid, spec in GRID_TYPES.items():
         scheme = grid_scheme(grid)
         assert scheme.divides(spec.block) and not scheme.divides(spec.block + 16)
-        assert scheme.bits_per_weight == gguf.GGML_QUANT_SIZES[getattr(T, spec.ggml_type)][1] * 8 / spec.block
+        assert scheme.bits_per_weight == gguf.GGML_QUANT_SIZES[getattr(T, spec.name)][1] * 8 / spec.block
     # llama-quantize's fallbacks for a width that is no multiple of 256, and quantkit's own for q4_k recipes
-    for grid, fallback in LLAMA_CPP_FALLBACK.items():
-        assert grid_scheme(grid).fitted(320, "smaller-group", LLAMA_CPP_FALLBACK) == grid_scheme(fallback)
+    llama_cpp = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}  # tensor_type_fallback
+    assert {grid: spec.llama_cpp_fallback for grid, spec in GRID_TYPES.items() if spec.llama_cpp_fallback} == llama_cpp
+    for grid, fallback in llama_cpp.items():
+        assert grid_scheme(grid).fitted(320, "smaller-group", llama_cpp=True) == grid_scheme(fallback)
     assert grid_scheme("q4_k").fitted(320, "smaller-group") == grid_scheme("q4_1")
     assert grid_scheme("q5_0").fitted(48, "smaller-group").grid == "uniform"  # no block of 32 at all
     with pytest.raises(ValueError, match="whole blocks of 256"):
-        grid_scheme("q6_k").fitted(320, "error", LLAMA_CPP_FALLBACK)
+        grid_scheme("q6_k").fitted(320, "error", llama_cpp=True)
     base = {"weights": {"num_bits": 4, "symmetric": False, "strategy": "group", "group_size": 32, "grid": "q4_k"}}
     with pytest.raises(ConfigError, match="mix must be one of q4_k_m, q4_k_s, q3_k_l, q3_k_m, q3_k_s, q2_k"):
         quantkit.load_recipe({**base, "mix": "q5_k_m"})
@@ -201,8 +204,8 @@ def _source(tmp_path, hidden, intermediate, tied=False, family="llama"):
 def _expected_type(mix: str, name: str, k: int) -> str:
     grid = mix_grid(mix, name, MixModel(8, n_gqa=2))
     if k % 256:
-        grid = LLAMA_CPP_FALLBACK[grid]
-    return GGUF_GRIDS[grid].ggml_type
+        grid = GRID_TYPES[grid].llama_cpp_fallback
+    return GRID_TYPES[grid].name
 
 
 RTN_MIX_RECIPES = {"q4_k_m": "w4a16-rtn-q4km", "q4_k_s": "w4a16-rtn-q4ks", "q3_k_m": "w3a16-rtn-q3km",
@@ -242,7 +245,7 @@ def test_a_mix_recipe_writes_llama_quantizes_types_read_back_bit_for_bit(tmp_pat
         assert six == {f"model.layers.{i}.{p}" for i in (0, 3, 6, 7) for p in ("self_attn.v_proj", "mlp.down_proj")
                        if hidden == 256 or p == "self_attn.v_proj"}
     assert tensors["output.weight"].tensor_type.name == ("Q6_K" if hidden == 256 else "Q8_0")
-    embd = MIX_GRIDS[mix] if hidden == 256 else LLAMA_CPP_FALLBACK[MIX_GRIDS[mix]]
+    embd = MIX_GRIDS[mix] if hidden == 256 else GRID_TYPES[MIX_GRIDS[mix]].llama_cpp_fallback
     assert tensors["token_embd.weight"].tensor_type.name == embd.upper()
     if embd in ("q3_k", "q2_k"):  # llama.cpp's own rounding of the float embedding
         weight = quantkit.load(src, dtype=torch.float32).get_input_embeddings().weight.detach()

@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 
 from quantkit.gguf import reference_quants as R
 from quantkit.gguf import blocks as gguf_blocks
+from quantkit.gguf.types import GGML_TYPES
 
 if __package__:
     from . import kquants_transcription as KT
@@ -47,7 +48,6 @@ KINDS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 QUANTIZE = {kind: getattr(R, f"quantize_{kind.lower()}") for kind in KINDS}
 FIELDS = {kind: getattr(R, f"{kind.lower()}_fields") for kind in KINDS}
 PACK = {kind: getattr(gguf_blocks, f"pack_{kind.lower()}") for kind in KINDS}
-GGML_TYPE = {"Q4_1": 3, "Q5_1": 7, "Q2_K": 10, "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # enum ggml_type (ggml.h)
 FIXTURE = Path(__file__).parent / "data" / "gguf_kquants_ggml.npz"
 DISTRIBUTIONS = ("gauss", "heavy", "mixed", "tiny")
 #: corner cases: rounding ties, mostly zeros, rare outliers, far from 1 in both directions, an integer grid
@@ -92,7 +92,7 @@ def sample_importance(k: int, g: torch.Generator) -> torch.Tensor:
 
 def blocks_equal(kind: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """bool [blocks]: which blocks of two [N, G*bytes] arrays are identical."""
-    size = gguf_blocks.BLOCK_BYTES[kind]
+    size = GGML_TYPES[kind].block_bytes
     return (a.reshape(-1, size) == b.reshape(-1, size)).all(axis=1)
 
 
@@ -254,10 +254,10 @@ def ggml_quantizer(workdir: Path):
 
         def run(kind, w, importance=None):
             w = np.ascontiguousarray(w, np.float32)
-            out = np.zeros((w.shape[0], w.shape[1] // gguf_blocks.BLOCK_WEIGHTS[kind] * gguf_blocks.BLOCK_BYTES[kind]),
+            out = np.zeros((w.shape[0], w.shape[1] // GGML_TYPES[kind].block * GGML_TYPES[kind].block_bytes),
                            np.uint8)
             imp = None if importance is None else np.ascontiguousarray(importance, np.float32)
-            written = lib.ggml_quantize_chunk(GGML_TYPE[kind], w.ctypes.data, out.ctypes.data, 0, w.shape[0],
+            written = lib.ggml_quantize_chunk(GGML_TYPES[kind].type_id, w.ctypes.data, out.ctypes.data, 0, w.shape[0],
                                               w.shape[1], None if imp is None else imp.ctypes.data)
             assert written == out.size
             return out
@@ -283,7 +283,7 @@ def ggml_quantizer(workdir: Path):
         if importance is not None:
             (workdir / "imp.f32").write_bytes(np.ascontiguousarray(importance, np.float32).tobytes())
             imp = str(workdir / "imp.f32")
-        subprocess.run([str(driver), str(GGML_TYPE[kind]), str(w.shape[0]), str(w.shape[1]), str(workdir / "w.f32"),
+        subprocess.run([str(driver), str(GGML_TYPES[kind].type_id), str(w.shape[0]), str(w.shape[1]), str(workdir / "w.f32"),
                         imp, str(workdir / "out.bin")], check=True)
         out = np.frombuffer((workdir / "out.bin").read_bytes(), np.uint8).copy()
         return out.reshape(w.shape[0], -1)

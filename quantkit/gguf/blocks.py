@@ -37,22 +37,17 @@ dequantize_row_q2_K ... q6_K and get_scale_min_k4):
   (l in 0..31), and their upper 2 bits in qh[l] at bits 0-1, 2-3, 4-5, 6-7 for l, l + 32, l + 64, l + 96.
 
 Rows are independent; a tensor [N, K] is stored as uint8 [N, K / block weights * block bytes] (what the
-`gguf` package's GGUFWriter.add_tensor takes with raw_dtype=...). Pure torch, no other quantkit import.
+`gguf` package's GGUFWriter.add_tensor takes with raw_dtype=...); each type's weights and bytes per block are
+its record in quantkit/gguf/types.py. Pure torch; of quantkit only those records.
 """
 
 from __future__ import annotations
 
 import torch
 
-BLOCK = 32  # weights per block of Q4_0, Q4_1, Q8_0 (and per sub-block of Q4_K / Q5_K)
-SUPER_BLOCK = 256  # weights per block of the K-quants (ggml's QK_K)
+from .types import BLOCK, GGML_TYPES, SUPER_BLOCK
+
 K_SCALE_BYTES = 12  # the packed 6-bit scales and mins of a Q4_K / Q5_K super-block
-#: bytes per block of each type
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q2_K": 84, "Q3_K": 110, "Q4_K": 144,
-               "Q5_K": 176, "Q6_K": 210}
-#: weights per block of each type
-BLOCK_WEIGHTS = {"Q4_0": BLOCK, "Q4_1": BLOCK, "Q5_0": BLOCK, "Q5_1": BLOCK, "Q8_0": BLOCK, "Q2_K": SUPER_BLOCK,
-                 "Q3_K": SUPER_BLOCK, "Q4_K": SUPER_BLOCK, "Q5_K": SUPER_BLOCK, "Q6_K": SUPER_BLOCK}
 
 
 def _check(q: torch.Tensor, name: str, lo: int, hi: int, block: int = BLOCK) -> tuple[int, int]:
@@ -276,7 +271,7 @@ def pack_q6_k(q: torch.Tensor, d: torch.Tensor, sc: torch.Tensor) -> torch.Tenso
 
 
 def _blocks(data: torch.Tensor, kind: str) -> torch.Tensor:
-    size = BLOCK_BYTES[kind]
+    size = GGML_TYPES[kind].block_bytes
     if data.dtype != torch.uint8 or data.dim() != 2 or data.shape[1] % size:
         raise ValueError(f"{kind}: expected uint8 [N, G*{size}], got {data.dtype} {tuple(data.shape)}")
     return data.reshape(data.shape[0], data.shape[1] // size, size)
@@ -412,6 +407,6 @@ def dequantize_blocks(data: torch.Tensor, kind: str) -> torch.Tensor:
     else:
         q, d = unpack_q4_0(data) if kind == "Q4_0" else unpack_q8_0(data) if kind == "Q8_0" else (None, None)
     if q is None:
-        raise ValueError(f"unknown block type {kind!r}; one of {sorted(BLOCK_BYTES)}")
+        raise ValueError(f"unknown block type {kind!r}; one of {sorted(GGML_TYPES)}")
     n = q.shape[0]
     return (q.float().reshape(n, -1, BLOCK) * d.float().unsqueeze(-1)).reshape(n, -1)

@@ -1,5 +1,5 @@
 """Weights on llama.cpp's block types as grids (QuantScheme grid "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_1",
-"q5_1", "q4_0", "q5_0", "q8_0"; scheme.GGUF_GRIDS): the fields, their search and their rounding.
+"q5_1", "q4_0", "q5_0", "q8_0"; their records in quantkit/gguf/types.py): the fields, their search and their rounding.
 
 The K-quants: a row of K inputs is K / 256 super-blocks. Q4_K and Q5_K have eight groups of 32; group j
 dequantizes as
@@ -38,9 +38,9 @@ from dataclasses import dataclass
 import torch
 
 from . import blocks
+from .types import BLOCK, GGML_TYPES, SUPER_BLOCK, GgmlType
 
-SUPER_BLOCK = 256  # inputs per super-block
-GROUP = 32  # inputs per group (sub-block) of every grid but Q6_K's 16
+GROUP = BLOCK  # inputs per group (sub-block) of every grid but Q2_K's, Q3_K's and Q6_K's 16
 FIELD_MAX = 63  # 6-bit sub-block scales and minimums (Q4_K, Q5_K)
 
 
@@ -89,14 +89,24 @@ def _fp16(x: torch.Tensor, what: str) -> torch.Tensor:
 class _OnGrid:
     """What every grid's weights share: levels `u` uint8 [N, K] in 0..LEVELS, the fields FIELDS (each one value
     per group of GROUP or per block of BLOCK inputs of a row), and a scheme. OFFSET: for a symmetric grid, the
-    level of 0 (y = scale * (u - OFFSET)); None for a grid with a float minimum (y = scale * u - minimum)."""
+    level of 0 (y = scale * (u - OFFSET)); None for a grid with a float minimum (y = scale * u - minimum).
+    Each grid's class names its ggml type's record (TYPE, quantkit/gguf/types.py), which gives it GGUF_TYPE,
+    BLOCK, GROUP, LEVELS and OFFSET."""
 
     FIELDS: tuple[str, ...] = ()
-    LEVELS = 15
-    GROUP = GROUP
-    OFFSET: int | None = None
-    BLOCK = GROUP  # inputs per GGUF block
-    GGUF_TYPE = ""
+    TYPE: GgmlType
+    GGUF_TYPE: str
+    BLOCK: int  # inputs per GGUF block
+    GROUP: int
+    LEVELS: int
+    OFFSET: int | None
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        t = cls.TYPE
+        cls.GGUF_TYPE, cls.BLOCK, cls.GROUP = t.name, t.block, t.group_size
+        cls.LEVELS = (1 << t.num_bits) - 1
+        cls.OFFSET = 1 << (t.num_bits - 1) if t.symmetric else None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -152,8 +162,7 @@ class KQuantWeight(_OnGrid):
     """
 
     FIELDS = ("d", "dmin", "sc", "mn")
-    BLOCK = SUPER_BLOCK
-    GGUF_TYPE = "Q4_K"
+    TYPE = GGML_TYPES["Q4_K"]
     FIELD_MAX = FIELD_MAX  # the largest sc / mn
 
     u: torch.Tensor
@@ -164,7 +173,7 @@ class KQuantWeight(_OnGrid):
     scheme: object
 
     def __post_init__(self) -> None:
-        self._check((("d", SUPER_BLOCK, torch.float16), ("dmin", SUPER_BLOCK, torch.float16),
+        self._check((("d", self.BLOCK, torch.float16), ("dmin", self.BLOCK, torch.float16),
                      ("sc", self.GROUP, torch.uint8), ("mn", self.GROUP, torch.uint8)))
 
     @classmethod
@@ -193,8 +202,7 @@ class KQuantWeight(_OnGrid):
 class Q5KWeight(KQuantWeight):
     """A weight on the Q5_K grid: as KQuantWeight with u in 0..31 (grid "q5_k")."""
 
-    LEVELS = 31
-    GGUF_TYPE = "Q5_K"
+    TYPE = GGML_TYPES["Q5_K"]
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/256 * 176]: the Q5_K blocks."""
@@ -206,10 +214,8 @@ class Q2KWeight(KQuantWeight):
     """A weight on the Q2_K grid (grid "q2_k"): as KQuantWeight with sixteen groups of 16 a super-block, u in
     0..3 and sc, mn uint8 [N, K/16] in 0..15."""
 
-    LEVELS = 3
-    GROUP = 16
+    TYPE = GGML_TYPES["Q2_K"]
     FIELD_MAX = 15
-    GGUF_TYPE = "Q2_K"
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/256 * 84]: the Q2_K blocks."""
@@ -222,11 +228,7 @@ class Q6KWeight(_OnGrid):
     sc int8 [N, K/16]: y = (d * sc_j) * (u - 32)."""
 
     FIELDS = ("d", "sc")
-    LEVELS = 63
-    GROUP = 16
-    OFFSET = 32
-    BLOCK = SUPER_BLOCK
-    GGUF_TYPE = "Q6_K"
+    TYPE = GGML_TYPES["Q6_K"]
     SCALE_LEVELS = 128  # sc in -SCALE_LEVELS..SCALE_LEVELS-1
 
     u: torch.Tensor
@@ -235,7 +237,7 @@ class Q6KWeight(_OnGrid):
     scheme: object
 
     def __post_init__(self) -> None:
-        self._check((("d", SUPER_BLOCK, torch.float16), ("sc", 16, torch.int8)))
+        self._check((("d", self.BLOCK, torch.float16), ("sc", self.GROUP, torch.int8)))
 
     @classmethod
     def steps(cls, d, sc) -> tuple[torch.Tensor, torch.Tensor]:
@@ -275,9 +277,7 @@ class Q3KWeight(Q6KWeight):
     """A weight on the Q3_K grid (grid "q3_k"): as Q6KWeight with u in 0..7 (q = u - 4) and sc int8 [N, K/16] in
     -32..31 (6 bits): y = (d * sc_j) * (u - 4)."""
 
-    LEVELS = 7
-    OFFSET = 4
-    GGUF_TYPE = "Q3_K"
+    TYPE = GGML_TYPES["Q3_K"]
     SCALE_LEVELS = 32
 
     def blocks(self) -> torch.Tensor:
@@ -291,7 +291,7 @@ class Q41Weight(_OnGrid):
     the QuantScheme (grid "q4_1")."""
 
     FIELDS = ("d", "m")
-    GGUF_TYPE = "Q4_1"
+    TYPE = GGML_TYPES["Q4_1"]
 
     u: torch.Tensor
     d: torch.Tensor
@@ -333,8 +333,7 @@ class Q41Weight(_OnGrid):
 class Q51Weight(Q41Weight):
     """A weight on GGUF's Q5_1 grid: as Q41Weight with u in 0..31 (grid "q5_1")."""
 
-    LEVELS = 31
-    GGUF_TYPE = "Q5_1"
+    TYPE = GGML_TYPES["Q5_1"]
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/32 * 24]: the Q5_1 blocks."""
@@ -347,9 +346,7 @@ class Q50Weight(_OnGrid):
     a group's extreme is positive): y = d * (u - 16)."""
 
     FIELDS = ("d",)
-    LEVELS = 31
-    OFFSET = 16
-    GGUF_TYPE = "Q5_0"
+    TYPE = GGML_TYPES["Q5_0"]
 
     u: torch.Tensor
     d: torch.Tensor
@@ -388,9 +385,7 @@ class Q40Weight(Q50Weight):
     d fp16 [N, K/32]: y = d * (u - 8); the extreme of either sign may take -8 (a positive one through a
     negative d), which a positive scale cannot do (the uniform grid's `symmetric_scale: signed`)."""
 
-    LEVELS = 15
-    OFFSET = 8
-    GGUF_TYPE = "Q4_0"
+    TYPE = GGML_TYPES["Q4_0"]
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/32 * 18]: the Q4_0 blocks."""
@@ -402,9 +397,7 @@ class Q80Weight(Q50Weight):
     """A weight on GGUF's Q8_0 grid (grid "q8_0"): u uint8 [N, K] (q = u - 128); d fp16 [N, K/32]: y = d * q,
     d = absmax / 127 as llama.cpp's quantize_row_q8_0_ref (Q8_0 has no importance-matrix search)."""
 
-    LEVELS = 255
-    OFFSET = 128
-    GGUF_TYPE = "Q8_0"
+    TYPE = GGML_TYPES["Q8_0"]
 
     @classmethod
     def choose_fields(cls, w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
@@ -420,8 +413,8 @@ class Q80Weight(Q50Weight):
 
 
 #: a scheme's grid -> the class of its weights
-GRID_WEIGHTS = {"q2_k": Q2KWeight, "q3_k": Q3KWeight, "q4_k": KQuantWeight, "q5_k": Q5KWeight, "q6_k": Q6KWeight,
-                "q4_1": Q41Weight, "q5_1": Q51Weight, "q4_0": Q40Weight, "q5_0": Q50Weight, "q8_0": Q80Weight}
+GRID_WEIGHTS = {cls.TYPE.grid: cls for cls in (Q2KWeight, Q3KWeight, KQuantWeight, Q5KWeight, Q6KWeight, Q41Weight,
+                                               Q51Weight, Q40Weight, Q50Weight, Q80Weight)}
 GridWeight = _OnGrid
 
 

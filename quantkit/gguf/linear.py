@@ -1,4 +1,4 @@
-"""GgufLinear: a linear whose weight lies on a GGUF grid (scheme.GGUF_GRIDS: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q4_1,
+"""GgufLinear: a linear whose weight lies on a GGUF grid (gguf.types.GRID_TYPES: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q4_1,
 Q5_1, Q4_0, Q5_0, Q8_0), held as the GGUF blocks themselves."""
 
 from __future__ import annotations
@@ -6,9 +6,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..scheme import GGUF_GRIDS, QuantScheme
+from ..scheme import QuantScheme
 from . import blocks
 from .grids import GridWeight
+from .types import GRID_TYPES
 
 PACKED_WEIGHT = "weight_blocks"  # the tensor that holds the weight itself (what a weight census counts)
 
@@ -26,14 +27,15 @@ class GgufLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, scheme: QuantScheme, *, bias: bool = False,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
         super().__init__()
-        if scheme.grid not in GGUF_GRIDS:
+        if scheme.grid not in GRID_TYPES:
             raise ValueError(f"GgufLinear holds GGUF-grid weights; got {scheme.describe()}")
-        self.gguf_type = GGUF_GRIDS[scheme.grid].ggml_type
-        block = blocks.BLOCK_WEIGHTS[self.gguf_type]
-        if in_features % block:
-            raise ValueError(f"{self.gguf_type} weights need in_features in whole blocks of {block}, got {in_features}")
+        ggml = GRID_TYPES[scheme.grid]
+        self.gguf_type = ggml.name
+        if in_features % ggml.block:
+            raise ValueError(f"{self.gguf_type} weights need in_features in whole blocks of {ggml.block}, got "
+                             f"{in_features}")
         self.in_features, self.out_features, self.scheme = in_features, out_features, scheme
-        row_bytes = in_features // block * blocks.BLOCK_BYTES[self.gguf_type]
+        row_bytes = in_features // ggml.block * ggml.block_bytes
         self.register_buffer("weight_blocks", torch.empty(out_features, row_bytes, dtype=torch.uint8, device=device))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device), requires_grad=False) if bias else None
 

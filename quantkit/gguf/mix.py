@@ -16,7 +16,7 @@ architectures, not Falcon): every linear takes the mix's default type (MIX_GRIDS
 use_more_bits(i, n): the first and last eighth of the layers and every third one between. A Llama of
 llama.cpp's 70B type (80 layers, grouped-query attention) takes Q5_K for attn_v where these leave Q3_K or
 Q4_K. A linear whose inputs are no whole super-block of 256 falls back as llama-quantize's
-tensor_type_fallback does (scheme.LLAMA_CPP_FALLBACK: Q2_K, Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K ->
+tensor_type_fallback does (each type's llama_cpp_fallback in quantkit/gguf/types.py: Q2_K, Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K ->
 Q8_0), so that a mix file has llama.cpp's bits tensor by tensor. The output head (or a tied embedding) is
 written in Q6_K and an untied embedding in the mix's default type, each falling back the same way
 (OUTPUT_TYPES: what `--float-type auto` means for a mix). quantkit's algorithms quantize each linear onto
@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..scheme import LLAMA_CPP_FALLBACK, QuantScheme, grid_scheme
+from ..scheme import QuantScheme, grid_scheme
 
 #: each mix and its default grid (llama-quantize's default type for the file type), which a recipe's weights take
 MIX_GRIDS = {"q4_k_m": "q4_k", "q4_k_s": "q4_k", "q3_k_l": "q3_k", "q3_k_m": "q3_k", "q3_k_s": "q3_k", "q2_k": "q2_k"}
@@ -111,4 +111,4 @@ def mix_grid(mix: str, name: str, model: MixModel) -> str:
 def mix_scheme(mix: str, name: str, in_features: int, model: MixModel, indivisible: str) -> QuantScheme:
     """The scheme of linear `name` with `in_features` inputs under the mix, llama-quantize's fallback applied
     (then the recipe's `indivisible` rule, for a width that is no multiple of 32)."""
-    return grid_scheme(mix_grid(mix, name, model)).fitted(in_features, indivisible, LLAMA_CPP_FALLBACK)
+    return grid_scheme(mix_grid(mix, name, model)).fitted(in_features, indivisible, llama_cpp=True)

@@ -46,12 +46,12 @@ from ..errors import CheckpointError, UsageError
 from ..kernels.packing import unpack_int32, unpack_zero_point
 from ..loading import source_dtype
 from ..modules.quant_linear import QuantLinear
-from ..scheme import LLAMA_CPP_FALLBACK
 from ..targets import output_head_name
 from . import blocks
 from .choices import FLOAT_TYPES, RECIPES_FOR
 from .linear import GgufLinear
 from .pretokenizers import CHECK_TEXT, PRE_TOKENIZERS
+from .types import BLOCK, GRID_TYPES, SUPER_BLOCK, for_width
 
 #: the largest RMS difference between a quantized output head and the embedding, relative to the embedding's
 #: RMS, for the two to be one matrix quantized (tie_output): 2-bit rounding stays far below it, two unrelated
@@ -130,8 +130,8 @@ def rope_permutation(rows: int, n_head: int) -> torch.Tensor:
 
 def _block_scales(scale: torch.Tensor, k: int, group_size: int | None) -> torch.Tensor:
     """[N, G] group scales -> [N, K/32], one per block of 32 (a group of 64 or 128 spans 2 or 4 blocks)."""
-    per = (group_size or k) // blocks.BLOCK
-    return scale.repeat_interleave(per, dim=1) if scale.shape[1] * per == k // blocks.BLOCK else None
+    per = (group_size or k) // BLOCK
+    return scale.repeat_interleave(per, dim=1) if scale.shape[1] * per == k // BLOCK else None
 
 
 def _fp16_scales(scale: torch.Tensor, name: str, round_scales: bool) -> tuple[torch.Tensor, float]:
@@ -176,7 +176,7 @@ def gguf_weight(layer: QuantLinear, name: str, *, row_order: torch.Tensor | None
         raise UsageError(f"{name}: {why}")
     kind = "Q8_0" if bits == 8 else "Q4_0" if scheme.symmetric else "Q4_1"
     scale = layer.weight_scale.float()
-    d = None if k % blocks.BLOCK else _block_scales(scale, k, layer.group_size)
+    d = None if k % BLOCK else _block_scales(scale, k, layer.group_size)
     if d is None:
         raise UsageError(f"{name}: {scheme.describe()} with {k} inputs does not split into GGUF blocks of 32 "
                          f"(K must be a multiple of 32 and each group whole); quantize with {RECIPES_FOR[kind]}")
@@ -403,16 +403,16 @@ def _without_pair_template_warnings():
 
 def float_fallback(float_type: str, width: int) -> tuple[str, str | None]:
     """(the type a float tensor of `width` inputs takes for float_type, why it is another one or None): as
-    llama-quantize falls back, a width that is no multiple of 256 gets Q8_0 for q6_k and Q5_0 for q4_k, one
-    that is no multiple of 32 F16."""
-    asked, why = float_type, None
-    if float_type in LLAMA_CPP_FALLBACK and width % blocks.SUPER_BLOCK:  # a mix's q3_k / q2_k: Q4_0
-        float_type = LLAMA_CPP_FALLBACK[float_type]
-        why = f"{width} inputs are no whole super-block of {blocks.SUPER_BLOCK}"
-    if float_type in ("q8_0", "q5_0", "q4_0") and width % blocks.BLOCK:
-        float_type = "f16"
-        why = f"{width} inputs are no whole block of {blocks.BLOCK}"
-    return float_type, why if float_type != asked else None
+    llama-quantize falls back (gguf.types.for_width), a width that is no multiple of 256 gets Q8_0 for q6_k and
+    Q5_0 for q4_k, one that is no multiple of 32 F16."""
+    if float_type not in GRID_TYPES:
+        return float_type, None
+    ggml, whole = for_width(float_type, width, llama_cpp=True)
+    if not whole:
+        return "f16", f"{width} inputs are no whole block of {ggml.block}"
+    if ggml.grid != float_type:
+        return ggml.grid, f"{width} inputs are no whole super-block of {GRID_TYPES[float_type].block}"
+    return float_type, None
 
 
 def _float_tensor(t: torch.Tensor, float_type: str):
@@ -426,7 +426,7 @@ def _float_tensor(t: torch.Tensor, float_type: str):
     qtype = getattr(gguf.GGMLQuantizationType, float_type.upper())
     if float_type == "f32":
         return data.numpy(), qtype
-    if float_type in LLAMA_CPP_FALLBACK:  # the K-quants
+    if float_type in GRID_TYPES and GRID_TYPES[float_type].block == SUPER_BLOCK:  # the K-quants
         from . import reference_quants
 
         return getattr(reference_quants, f"quantize_{float_type}")(data).numpy(), qtype
