@@ -120,7 +120,9 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"recipe {recipe.name}: {why}")
     source = resolve_model_source(args.model)
     if args.tie_output:
-        _check_tie_output(recipe, Path(source))
+        from quantkit.gguf.writing import check_tie_output
+
+        check_tie_output(recipe, Path(source))
     if gguf_out:
         if not Path(source).is_dir():
             raise UsageError(f"{args.model}: GGUF output reads the model's local folder (config.json, tokenizer); "
@@ -206,26 +208,6 @@ def _write_gguf(model, recipe, args, source, size_before, start, inputs, out) ->
     print(f"  calibration      : {provenance.describe_calibration(calibration)}")
     print("  " + result.describe().replace("\n", "\n  "))
     return 0
-
-
-def _check_tie_output(recipe, source: Path) -> None:
-    """--tie-output before any work: the recipe quantizes the output head, and the source ties it to the embedding."""
-    import json
-
-    from torch import nn
-
-    from quantkit.errors import UsageError
-    from quantkit.targets import matches
-
-    head = nn.Linear(1, 1)
-    if recipe.weights is None or any(matches("lm_head", head, p) for p in recipe.ignore) or not any(
-            matches("lm_head", head, p) for p in recipe.targets):
-        raise UsageError(f"--tie-output writes the quantized output head as the embedding, and recipe {recipe.name} "
-                         f"leaves lm_head in float: quantize it too (a recipe with `ignore: []`), or drop --tie-output")
-    config = source / "config.json"
-    if config.is_file() and not json.loads(config.read_text()).get("tie_word_embeddings", False):
-        raise UsageError(f"--tie-output is for a model whose output head is its embedding, and {source}'s "
-                         f"config.json has tie_word_embeddings false: drop --tie-output")
 
 
 def _least_bytes(model, recipe, dtype) -> tuple[int, int]:

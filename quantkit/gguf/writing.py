@@ -46,7 +46,7 @@ from ..errors import CheckpointError, UsageError
 from ..kernels.packing import unpack_int32, unpack_zero_point
 from ..loading import source_dtype
 from ..modules.quant_linear import QuantLinear
-from ..targets import output_head_name
+from ..targets import matches, output_head_name
 from . import blocks
 from .choices import FLOAT_TYPES, RECIPES_FOR
 from .linear import GgufLinear
@@ -431,6 +431,21 @@ def _float_tensor(t: torch.Tensor, float_type: str):
 
         return getattr(reference_quants, f"quantize_{float_type}")(data).numpy(), qtype
     return gguf.quants.quantize(data.numpy(), qtype), qtype
+
+
+def check_tie_output(recipe, source: Path) -> None:
+    """UsageError before any work unless the output head can be tied (tie_output) after quantizing with `recipe`:
+    the recipe quantizes the output head, and the model in `source` ties it to the embedding (what the quantized
+    model must then show is _tied_head's)."""
+    head = nn.Linear(1, 1)
+    if recipe.weights is None or any(matches("lm_head", head, p) for p in recipe.ignore) or not any(
+            matches("lm_head", head, p) for p in recipe.targets):
+        raise UsageError(f"--tie-output writes the quantized output head as the embedding, and recipe {recipe.name} "
+                         f"leaves lm_head in float: quantize it too (a recipe with `ignore: []`), or drop --tie-output")
+    config = source / "config.json"
+    if config.is_file() and not json.loads(config.read_text()).get("tie_word_embeddings", False):
+        raise UsageError(f"--tie-output is for a model whose output head is its embedding, and {source}'s "
+                         f"config.json has tie_word_embeddings false: drop --tie-output")
 
 
 def _tied_head(model: nn.Module, head: str | None, embedding: str | None,
