@@ -231,7 +231,7 @@ def gptq_quantize(
     scale_dtype: dtype the scales are stored in (the model dtype); scales are rounded to it before use.
     Math runs in fp32 (fp64 if weight and hessian are fp64). Inputs are not modified.
     returns: QuantizedWeight (q int8 [N, K], scale fp32 [N, G], zero_point int32 [N, G] | None), columns in
-    the original order whatever act_order. On a GGUF grid (scheme.GGUF_GRIDS) a grids.GridWeight: its fields
+    the original order whatever act_order. On a GGUF grid (gguf.types.GRID_TYPES) a grids.GridWeight: its fields
     are chosen up front from the whole weight (a K-quant super-block spans 8 or 16 groups), each column is
     rounded onto them; with the "mse" observer, the K-quants' and Q5_0's come from llama.cpp's
     importance-weighted search with diag(H) as the importance (llama.cpp's importance matrix is the same
