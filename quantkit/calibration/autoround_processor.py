@@ -47,7 +47,6 @@ class AutoRoundProcessor:
         """scheme_for: a targeted linear's module path -> its weight scheme (Recipe.schemes_for).
         scale_dtype: the dtype the checkpoint stores scales in (default: each weight's dtype)."""
         self.scheme_for, self.options, self.scale_dtype = scheme_for, options, scale_dtype
-        self.losses: dict[str, tuple[float, float]] = {}  # block name -> (RTN, tuned) MSE on all its windows
 
     def process_block(self, ctx: BlockContext) -> None:
         if any(step.group.separate for step in ctx.steps):
@@ -129,7 +128,6 @@ class AutoRoundProcessor:
         for name, p in params.items():
             p.copy_(initial[name])
         rtn = self._full_loss(ctx, targets)
-        self.losses[ctx.name] = (rtn, min(rtn, tuned))
         if tuned <= rtn:
             for name, p in params.items():
                 p.copy_(best[name])

@@ -240,8 +240,8 @@ QK_AVX512 void scores_tile_avx512(const Rows& rows, const float* q, int64_t D, f
     }
     const bool int8 = DT == quantkit::KV_INT8;
     const __m512 f = _mm512_set1_ps(score_factor<DT>());
-    const __m512 s0 = int8 ? _mm512_mul_ps(_mm512_loadu_ps(rows.scale + r), f) : f;
-    const __m512 s1 = int8 ? _mm512_mul_ps(_mm512_loadu_ps(rows.scale + r + TILE), f) : f;
+    const __m512 s0 = int8 ? _mm512_loadu_ps(rows.scale + r) : f;  // int8's factor is 1
+    const __m512 s1 = int8 ? _mm512_loadu_ps(rows.scale + r + TILE) : f;
     for (int g = 0; g < GT; ++g) {
       _mm512_storeu_ps(s + g * ld + r, _mm512_mul_ps(a0[g], s0));
       _mm512_storeu_ps(s + g * ld + r + TILE, _mm512_mul_ps(a1[g], s1));
@@ -377,8 +377,8 @@ QK_AVX2 void scores_tile_avx2(const Rows& rows, const float* q, int64_t D, float
     }
     const bool int8 = DT == quantkit::KV_INT8;
     const __m256 f = _mm256_set1_ps(score_factor<DT>());
-    const __m256 s0 = int8 ? _mm256_mul_ps(_mm256_loadu_ps(rows.scale + r), f) : f;
-    const __m256 s1 = int8 ? _mm256_mul_ps(_mm256_loadu_ps(rows.scale + r + 8), f) : f;
+    const __m256 s0 = int8 ? _mm256_loadu_ps(rows.scale + r) : f;  // int8's factor is 1
+    const __m256 s1 = int8 ? _mm256_loadu_ps(rows.scale + r + 8) : f;
     for (int g = 0; g < GT; ++g) {
       _mm256_storeu_ps(s + g * ld + r, _mm256_mul_ps(a0[g], s0));
       _mm256_storeu_ps(s + g * ld + r + 8, _mm256_mul_ps(a1[g], s1));
