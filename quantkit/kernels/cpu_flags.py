@@ -13,6 +13,8 @@ import torch
 
 # Flags of native bf16 arithmetic, as /proc/cpuinfo spells them (x86: AVX512-BF16, AMX-BF16; ARM: BF16).
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16", "asimdbf16")
+# Flags of AMX's bf16 matrix tiles (x86), whose GEMM runs several times AVX512-BF16's vector rate.
+AMX_BF16_FLAGS = ("amx_bf16",)
 
 
 def read_cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str] | None:
@@ -43,14 +45,27 @@ def _probe_native_bf16() -> bool:
     return any(f in NATIVE_BF16_FLAGS for f in cpu_flags() or ())
 
 
+def _probe_amx_bf16() -> bool:
+    cpu = getattr(torch, "cpu", None)
+    if bool(getattr(cpu, "_is_amx_tile_supported", lambda: False)()):
+        return True
+    return any(f in AMX_BF16_FLAGS for f in cpu_flags() or ())
+
+
 # Probed once at import: torch.compile cannot trace torch.cpu's probes (dynamo skips them), and a
 # compiled forward (vLLM's, fullgraph) reaches compute_dtype.
 _NATIVE_BF16 = _probe_native_bf16()
+_AMX_BF16 = _probe_amx_bf16()
 
 
 def native_bf16() -> bool:
     """Whether this CPU computes bf16 natively (torch's probe of AVX512-BF16 / AMX, or the flags)."""
     return _NATIVE_BF16
+
+
+def amx_bf16() -> bool:
+    """Whether this CPU has AMX bf16 tiles (torch's probe of AMX, or the flags)."""
+    return _AMX_BF16
 
 
 def compute_dtype(x_dtype: torch.dtype) -> torch.dtype:

@@ -13,14 +13,16 @@ The rules, and the measurements behind them:
 
 - cpu_q8, any number of rows: ``quantkit::wna16_cpu_q8dot``, int8-rounded activations (blocks of 32,
   as llama.cpp's Q8_0) times the exact weight. From 4 (int4) / 8 (int8) rows it runs as an int8 GEMM
-  (rows of x in the vector lanes: ``csrc/wna16_q8dot.cpp``), which on a 2-core Xeon without native
-  bf16 (AVX-512 VNNI) runs prompts at 1.2-1.6x the fp32 dense linear and 4-7x the (emulated) bf16 one
-  (``evals/kernels/cpu_q8dot_batch``). Prompts take the same activation rounding as decode.
-- cpu_q8, bf16 activations, >= ``DEQUANT_MIN_ROWS["cpu_q8"]`` rows, on a CPU with native bf16
-  (AVX512-BF16 / AMX): the weight dequantized once into bf16 and the dense bf16 GEMM (unrounded
-  activations), whose AMX / AVX512-BF16 arithmetic outruns int8 VNNI there. Not measured against the
-  int8 GEMM on such a CPU (none was at hand); the dequantize-once path ran prompts at 0.55-0.61x of bf16
-  on a 2-core AMX Xeon (issue 32).
+  (rows of x in the vector lanes: ``csrc/wna16_q8dot.cpp``). On a 2-core Xeon without native bf16
+  (AVX-512 VNNI) it runs prompts at 1.2-1.6x the fp32 dense linear and 4-7x the (emulated) bf16 one
+  (``evals/kernels/cpu_q8dot_batch``); on a 2-core AMD EPYC with native AVX512-BF16 and no AMX, at
+  1.4-1.5x the bf16 dense linear at 64 rows and 1.1-1.4x at 512 (``evals/kernels/cpu_q8dot_epyc``):
+  VNNI's int8 dot products do twice AVX512-BF16's multiply-adds per instruction. Prompts take the
+  same activation rounding as decode.
+- cpu_q8, bf16 activations, >= ``DEQUANT_MIN_ROWS["cpu_q8"]`` rows, on a CPU with AMX bf16 tiles: the
+  weight dequantized once into bf16 and the dense bf16 GEMM (unrounded activations), which oneDNN runs
+  on the tiles at several times the vector rate. Not measured against the int8 GEMM on such a CPU
+  (none was at hand since the int8 GEMM landed).
 - cpu_int4 / cpu_int8 (where the C++ kernel does not build): PyTorch's fused kernels below
   ``DEQUANT_MIN_ROWS`` rows, the weight dequantized once and the dense GEMM from it on
   (``wna16_cpu_dequant``, where the thresholds are reasoned).
@@ -78,8 +80,8 @@ class Q8Dequantized(KernelPath):
             return reason
         if dtype != torch.bfloat16:
             return f"x is {dtype}, not bf16"
-        if not cpu_flags.native_bf16():
-            return "this CPU has no native bf16 (AVX512-BF16 / AMX): its bf16 GEMM is emulated"
+        if not cpu_flags.amx_bf16():
+            return "this CPU has no AMX bf16 tiles: the int8 GEMM outruns its bf16 GEMM"
         if m < DEQUANT_MIN_ROWS["cpu_q8"]:
             return f"{m} rows < {DEQUANT_MIN_ROWS['cpu_q8']}"
         return None

@@ -10,7 +10,7 @@ checkpoint's), so the only rounding beyond fp32 is the activations' (``quantize_
 relative error of one block ~ 2^-9 of its largest value.
 
 Batches and prompts run the same op (an int8 GEMM from a few rows on, with the same rounding);
-``cpu_kernel_choice`` says which path runs a call (on a CPU with native bf16, bf16 prompts dequantize
+``cpu_kernel_choice`` says which path runs a call (on a CPU with AMX bf16 tiles, bf16 prompts dequantize
 the weight once with ``wna16_cpu_q8dot_unpack`` and run the dense bf16 matmul).
 
 The pure-torch reference ``wna16_cpu_q8dot_reference`` reproduces the activation rounding bit for bit

@@ -130,11 +130,12 @@ def test_unpack_is_the_exact_dequantized_weight(q8_kernels, gen):
         assert torch.equal(unpacked_bf16, weight.dequantized.to(torch.bfloat16))  # torch's round to nearest even
 
 
-@pytest.mark.parametrize("native", (False, True), ids=("emulated-bf16", "native-bf16"))
+@pytest.mark.parametrize("native", (False, True), ids=("no-amx", "amx-bf16"))
 def test_prompts_take_the_chosen_path_and_match_its_reference(q8_kernels, native, monkeypatch, gen):
-    """Prompts run the int8 GEMM (int8-rounded activations), except bf16 prompts where the CPU has native
-    bf16: those dequantize once and run the bf16 matmul on unrounded activations."""
+    """Prompts run the int8 GEMM (int8-rounded activations), except bf16 prompts where the CPU has AMX
+    bf16 tiles: those dequantize once and run the bf16 matmul on unrounded activations."""
     monkeypatch.setattr(cpu_flags, "native_bf16", lambda: native)
+    monkeypatch.setattr(cpu_flags, "amx_bf16", lambda: native)
     n, k = 80, 256
     rows = cpu_kernel_choice.DEQUANT_MIN_ROWS["cpu_q8"]
     for scheme in (Scheme(4, 128, False), Scheme(8, None, True)):
