@@ -6,6 +6,7 @@ RoPE and any key norm), and the observing layers record their absolute maximum i
 them. No model family is special-cased: whatever a model caches is what gets measured.
 
     scales = calibrate_kv_scales(model, batches)      # {layer: (k_scale, v_scale)}, fp32
+    plain, rotated = calibrate_kv_scales(model, batches, rotation="hadamard")  # also of k H and v H
     attach_kv_scales(model, scales)                   # quantkit.modules.kv_scales: the checkpoint buffers
 
 The scale buffers, their names and shapes: quantkit.modules.kv_scales.
@@ -23,7 +24,10 @@ from tqdm.auto import tqdm
 from transformers.cache_utils import Cache, DynamicLayer
 
 from ..errors import QuantizationError
-from ..modules.kv_scales import KVScales, attach_kv_scales, attention_modules, cache_keyword, num_cache_layers
+from ..modules.kv_rotation import check_rotation, hadamard_matrix, rotate
+from ..modules.kv_scales import (
+    KVScales, attach_kv_scales, attach_rotated_kv_scales, attention_modules, cache_keyword, num_cache_layers,
+)
 from ..primitives import fp8_scale
 
 
@@ -34,12 +38,15 @@ class AbsmaxObserverLayer(DynamicLayer):
     and the sequence length stays 0. absmax: fp32 [1] (per tensor) or [Hkv] (per KV head).
     """
 
-    def __init__(self, layer_name: str, per_head: bool = False):
+    def __init__(self, layer_name: str, per_head: bool = False, rotation: str = "none"):
         super().__init__()
         self.layer_name = layer_name
         self.per_head = per_head
+        self.rotation = rotation
         self.k_absmax: torch.Tensor | None = None
         self.v_absmax: torch.Tensor | None = None
+        self.k_absmax_rotated: torch.Tensor | None = None  # with a rotation: absmax of k H / v H
+        self.v_absmax_rotated: torch.Tensor | None = None
         self.batch_index = 0
 
     def _absmax(self, states: torch.Tensor, what: str) -> torch.Tensor:
@@ -63,6 +70,13 @@ class AbsmaxObserverLayer(DynamicLayer):
         v = self._absmax(value_states, "values")
         self.k_absmax = k if self.k_absmax is None else torch.maximum(self.k_absmax, k)
         self.v_absmax = v if self.v_absmax is None else torch.maximum(self.v_absmax, v)
+        if self.rotation != "none":
+            check_rotation(self.rotation, key_states.shape[-1])
+            h = hadamard_matrix(key_states.shape[-1]).to(key_states.device)
+            k = self._absmax(rotate(key_states, h), "rotated keys")
+            v = self._absmax(rotate(value_states, h), "rotated values")
+            self.k_absmax_rotated = k if self.k_absmax_rotated is None else torch.maximum(self.k_absmax_rotated, k)
+            self.v_absmax_rotated = v if self.v_absmax_rotated is None else torch.maximum(self.v_absmax_rotated, v)
         return key_states, value_states
 
 
@@ -114,17 +128,23 @@ def calibrate_kv_scales(
     *,
     per_head: bool = False,
     progress: bool = False,
-) -> KVScales:
+    rotation: str = "none",
+) -> KVScales | tuple[KVScales, KVScales]:
     """Per-layer FP8 e4m3 KV scales = absmax over the calibration data / 448.
+
+    rotation "hadamard" (quantkit.modules.kv_rotation): returns (scales of the keys and values, scales
+    of k H and v H), both measured in the one pass.
 
     model: a transformers causal LM. batches: token ids [B, T] (or [T], or mappings with
     "input_ids"), unpadded. per_head: one scale per KV head ([Hkv]) instead of per tensor ([1]).
     Returns {layer index: (k_scale, v_scale)} as fp32 tensors on the CPU. Keys are observed as they
     enter the cache, i.e. after RoPE. Raises QuantizationError naming the layer on NaN/Inf.
     """
+    check_rotation(rotation)
     modules = attention_modules(model)
     n_layers = num_cache_layers(model)
-    layers = [AbsmaxObserverLayer(modules[i][0] if i in modules else f"layer {i}", per_head) for i in range(n_layers)]
+    layers = [AbsmaxObserverLayer(modules[i][0] if i in modules else f"layer {i}", per_head, rotation)
+              for i in range(n_layers)]
     cache_kw = cache_keyword(model)
     extra: dict[str, Any] = {}
     if "logits_to_keep" in inspect.signature(model.forward).parameters:
@@ -153,13 +173,22 @@ def calibrate_kv_scales(
                 f"{layer.layer_name} never wrote to the cache during calibration; it cannot get KV scales"
             )
         scales[i] = (fp8_scale(layer.k_absmax).cpu(), fp8_scale(layer.v_absmax).cpu())
-    return scales
+    if rotation == "none":
+        return scales
+    rotated = {i: (fp8_scale(layers[i].k_absmax_rotated).cpu(), fp8_scale(layers[i].v_absmax_rotated).cpu())
+               for i in modules}
+    return scales, rotated
 
 
 def quantize_kv_cache(
-    model: nn.Module, batches: Iterable[torch.Tensor], *, per_head: bool = False, progress: bool = False
+    model: nn.Module, batches: Iterable[torch.Tensor], *, per_head: bool = False, progress: bool = False,
+    rotation: str = "none",
 ) -> KVScales:
-    """Calibrate FP8 KV scales on `batches` and attach them to the model (both steps above)."""
-    scales = calibrate_kv_scales(model, batches, per_head=per_head, progress=progress)
+    """Calibrate FP8 KV scales on `batches` and attach them to the model (both steps above); with a
+    rotation also the rotated-basis scales (attach_rotated_kv_scales). Returns the unrotated scales."""
+    found = calibrate_kv_scales(model, batches, per_head=per_head, progress=progress, rotation=rotation)
+    scales, rotated = (found, None) if rotation == "none" else found
     attach_kv_scales(model, scales)
+    if rotated is not None:
+        attach_rotated_kv_scales(model, rotated, rotation)
     return scales

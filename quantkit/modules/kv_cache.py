@@ -45,7 +45,8 @@ from transformers.cache_utils import (
 
 from ..errors import QuantizationError
 from ..primitives import dequantize_fp8, quantize_fp8
-from .kv_scales import KVScales, num_cache_layers, read_kv_scales
+from .kv_rotation import check_rotation, hadamard_matrix, rotate
+from .kv_scales import KVScales, kv_rotation_of, num_cache_layers, read_kv_scales
 
 FP8_DTYPE = torch.float8_e4m3fn
 ATTENTION_MODES = ("auto", "dequantize", "kernel")
@@ -105,10 +106,15 @@ class _FP8KVStorage:
     keys: torch.Tensor | None
     values: torch.Tensor | None
 
-    def _init_fp8(self, k_scale, v_scale, return_fp8_on_decode: bool) -> None:
+    def _init_fp8(self, k_scale, v_scale, return_fp8_on_decode: bool, rotation: str = "none") -> None:
         self.k_scale = _as_scale(k_scale, "k_scale")
         self.v_scale = _as_scale(v_scale, "v_scale")
         self.return_fp8_on_decode = return_fp8_on_decode
+        self.rotation = check_rotation(rotation)
+        if self.rotation != "none" and return_fp8_on_decode:
+            raise QuantizationError("the rotated FP8 KV cache reads through the model's own attention only: use "
+                                    "attention='dequantize' with rotation 'hadamard'")
+        self.hadamard: torch.Tensor | None = None  # fp32 [D, D] once initialized, with a rotation
         self.dtype: torch.dtype | None = None
 
     def _scale_view(self, scale: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -124,6 +130,11 @@ class _FP8KVStorage:
         num_heads = key_states.shape[1]
         self._k_scale_b = self._scale_view(self.k_scale, num_heads)
         self._v_scale_b = self._scale_view(self.v_scale, num_heads)
+        if self.rotation == "hadamard":
+            check_rotation(self.rotation, key_states.shape[-1])
+            if value_states.shape[-1] != key_states.shape[-1]:
+                raise QuantizationError("the rotated FP8 KV cache needs keys and values of one head_dim")
+            self.hadamard = hadamard_matrix(key_states.shape[-1]).to(self.device)
         if self.device.type == "cpu":
             self._k_table = _dequantize_table(self.k_scale, self.dtype)
             self._v_table = _dequantize_table(self.v_scale, self.dtype)
@@ -131,11 +142,19 @@ class _FP8KVStorage:
         self.values = torch.tensor([], dtype=FP8_DTYPE, device=self.device)
 
     def _quantize(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, Hkv, T, D] model dtype -> fp8 codes, saturated (never NaN for finite inputs)."""
+        """[B, Hkv, T, D] model dtype -> fp8 codes, saturated (never NaN for finite inputs); with the
+        rotation the codes of x H (fp32), with scales of the rotated basis."""
+        if self.hadamard is not None:
+            key_states, value_states = rotate(key_states, self.hadamard), rotate(value_states, self.hadamard)
         return quantize_fp8(key_states, self._k_scale_b), quantize_fp8(value_states, self._v_scale_b)
 
     def _dequantize(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp8 codes [B, Hkv, T, D] -> model dtype (a lookup table on CPU, same values)."""
+        """fp8 codes [B, Hkv, T, D] -> model dtype (a lookup table on CPU, same values); with the rotation
+        (code * scale) H^T in fp32, then rounded to the model dtype once."""
+        if self.hadamard is not None:
+            h_t = self.hadamard.T
+            return (rotate(dequantize_fp8(keys, self._k_scale_b), h_t).to(self.dtype),
+                    rotate(dequantize_fp8(values, self._v_scale_b), h_t).to(self.dtype))
         if self.device.type == "cpu":
             return dequantize_fp8_by_table(keys, self._k_table), dequantize_fp8_by_table(values, self._v_table)
         return dequantize_fp8(keys, self._k_scale_b, self.dtype), dequantize_fp8(values, self._v_scale_b, self.dtype)
@@ -164,9 +183,9 @@ class FP8KVLayer(_FP8KVStorage, DynamicLayer):
     """A full-attention layer's cache in float8_e4m3fn (see _FP8KVStorage for the contract)."""
 
     def __init__(self, k_scale: torch.Tensor | float, v_scale: torch.Tensor | float, *,
-                 return_fp8_on_decode: bool = False):
+                 return_fp8_on_decode: bool = False, rotation: str = "none"):
         DynamicLayer.__init__(self)
-        self._init_fp8(k_scale, v_scale, return_fp8_on_decode)
+        self._init_fp8(k_scale, v_scale, return_fp8_on_decode, rotation)
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
@@ -187,9 +206,9 @@ class FP8SlidingWindowKVLayer(_FP8KVStorage, DynamicSlidingWindowLayer):
     """
 
     def __init__(self, sliding_window: int, k_scale: torch.Tensor | float, v_scale: torch.Tensor | float, *,
-                 return_fp8_on_decode: bool = False):
+                 return_fp8_on_decode: bool = False, rotation: str = "none"):
         DynamicSlidingWindowLayer.__init__(self, sliding_window)
-        self._init_fp8(k_scale, v_scale, return_fp8_on_decode)
+        self._init_fp8(k_scale, v_scale, return_fp8_on_decode, rotation)
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
@@ -221,10 +240,13 @@ class FP8KVCache(Cache):
 
     config: the model config (its decoder layer types decide full vs sliding-window layers).
     scales: {layer index: (k_scale, v_scale)} covering every layer, each a float or a tensor
-    [1] / [Hkv]. attention: "dequantize" or "kernel" (see the module docstring).
+    [1] / [Hkv]. attention: "dequantize" or "kernel" (see the module docstring). rotation: "none" or
+    "hadamard" (quantkit.modules.kv_rotation: stored fp8(x H / s), read (code * s) H^T; the scales are
+    then those of the rotated keys and values; "dequantize" attention only).
     """
 
-    def __init__(self, config, scales: Mapping[int, tuple], *, attention: str = "dequantize"):
+    def __init__(self, config, scales: Mapping[int, tuple], *, attention: str = "dequantize",
+                 rotation: str = "none"):
         if attention not in ("dequantize", "kernel"):
             raise ValueError(f"attention must be 'dequantize' or 'kernel', got {attention!r}")
         layer_types = _layer_types_and_kwargs(config)
@@ -233,15 +255,17 @@ class FP8KVCache(Cache):
         layers = []
         for i, (layer_type, kwargs) in enumerate(layer_types):
             if layer_type == "full_attention":
-                layers.append(FP8KVLayer(*scales[i], return_fp8_on_decode=fp8))
+                layers.append(FP8KVLayer(*scales[i], return_fp8_on_decode=fp8, rotation=rotation))
             elif layer_type in ("sliding_attention", "chunked_attention"):
-                layers.append(FP8SlidingWindowKVLayer(kwargs["sliding_window"], *scales[i], return_fp8_on_decode=fp8))
+                layers.append(FP8SlidingWindowKVLayer(kwargs["sliding_window"], *scales[i], return_fp8_on_decode=fp8,
+                                                      rotation=rotation))
             else:
                 raise QuantizationError(
                     f"layer {i} is a {layer_type!r} layer: the FP8 KV cache supports full and sliding-window attention"
                 )
         super().__init__(layers=layers)
         self.attention = attention
+        self.rotation = rotation
 
     @property
     def nbytes(self) -> int:
@@ -402,8 +426,8 @@ class StaticFP8KVCache(Cache):
         return sum(layer.nbytes for layer in self.layers)
 
 
-def fp8_cache_for(model: nn.Module, *, attention: str = "dequantize",
-                  max_cache_len: int | None = None) -> FP8KVCache | StaticFP8KVCache:
+def fp8_cache_for(model: nn.Module, *, attention: str = "dequantize", max_cache_len: int | None = None,
+                  rotation: str | None = None) -> FP8KVCache | StaticFP8KVCache:
     """A fresh FP8 cache with the scales of the model's ``k_scale`` / ``v_scale`` buffers: a growing
     FP8KVCache, or a StaticFP8KVCache of ``max_cache_len`` positions when that is given.
 
@@ -411,7 +435,22 @@ def fp8_cache_for(model: nn.Module, *, attention: str = "dequantize",
     then saturate): calibrate them with quantkit.calibration.kv_scales.
     attention: "dequantize" (default) or "kernel" (needs enable_fp8_kv_cache(model, attention="kernel")
     so that the model's attention reads fp8 tensors).
+    rotation: None (the model's own: quantkit.modules.kv_scales.kv_rotation_of), "none" or "hadamard";
+    with "hadamard" the scales are the rotated-basis buffers (``k_scale_rotated`` / ``v_scale_rotated``),
+    which every layer must have, and the cache is a growing one read in "dequantize" mode.
     """
+    rotation = check_rotation(kv_rotation_of(model) if rotation is None else rotation)
+    if rotation != "none":
+        scales, missing = read_kv_scales(model, rotated=True)
+        if missing or not scales:
+            raise QuantizationError(
+                f"a {rotation}-rotated FP8 KV cache needs scales of the rotated keys and values on every attention "
+                f"layer ({len(missing)} lack them): calibrate them with quantkit.calibration.kv_scales."
+                f"quantize_kv_cache(model, batches, rotation={rotation!r})")
+        if max_cache_len is not None:
+            raise QuantizationError("the static FP8 KV cache has no rotation: use the growing one "
+                                    "(cache_implementation=None) with a rotated cache")
+        return FP8KVCache(model.config, scales, attention=attention, rotation=rotation)
     scales, missing = read_kv_scales(model)
     if missing:
         warnings.warn(
@@ -489,7 +528,8 @@ def _resolve_attention(model: nn.Module, attention: str) -> str:
         raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
     if attention == "auto":
         device = next(model.parameters()).device
-        return "kernel" if device.type == "cuda" else "dequantize"
+        rotated = kv_rotation_of(model) != "none"  # the rotated cache reads through the model's attention
+        return "kernel" if device.type == "cuda" and not rotated else "dequantize"
     return attention
 
 

@@ -8,6 +8,13 @@ cache); quantkit.calibration.kv_scales measures them.
     attach_kv_scales(model, scales)                   # buffers model.layers.N.self_attn.k_scale / v_scale
     scales, missing = read_kv_scales(model)           # {layer: (k_scale, v_scale)}, fp32
     scales = pop_kv_scales(model, state_dict)         # before a strict load_state_dict
+    attach_rotated_kv_scales(model, scales, "hadamard")  # k_scale_rotated / v_scale_rotated, not in state_dict
+    kv_rotation_of(model)                             # "none" or "hadamard"
+
+With a rotation of head_dim (quantkit.modules.kv_rotation) the cache stores fp8(x H / s) with scales of
+the rotated keys and values. Those are held apart, as non-persistent buffers ``k_scale_rotated`` /
+``v_scale_rotated`` (never in the state dict), so that ``k_scale`` / ``v_scale`` stay the scales of the
+unrotated keys and values that an engine which does not rotate reads.
 """
 
 from __future__ import annotations
@@ -23,6 +30,10 @@ from ..errors import QuantizationError
 KVScales = dict[int, tuple[torch.Tensor, torch.Tensor]]
 
 SCALE_NAMES = ("k_scale", "v_scale")
+#: buffers of the rotated-basis scales (non-persistent: never written under the standard names)
+ROTATED_SCALE_NAMES = ("k_scale_rotated", "v_scale_rotated")
+#: attribute of the model naming its KV cache rotation (absent: "none")
+ROTATION_ATTRIBUTE = "quantkit_kv_rotation"
 
 
 def attention_modules(model: nn.Module) -> dict[int, tuple[str, nn.Module]]:
@@ -77,7 +88,8 @@ def model_dtype(model: nn.Module) -> torch.dtype:
     return torch.float32
 
 
-def attach_kv_scales(model: nn.Module, scales: KVScales, *, dtype: torch.dtype | None = None) -> None:
+def attach_kv_scales(model: nn.Module, scales: KVScales, *, dtype: torch.dtype | None = None,
+                     _names: tuple[str, str] = SCALE_NAMES, _persistent: bool = True) -> None:
     """Register the persistent buffers ``k_scale`` / ``v_scale`` on each layer's attention module.
 
     scales: {layer index: (k_scale, v_scale)}, each [1] or [num_kv_heads]; every attention layer
@@ -95,16 +107,36 @@ def attach_kv_scales(model: nn.Module, scales: KVScales, *, dtype: torch.dtype |
     dtype = dtype or model_dtype(model)
     for i, (name, module) in modules.items():
         device = next((t.device for t in module.parameters()), None) or next(model.parameters()).device
-        for buffer_name, scale in zip(SCALE_NAMES, scales[i]):
+        for buffer_name, scale in zip(_names, scales[i]):
             scale = torch.as_tensor(scale).detach().float().reshape(-1)
             if not torch.isfinite(scale).all() or (scale <= 0).any():
                 raise QuantizationError(f"{name}.{buffer_name} = {scale.tolist()}: scales must be finite and > 0")
             value = scale.clamp(min=torch.finfo(dtype).tiny).to(device=device, dtype=dtype)
-            module.register_buffer(buffer_name, value, persistent=True)
+            module.register_buffer(buffer_name, value, persistent=_persistent)
 
 
-def read_kv_scales(model: nn.Module) -> tuple[KVScales, list[str]]:
-    """The ``k_scale`` / ``v_scale`` buffers of the model's attention modules, as fp32.
+def attach_rotated_kv_scales(model: nn.Module, scales: KVScales, rotation: str, *,
+                             dtype: torch.dtype | None = None) -> None:
+    """Register the rotated-basis scales as non-persistent buffers ``k_scale_rotated`` / ``v_scale_rotated``
+    (same shapes and checks as attach_kv_scales) and record `rotation` on the model (kv_rotation_of)."""
+    from .kv_rotation import check_rotation
+
+    if check_rotation(rotation) == "none":
+        raise QuantizationError("rotated KV scales need a rotation: 'hadamard'")
+    head_dim = getattr(next(iter(attention_modules(model).values()))[1], "head_dim", None)
+    check_rotation(rotation, head_dim)
+    attach_kv_scales(model, scales, dtype=dtype, _names=ROTATED_SCALE_NAMES, _persistent=False)
+    setattr(model, ROTATION_ATTRIBUTE, rotation)
+
+
+def kv_rotation_of(model: nn.Module) -> str:
+    """The rotation of head_dim the model's FP8 KV cache applies: "none" or "hadamard"."""
+    return getattr(model, ROTATION_ATTRIBUTE, "none")
+
+
+def read_kv_scales(model: nn.Module, *, rotated: bool = False) -> tuple[KVScales, list[str]]:
+    """The ``k_scale`` / ``v_scale`` buffers of the model's attention modules (rotated: the
+    ``k_scale_rotated`` / ``v_scale_rotated`` ones), as fp32.
 
     Returns ({layer index: (k_scale, v_scale)} for the layers that have both, qualified names of
     the attention modules that lack them).
@@ -112,7 +144,7 @@ def read_kv_scales(model: nn.Module) -> tuple[KVScales, list[str]]:
     scales: KVScales = {}
     missing: list[str] = []
     for i, (name, module) in attention_modules(model).items():
-        k, v = (getattr(module, n, None) for n in SCALE_NAMES)
+        k, v = (getattr(module, n, None) for n in (ROTATED_SCALE_NAMES if rotated else SCALE_NAMES))
         if isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor):
             scales[i] = (k.detach().float().reshape(-1), v.detach().float().reshape(-1))
         else:
