@@ -21,6 +21,7 @@ from .fast_generate import install as install_fast_generate
 from .errors import CheckpointError, QuantizationError, UsageError, first_names
 from .finite import describe_nonfinite, nonfinite_tensors
 from .formats.compressed_tensors import build_quantization_config, kv_cache_scheme_of
+from .formats.kv_rotation_file import CONFIG_KEY as ROTATION_CONFIG_KEY, read_rotated_scales, write_rotated_scales
 from .formats.shapes import check_checkpoint_tensors
 from .formats.safetensors_io import folder_tensors, read_state_dict, stored_float_dtype, write_state_dict
 from .loading import (
@@ -30,7 +31,10 @@ from .loading import (
 from .gguf.reading import gguf_origin, is_gguf_file, load_gguf_model
 from .outputs import OutputState, atomic_output_dir
 from .modules.kv_cache import enable_fp8_kv_cache
-from .modules.kv_scales import attach_kv_scales, pop_kv_scales
+from .modules.kv_scales import (
+    ROTATED_SCALE_NAMES, SCALE_NAMES, attach_kv_scales, attach_rotated_kv_scales, attention_modules, kv_rotation_of,
+    pop_kv_scales, read_kv_scales,
+)
 from .modules.fused_linear import fuse_projections, is_fused, unfused_state_dict
 from .gguf.grids import GridWeight
 from .gguf.linear import GgufLinear, quantized_linear
@@ -254,12 +258,16 @@ def save(
     if not config.get("architectures"):  # a model built in memory: engines pick the model class by it
         config["architectures"] = [type(model).__name__]
     config["quantization_config"] = build_quantization_config(model, kv_cache_scheme_of(model))
+    rotated = _rotated_scale_tensors(model, dtype)  # the rotated-basis scales, never under k_scale / v_scale
+    config.pop(ROTATION_CONFIG_KEY, None)
     loaded_from = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
     source = tokenizer_source or loaded_from
     size = sum(t.numel() * t.element_size() for t in state.values()) + tokenizer_bytes(source)
     with atomic_output_dir(out_dir, force=force, inputs=(loaded_from, tokenizer_source), expect=expect,
                            size_hint=size) as tmp:
         write_state_dict(state, tmp)
+        if rotated:
+            config[ROTATION_CONFIG_KEY] = write_rotated_scales(tmp, rotated)
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(tmp)
@@ -269,6 +277,21 @@ def save(
             (tmp / provenance.RECIPE_FILE).write_text(
                 provenance.recipe_file_text(made, source, Path(os.path.expanduser(out_dir)).resolve()))
     return Path(os.path.expanduser(out_dir)).resolve()
+
+
+def _rotated_scale_tensors(model: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """{<attention>.k_scale / .v_scale: rotated-basis scale in `dtype`} of a model whose KV cache is rotated, else {}."""
+    if kv_rotation_of(model) == "none":
+        return {}
+    scales, missing = read_kv_scales(model, rotated=True)
+    if missing or not scales:
+        raise QuantizationError(f"the model's KV cache is rotated but {len(missing)} attention layers have no "
+                                f"{' / '.join(ROTATED_SCALE_NAMES)}: calibrate with rotation='hadamard' again")
+    out = {}
+    for i, (name, _) in attention_modules(model).items():
+        for buffer_name, scale in zip(SCALE_NAMES, scales[i]):
+            out[f"{name}.{buffer_name}"] = scale.clamp(min=torch.finfo(dtype).tiny).to(dtype)
+    return out
 
 
 def _untie_quantized_lm_head(model) -> None:
@@ -382,6 +405,14 @@ def _load_quantized(folder: Path, *, backend: str, device, dtype, trust_remote_c
         fuse_projections(model)
     if qcfg.kv_cache is not None:
         attach_kv_scales(model, kv_scales, dtype=dtype)
+        config_json = read_config_json(folder)
+        if ROTATION_CONFIG_KEY in config_json:
+            rotation, tensors = read_rotated_scales(folder, config_json[ROTATION_CONFIG_KEY])
+            rotated = pop_kv_scales(model, tensors)
+            if not rotated or tensors:
+                raise CheckpointError(f"{folder}: the rotated KV scales do not match the model's attention layers "
+                                      f"(unexpected: {sorted(tensors)[:3]}); re-create the checkpoint")
+            attach_rotated_kv_scales(model, rotated, rotation, dtype=dtype)
         enable_fp8_kv_cache(model)
     model.config.quantization_config = quantization_config
     model.name_or_path = str(folder)

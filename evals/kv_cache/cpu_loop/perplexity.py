@@ -5,6 +5,9 @@ which stores the values the C++ loop's fp8 cache stores.
 
     python evals/kv_cache/cpu_loop/perplexity.py SMOLLM2_BF16_FOLDER [--per-head] --out evals/kv_cache/cpu_loop/perplexity.json
 
+With --rotation hadamard the scales are calibrated in both bases in one pass and the cache is measured
+without and with the Hadamard rotation of head_dim (quantkit.modules.kv_rotation), side by side.
+
 Evaluation text: /usr/share/common-licenses/GPL-3 (3 windows of 2048 tokens); calibration:
 /usr/share/common-licenses/Apache-2.0 (windows of 512 tokens).
 """
@@ -22,6 +25,7 @@ from transformers import AutoTokenizer
 import quantkit
 from quantkit.calibration.kv_scales import quantize_kv_cache
 from quantkit.modules.kv_cache import enable_fp8_kv_cache
+from quantkit.modules.kv_scales import ROTATION_ATTRIBUTE
 from quantkit.outputs import write_output_file
 
 WINDOW = 2048
@@ -42,6 +46,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
     parser.add_argument("--per-head", action="store_true")
+    parser.add_argument("--rotation", choices=("none", "hadamard"), default="none")
     parser.add_argument("--out", default="evals/kv_cache/cpu_loop/perplexity.json")
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -49,11 +54,17 @@ def main() -> None:
     calib = tokenizer(Path("/usr/share/common-licenses/Apache-2.0").read_text(), return_tensors="pt").input_ids[0]
     model = quantkit.load(args.model, dtype=torch.bfloat16)
     base = perplexity(model, ids)
-    quantize_kv_cache(model, [calib[i:i + 512][None] for i in range(0, calib.numel() - 511, 512)], per_head=args.per_head)
+    batches = [calib[i:i + 512][None] for i in range(0, calib.numel() - 511, 512)]
+    quantize_kv_cache(model, batches, per_head=args.per_head, rotation=args.rotation)
     enable_fp8_kv_cache(model, attention="dequantize")
+    setattr(model, ROTATION_ATTRIBUTE, "none")  # the unrotated cache first (its scales: k_scale / v_scale)
     fp8 = perplexity(model, ids)
-    result = {"model": args.model, "per_head": args.per_head, "windows": ids.numel() // WINDOW, "window": WINDOW, "bf16_ppl": base,
-              "fp8_kv_ppl": fp8, "change": fp8 / base - 1}
+    result = {"model": args.model, "per_head": args.per_head, "windows": ids.numel() // WINDOW, "window": WINDOW,
+              "bf16_ppl": base, "fp8_kv_ppl": fp8, "change": fp8 / base - 1}
+    if args.rotation != "none":
+        setattr(model, ROTATION_ATTRIBUTE, args.rotation)  # the rotated cache (k_scale_rotated / v_scale_rotated)
+        rotated = perplexity(model, ids)
+        result.update({"rotation": args.rotation, "fp8_kv_rotated_ppl": rotated, "rotated_change": rotated / base - 1})
     write_output_file(args.out, json.dumps(result, indent=1) + "\n")
     print(result)
 
