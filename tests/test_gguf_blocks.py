@@ -11,6 +11,7 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 from quantkit.gguf import blocks as gguf_blocks  # noqa: E402
+from quantkit.gguf.grids import dequantize_blocks  # noqa: E402
 from quantkit.gguf.types import GGML_TYPES  # noqa: E402
 
 T = gguf.GGMLQuantizationType
@@ -47,7 +48,7 @@ def test_k_blocks_match_the_gguf_package(kind, shape):
         (torch.uint8, torch.float16, torch.float16, torch.uint8, torch.uint8)
     for mine, theirs, dtype in zip(back, fields, dtypes):
         assert mine.dtype == dtype and torch.equal(mine, theirs.to(dtype))
-    ours = gguf_blocks.dequantize_blocks(data, kind)
+    ours = dequantize_blocks(data, kind)
     assert ours.dtype == torch.float32 and ours.shape == (n, k)
     if n:  # (the gguf package cannot reshape zero rows)
         theirs = gguf.quants.dequantize(data.numpy(), getattr(T, kind))
@@ -124,5 +125,5 @@ def test_k_refusals():
         gguf_blocks.pack_q6_k(u, h[:1], s16)
     for kind in ("Q4_K", "Q5_K", "Q6_K"):
         with pytest.raises(ValueError, match=f"{kind}: expected uint8"):
-            gguf_blocks.dequantize_blocks(torch.zeros(2, GGML_TYPES[kind].block_bytes + 1, dtype=torch.uint8), kind)
+            dequantize_blocks(torch.zeros(2, GGML_TYPES[kind].block_bytes + 1, dtype=torch.uint8), kind)
     assert gguf_blocks.SUPER_BLOCK == 256

@@ -15,6 +15,7 @@ import quantkit  # noqa: E402
 from quantkit.cli import main  # noqa: E402
 from quantkit.gguf.writing import rope_permutation  # noqa: E402
 from quantkit.gguf import blocks as gguf_blocks  # noqa: E402
+from quantkit.gguf.grids import dequantize_blocks  # noqa: E402
 from quantkit.gguf.types import GGML_TYPES  # noqa: E402
 from quantkit.modules.quant_linear import QuantLinear  # noqa: E402
 from quantkit.recipe import load_recipe  # noqa: E402
@@ -52,7 +53,7 @@ def test_blocks_match_the_gguf_package(kind, shape):
         expect = (q.float().reshape(n, -1, 32) * d.float().unsqueeze(-1)).reshape(n, k)
     assert data.shape == (n, k // 32 * GGML_TYPES[kind].block_bytes)
     theirs = gguf.quants.dequantize(data.numpy(), getattr(T, kind))
-    assert np.array_equal(theirs, gguf_blocks.dequantize_blocks(data, kind).numpy())
+    assert np.array_equal(theirs, dequantize_blocks(data, kind).numpy())
     assert np.array_equal(theirs, expect.numpy())
 
 

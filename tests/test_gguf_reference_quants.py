@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 
 from quantkit.gguf import reference_quants as R
 from quantkit.gguf import blocks as gguf_blocks
+from quantkit.gguf.grids import dequantize_blocks
 from quantkit.gguf.types import GGML_TYPES
 
 if __package__:
@@ -177,7 +178,7 @@ def test_dequantized_weights_are_close(kind, bound):
     imp = torch.exp(2.0 * torch.randn(1024, generator=g))
     errs = {}
     for name, im in (("ref", None), ("imatrix", imp)):
-        y = gguf_blocks.dequantize_blocks(QUANTIZE[kind](w, im), kind)
+        y = dequantize_blocks(QUANTIZE[kind](w, im), kind)
         assert float((y - w).pow(2).mean().sqrt() / w.pow(2).mean().sqrt()) < bound, name
         errs[name] = float(((y - w).pow(2) * imp).sum())
     assert errs["imatrix"] < errs["ref"]
@@ -314,7 +315,7 @@ def test_port_matches_llama_cpps_ggml(ggml, dist):
                                    f"{dist} {n}x{k} imatrix {im is not None}")
                 # and the layouts' dequantizer reads ggml's bytes as the gguf package does
                 ref = gguf.quants.dequantize(theirs, getattr(gguf.GGMLQuantizationType, kind))
-                assert np.array_equal(ref, gguf_blocks.dequantize_blocks(torch.from_numpy(theirs), kind).numpy())
+                assert np.array_equal(ref, dequantize_blocks(torch.from_numpy(theirs), kind).numpy())
 
 
 @pytest.mark.parametrize("dist", EDGE_CASES)

@@ -38,7 +38,8 @@ dequantize_row_q2_K ... q6_K and get_scale_min_k4):
 
 Rows are independent; a tensor [N, K] is stored as uint8 [N, K / block weights * block bytes] (what the
 `gguf` package's GGUFWriter.add_tensor takes with raw_dtype=...); each type's weights and bytes per block are
-its record in quantkit/gguf/types.py. Pure torch; of quantkit only those records.
+its record in quantkit/gguf/types.py. Their dequantization is each grid's (quantkit/gguf/grids.py:
+`dequantize_blocks` reads the fields here, then dequantizes them). Pure torch; of quantkit only those records.
 """
 
 from __future__ import annotations
@@ -375,38 +376,3 @@ def unpack_q6_k(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     q = ((lo | (hi << 4)) - 32).to(torch.int8).reshape(n, g * SUPER_BLOCK)
     sc = b[..., 192:208].contiguous().view(torch.int8).reshape(n, g * 16)
     return q, _half(b[..., 208:210]), sc
-
-
-def dequantize_blocks(data: torch.Tensor, kind: str) -> torch.Tensor:
-    """uint8 blocks of `kind` [N, G*bytes] -> fp32 [N, G*weights per block] (ggml's dequantize_row_* in fp32,
-    in its order of operations: for the K-quants d*sc and dmin*m are rounded to fp32 first)."""
-    if kind in ("Q4_K", "Q5_K"):
-        u, d, dmin, sc, mn = unpack_q4_k(data) if kind == "Q4_K" else unpack_q5_k(data)
-        n, g = d.shape
-        scale = (d.float().unsqueeze(-1) * sc.float().reshape(n, g, 8)).unsqueeze(-1)
-        shift = (dmin.float().unsqueeze(-1) * mn.float().reshape(n, g, 8)).unsqueeze(-1)
-        return (scale * u.float().reshape(n, g, 8, 32) - shift).reshape(n, g * SUPER_BLOCK)
-    if kind == "Q2_K":
-        u, d, dmin, sc, mn = unpack_q2_k(data)
-        n, g = d.shape
-        scale = (d.float().unsqueeze(-1) * sc.float().reshape(n, g, 16)).unsqueeze(-1)
-        shift = (dmin.float().unsqueeze(-1) * mn.float().reshape(n, g, 16)).unsqueeze(-1)
-        return (scale * u.float().reshape(n, g, 16, 16) - shift).reshape(n, g * SUPER_BLOCK)
-    if kind in ("Q3_K", "Q6_K"):
-        q, d, sc = unpack_q6_k(data) if kind == "Q6_K" else unpack_q3_k(data)
-        n, g = d.shape
-        scale = (d.float().unsqueeze(-1) * sc.float().reshape(n, g, 16)).unsqueeze(-1)
-        return (scale * q.float().reshape(n, g, 16, 16)).reshape(n, g * SUPER_BLOCK)
-    if kind in ("Q4_1", "Q5_1"):
-        u, d, m = unpack_q4_1(data) if kind == "Q4_1" else unpack_q5_1(data)
-        n = u.shape[0]
-        return (u.float().reshape(n, -1, BLOCK) * d.float().unsqueeze(-1) + m.float().unsqueeze(-1)).reshape(n, -1)
-    if kind == "Q5_0":
-        u, d = unpack_q5_0(data)
-        q = u.to(torch.int16) - 16
-    else:
-        q, d = unpack_q4_0(data) if kind == "Q4_0" else unpack_q8_0(data) if kind == "Q8_0" else (None, None)
-    if q is None:
-        raise ValueError(f"unknown block type {kind!r}; one of {sorted(GGML_TYPES)}")
-    n = q.shape[0]
-    return (q.float().reshape(n, -1, BLOCK) * d.float().unsqueeze(-1)).reshape(n, -1)

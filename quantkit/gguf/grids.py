@@ -26,13 +26,15 @@ scored: the fields are chosen first (`choose_fields`), then each weight is round
 
 Each grid is a class with the same verbs: `choose_fields(w, search=, importance=, clip_ratio=)` -> fields,
 `steps(*fields)` -> (scale, minimum) fp32 [N, K/group] (y = scale * u - minimum), `quantize_onto(w, scale,
-minimum)` -> levels, `round(w, fields, scheme)` -> the weight, and on the weight `dequantize()` (as ggml
-computes it) and `blocks()` (the GGUF blocks). GRID_WEIGHTS maps a scheme's grid to its class. All math
-is fp32 on [N, K] weights.
+minimum)` -> levels, `round(w, fields, scheme)` -> the weight, `from_blocks(data)` -> the weight GGUF blocks
+hold, and on the weight `dequantize()` (as ggml computes it: quantkit's one ggml dequantization, which
+`dequantize_blocks` runs on bytes) and `blocks()` (the GGUF blocks). GRID_WEIGHTS maps a scheme's grid to its
+class. All math is fp32 on [N, K] weights.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -45,8 +47,8 @@ FIELD_MAX = 63  # 6-bit sub-block scales and minimums (Q4_K, Q5_K)
 
 
 def _groups(x: torch.Tensor, group: int = GROUP) -> torch.Tensor:
-    """[N, K] -> [N, K/group, group]."""
-    return x.reshape(x.shape[0], -1, group)
+    """[N, K] -> [N, K/group, group] (zero rows too)."""
+    return x.reshape(x.shape[0], x.shape[1] // group, group)
 
 
 def _check_fields(n: int, k: int, block: int, fields) -> None:
@@ -95,6 +97,7 @@ class _OnGrid:
 
     FIELDS: tuple[str, ...] = ()
     TYPE: GgmlType
+    UNPACK: Callable[[torch.Tensor], tuple[torch.Tensor, ...]]  # blocks.py's reading: bytes -> (values, *FIELDS)
     GGUF_TYPE: str
     BLOCK: int  # inputs per GGUF block
     GROUP: int
@@ -141,16 +144,25 @@ class _OnGrid:
         """fp32 [N, K], as ggml's dequantize_row_* computes it (for the symmetric grids scale * (u - OFFSET),
         an exact integer times the scale)."""
         scale, minimum = self.steps(*self.fields())
-        u = _groups(self.u.float(), self.GROUP)
+        u = _groups(self.u.float(), self.GROUP)  # a new tensor, computed on in place
         if self.OFFSET is not None:
-            y = (u - self.OFFSET) * scale.unsqueeze(-1)
+            y = u.sub_(self.OFFSET).mul_(scale.unsqueeze(-1))
         else:
-            y = u * scale.unsqueeze(-1) - minimum.unsqueeze(-1)
+            y = u.mul_(scale.unsqueeze(-1)).sub_(minimum.unsqueeze(-1))
         return y.reshape(self.u.shape)
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K / BLOCK * block bytes]: the GGUF blocks of GGUF_TYPE."""
         raise NotImplementedError
+
+    @classmethod
+    def from_blocks(cls, data: torch.Tensor, scheme=None) -> "_OnGrid":
+        """The weight that GGUF blocks of GGUF_TYPE (uint8 [N, K / BLOCK * block bytes]) hold: blocks.py's reading
+        of the bytes (UNPACK), whose signed values (int8: Q4_0, Q8_0, Q3_K, Q6_K) are levels less OFFSET.
+        scheme: the QuantScheme to record (None for blocks read back without one)."""
+        values, *fields = cls.UNPACK(data)
+        u = values if values.dtype == torch.uint8 else values.view(torch.uint8) + cls.OFFSET  # mod 256: q + OFFSET
+        return cls(u, *fields, scheme=scheme)
 
 
 @dataclass
@@ -163,6 +175,7 @@ class KQuantWeight(_OnGrid):
 
     FIELDS = ("d", "dmin", "sc", "mn")
     TYPE = GGML_TYPES["Q4_K"]
+    UNPACK = staticmethod(blocks.unpack_q4_k)
     FIELD_MAX = FIELD_MAX  # the largest sc / mn
 
     u: torch.Tensor
@@ -203,6 +216,7 @@ class Q5KWeight(KQuantWeight):
     """A weight on the Q5_K grid: as KQuantWeight with u in 0..31 (grid "q5_k")."""
 
     TYPE = GGML_TYPES["Q5_K"]
+    UNPACK = staticmethod(blocks.unpack_q5_k)
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/256 * 176]: the Q5_K blocks."""
@@ -215,6 +229,7 @@ class Q2KWeight(KQuantWeight):
     0..3 and sc, mn uint8 [N, K/16] in 0..15."""
 
     TYPE = GGML_TYPES["Q2_K"]
+    UNPACK = staticmethod(blocks.unpack_q2_k)
     FIELD_MAX = 15
 
     def blocks(self) -> torch.Tensor:
@@ -229,6 +244,7 @@ class Q6KWeight(_OnGrid):
 
     FIELDS = ("d", "sc")
     TYPE = GGML_TYPES["Q6_K"]
+    UNPACK = staticmethod(blocks.unpack_q6_k)
     SCALE_LEVELS = 128  # sc in -SCALE_LEVELS..SCALE_LEVELS-1
 
     u: torch.Tensor
@@ -278,6 +294,7 @@ class Q3KWeight(Q6KWeight):
     -32..31 (6 bits): y = (d * sc_j) * (u - 4)."""
 
     TYPE = GGML_TYPES["Q3_K"]
+    UNPACK = staticmethod(blocks.unpack_q3_k)
     SCALE_LEVELS = 32
 
     def blocks(self) -> torch.Tensor:
@@ -292,6 +309,7 @@ class Q41Weight(_OnGrid):
 
     FIELDS = ("d", "m")
     TYPE = GGML_TYPES["Q4_1"]
+    UNPACK = staticmethod(blocks.unpack_q4_1)
 
     u: torch.Tensor
     d: torch.Tensor
@@ -334,6 +352,7 @@ class Q51Weight(Q41Weight):
     """A weight on GGUF's Q5_1 grid: as Q41Weight with u in 0..31 (grid "q5_1")."""
 
     TYPE = GGML_TYPES["Q5_1"]
+    UNPACK = staticmethod(blocks.unpack_q5_1)
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/32 * 24]: the Q5_1 blocks."""
@@ -347,6 +366,7 @@ class Q50Weight(_OnGrid):
 
     FIELDS = ("d",)
     TYPE = GGML_TYPES["Q5_0"]
+    UNPACK = staticmethod(blocks.unpack_q5_0)
 
     u: torch.Tensor
     d: torch.Tensor
@@ -386,6 +406,7 @@ class Q40Weight(Q50Weight):
     negative d), which a positive scale cannot do (the uniform grid's `symmetric_scale: signed`)."""
 
     TYPE = GGML_TYPES["Q4_0"]
+    UNPACK = staticmethod(blocks.unpack_q4_0)
 
     def blocks(self) -> torch.Tensor:
         """uint8 [N, K/32 * 18]: the Q4_0 blocks."""
@@ -398,6 +419,7 @@ class Q80Weight(Q50Weight):
     d = absmax / 127 as llama.cpp's quantize_row_q8_0_ref (Q8_0 has no importance-matrix search)."""
 
     TYPE = GGML_TYPES["Q8_0"]
+    UNPACK = staticmethod(blocks.unpack_q8_0)
 
     @classmethod
     def choose_fields(cls, w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
@@ -427,7 +449,8 @@ def _need_blocks(w: torch.Tensor, cls) -> None:
 def group_scale(super_value: torch.Tensor, field: torch.Tensor, group: int = GROUP) -> torch.Tensor:
     """fp16 [N, S] super-block value times integer [N, S*256/group] fields -> fp32 [N, S*256/group] (an exact
     product)."""
-    return (super_value.float().repeat_interleave(SUPER_BLOCK // group, dim=1) * field.float())
+    n, per = field.shape[0], SUPER_BLOCK // group
+    return (super_value.float().unsqueeze(-1) * field.float().reshape(n, field.shape[1] // per, per)).reshape(field.shape)
 
 
 def super_block_fields(scale: torch.Tensor, minimum: torch.Tensor, group: int = GROUP,
@@ -459,6 +482,15 @@ def searched_fields(w: torch.Tensor, importance: torch.Tensor | None = None,
 
     fields = getattr(reference_quants, f"{kind.lower()}_fields")
     return fields(w.float(), None if importance is None else importance.float())[1:]
+
+
+def dequantize_blocks(data: torch.Tensor, kind: str) -> torch.Tensor:
+    """uint8 blocks of ggml type `kind` [N, G*bytes] -> fp32 [N, G*weights per block], as ggml's dequantize_row_*
+    computes them (for the K-quants d*sc and dmin*m rounded to fp32 first): the grid's dequantize of the fields
+    blocks.py reads from the bytes."""
+    if kind not in GGML_TYPES:
+        raise ValueError(f"unknown block type {kind!r}; one of {sorted(GGML_TYPES)}")
+    return GRID_WEIGHTS[GGML_TYPES[kind].grid].from_blocks(data).dequantize()
 
 
 def grid_weight(w: torch.Tensor, scheme, **field_options) -> GridWeight:

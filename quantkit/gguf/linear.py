@@ -7,8 +7,7 @@ import torch
 from torch import nn
 
 from ..scheme import QuantScheme
-from . import blocks
-from .grids import GridWeight
+from .grids import GRID_WEIGHTS, GridWeight
 from .types import GRID_TYPES
 
 PACKED_WEIGHT = "weight_blocks"  # the tensor that holds the weight itself (what a weight census counts)
@@ -50,9 +49,13 @@ class GgufLinear(nn.Module):
             layer.bias.data.copy_(bias.detach().to(dtype))
         return layer
 
+    def grid_weight(self) -> GridWeight:
+        """The weight its blocks hold (levels and fields, quantkit.gguf.grids)."""
+        return GRID_WEIGHTS[self.scheme.grid].from_blocks(self.weight_blocks, self.scheme)
+
     def dequantized_weight(self) -> torch.Tensor:
         """fp32 [N, K], as ggml's dequantize_row_* computes it."""
-        return blocks.dequantize_blocks(self.weight_blocks, self.gguf_type)
+        return self.grid_weight().dequantize()
 
     def stored_bits(self, scale_dtype: torch.dtype | None = None) -> int:
         """Bits the weight takes stored: its blocks (their fp16 / 6-bit fields whatever scale_dtype)."""
