@@ -391,3 +391,19 @@ def write_fixture(path: Path = FIXTURE) -> None:
 
 if __name__ == "__main__":
     write_fixture()
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 100.0, 60000.0])
+def test_q8_0_equals_the_gguf_package(scale):
+    """quantize_q8_0 (what the writer's q8_0 float tensors get) is gguf.quants.quantize's Q8_0, byte for byte:
+    d = amax / 127 rounded to fp16 after the codes are rounded (roundf, halves away from zero) against it
+    unrounded; a zero block, exact halves and fp16 overflow included."""
+    gguf = pytest.importorskip("gguf")
+    g = torch.Generator().manual_seed(int(scale * 1000) % 9973)
+    for shape in ((7, 64), (3, 4096)):
+        w = torch.randn(*shape, generator=g) * scale
+        w[0, :32] = 0
+        w[-1, 32:64] = torch.arange(32) - 15.5
+        theirs = gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType.Q8_0)
+        assert np.array_equal(R.quantize_q8_0(w).numpy(), theirs)
+    assert R.quantize_q8_0(torch.zeros(0, 64)).shape == (0, 68)

@@ -9,6 +9,8 @@ Ports of ggml/src/ggml-quants.c (the llama.cpp tree quantkit is checked against)
   quant_weights): quantize_row_q4_K_impl and quantize_row_q5_K_impl (make_qkx3_quants per sub-block,
   make_qp_quants for the scales and mins) and quantize_row_q6_K_impl (make_qx_quants weighted by the
   importance);
+- quantize_row_q8_0_ref (quantize_q8_0: d = amax / 127, the codes roundf against the unrounded d; the one
+  maker of Q8_0 blocks from float weights outside the grids, which round against the stored fp16 d);
 - nearest_int (round half to even through the 1.5 * 2^23 trick, its wrap-around kept), GGML_FP32_TO_FP16
   (round to nearest even) and the C's uint8 / int8 stores.
 
@@ -37,6 +39,7 @@ import numpy as np
 import torch
 
 from . import blocks
+from .types import GGML_TYPES
 
 QK_K = blocks.SUPER_BLOCK
 GROUP_MAX_EPS = np.float32(1e-15)
@@ -70,6 +73,29 @@ def _sqrtf(x: torch.Tensor) -> torch.Tensor:
 def _nearest_int(f: torch.Tensor) -> torch.Tensor:
     """ggml's nearest_int: fp32 -> int32, round half to even for |f| < 2^22 (and the C's bits beyond)."""
     return ((f + 12582912.0).view(torch.int32) & 0x007FFFFF) - 0x00400000
+
+
+def _roundf(x: torch.Tensor) -> torch.Tensor:
+    """C's roundf (halves away from zero) in fp32, exactly: floor(|x|) + floor(2 (|x| - floor(|x|))), signed."""
+    a = x.abs()
+    f = a.floor()
+    return torch.sign(x) * (f + (2 * (a - f)).floor())
+
+
+def quantize_q8_0(w: torch.Tensor) -> torch.Tensor:
+    """llama.cpp's quantize_row_q8_0_ref of w float [N, K] (K % 32 == 0), bit for bit: per block of 32,
+    d = amax / 127 in fp32, the codes roundf(x * (1 / d)) against that unrounded d (0 where d is 0), d stored
+    as fp16. returns uint8 [N, K/32 * 34] Q8_0 blocks."""
+    n, k = w.shape
+    if k % blocks.BLOCK:
+        raise ValueError(f"Q8_0: K = {k} is not a multiple of the block size {blocks.BLOCK}")
+    if n == 0:  # (no block scales to view as bytes)
+        return torch.empty(0, k // blocks.BLOCK * GGML_TYPES["Q8_0"].block_bytes, dtype=torch.uint8)
+    x = w.float().reshape(n, k // blocks.BLOCK, blocks.BLOCK)
+    d = x.abs().amax(dim=-1) / 127  # [N, K/32]
+    inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    q = _roundf(x * inv.unsqueeze(-1)).to(torch.int8).reshape(n, k)
+    return blocks.pack_q8_0(q, d.to(torch.float16))
 
 
 def _u8(i: torch.Tensor) -> torch.Tensor:

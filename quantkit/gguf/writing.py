@@ -47,7 +47,7 @@ from ..kernels.packing import unpack_int32, unpack_zero_point
 from ..loading import source_dtype
 from ..modules.quant_linear import QuantLinear
 from ..targets import matches, output_head_name
-from . import blocks
+from . import blocks, reference_quants
 from .choices import FLOAT_TYPES, RECIPES_FOR
 from .linear import GgufLinear
 from .pretokenizers import CHECK_TEXT, PRE_TOKENIZERS
@@ -417,8 +417,8 @@ def float_fallback(float_type: str, width: int) -> tuple[str, str | None]:
 
 def _float_tensor(t: torch.Tensor, float_type: str):
     """(numpy data, ggml type) for a float tensor written in float_type (FLOAT_TYPES but auto; its fallback
-    for the tensor's width, float_fallback). q8_0 and q5_0 are the gguf package's rounding, q6_k / q4_k
-    llama.cpp's (quantkit.gguf.reference_quants)."""
+    for the tensor's width, float_fallback). q8_0, q6_k and q4_k are llama.cpp's rounding
+    (quantkit.gguf.reference_quants), q5_0 the gguf package's."""
     import gguf
 
     data = t.detach().float().cpu()
@@ -426,10 +426,9 @@ def _float_tensor(t: torch.Tensor, float_type: str):
     qtype = getattr(gguf.GGMLQuantizationType, float_type.upper())
     if float_type == "f32":
         return data.numpy(), qtype
-    if float_type in GRID_TYPES and GRID_TYPES[float_type].block == SUPER_BLOCK:  # the K-quants
-        from . import reference_quants
-
-        return getattr(reference_quants, f"quantize_{float_type}")(data).numpy(), qtype
+    if float_type == "q8_0" or (float_type in GRID_TYPES and GRID_TYPES[float_type].block == SUPER_BLOCK):
+        rows = data.reshape(-1, data.shape[-1])  # [..., K] -> [rows, K]
+        return getattr(reference_quants, f"quantize_{float_type}")(rows).reshape(*data.shape[:-1], -1).numpy(), qtype
     return gguf.quants.quantize(data.numpy(), qtype), qtype
 
 
