@@ -47,7 +47,7 @@ from .moe import (
     unfuse_experts,
 )
 from .targets import set_submodule
-from .weight_census import unquantizable_weights
+from .weight_census import QUANTIZED_LINEARS, unquantizable_weights
 
 
 def _check_finite(model: nn.Module) -> None:
@@ -158,7 +158,7 @@ def quantize(
                 f"recipe {recipe.name} quantizes onto a GGUF grid ({recipe.weights.grid}), written only as GGUF, "
                 f"which quantkit writes for dense Llama, Mistral, Qwen2 and Qwen3 models; this is a mixture-of-"
                 f"experts model: use a checkpoint recipe (e.g. w4a16-gptq-asym)")
-        if any(isinstance(m, (QuantLinear, GgufLinear)) for m in model.modules()):
+        if any(isinstance(m, QUANTIZED_LINEARS) for m in model.modules()):
             raise QuantizationError(
                 "the model's weights are already quantized; quantize the float model (quantkit.load of a "
                 "float folder, or transformers' from_pretrained) instead"

@@ -14,19 +14,12 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from .gguf import linear as gguf_linear
 from .gguf.linear import GgufLinear
-from .modules import quant_linear
 from .modules.quant_experts import QuantExperts
 from .modules.quant_linear import QuantLinear
 
-#: the layers that hold a quantized weight
+#: the layers that hold a quantized weight (each names the tensor that holds the weight itself: PACKED_WEIGHT)
 QUANTIZED_LINEARS = (QuantLinear, GgufLinear)
-
-
-def module_packed_weight(module: nn.Module) -> str:
-    """The name of the tensor that holds a quantized layer's weight itself."""
-    return (quant_linear if isinstance(module, QuantLinear) else gguf_linear).PACKED_WEIGHT
 from .moe import router_names
 from .targets import matches
 
@@ -78,7 +71,7 @@ def _owned_parameters(model: nn.Module):
     for mname, module in model.named_modules():
         tensors = list(module.named_parameters(recurse=False))
         if isinstance(module, QUANTIZED_LINEARS):
-            packed = module_packed_weight(module)
+            packed = module.PACKED_WEIGHT
             tensors = [(packed, getattr(module, packed))] + ([("bias", module.bias)] if module.bias is not None else [])
         for pname, t in tensors:
             if t is None or id(t) in seen:
@@ -92,7 +85,7 @@ def weight_census(model: nn.Module) -> WeightCensus:
     routers = set(router_names(model))
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     for mname, module, pname, t in _owned_parameters(model):
-        if isinstance(module, QUANTIZED_LINEARS) and pname == module_packed_weight(module):
+        if isinstance(module, QUANTIZED_LINEARS) and pname == module.PACKED_WEIGHT:
             census.quantized += module.in_features * module.out_features
             continue
         n = t.numel()

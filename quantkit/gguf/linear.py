@@ -10,8 +10,6 @@ from ..scheme import QuantScheme
 from .grids import GRID_WEIGHTS, GridWeight
 from .types import GRID_TYPES
 
-PACKED_WEIGHT = "weight_blocks"  # the tensor that holds the weight itself (what a weight census counts)
-
 
 class GgufLinear(nn.Module):
     """y = x @ W.T + b with W on a GGUF grid (quantkit.gguf.grids), stored as the blocks a GGUF file holds.
@@ -22,6 +20,8 @@ class GgufLinear(nn.Module):
     them as GGUF, which llama.cpp runs with its own kernels; compressed-tensors (and so quantkit.save and
     vLLM's WNA16 path) cannot hold their float group minimums.
     """
+
+    PACKED_WEIGHT = "weight_blocks"  # the tensor that holds the weight itself (what a weight census counts)
 
     def __init__(self, in_features: int, out_features: int, scheme: QuantScheme, *, bias: bool = False,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:

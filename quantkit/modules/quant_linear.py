@@ -12,7 +12,6 @@ from ..quantized_weight import QuantizedWeight
 from ..scheme import QuantScheme
 
 CHECKPOINT_TENSORS = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point")
-PACKED_WEIGHT = "weight_packed"  # the tensor that holds the weight itself (what a weight census counts)
 
 
 class QuantLinear(nn.Module):
@@ -24,6 +23,8 @@ class QuantLinear(nn.Module):
     `prepare(backend)` repacks them once for a kernel backend (quantkit.kernels); the kernel's tensors
     are non-persistent buffers, so `.to(device)` moves them and checkpoints never see them.
     """
+
+    PACKED_WEIGHT = "weight_packed"  # the tensor that holds the weight itself (what a weight census counts)
 
     def __init__(
         self,
