@@ -44,7 +44,8 @@ from torch import nn
 
 from .errors import UsageError
 from .modules.fused_linear import FusedPart
-from .modules.kv_scales import cache_keyword, read_kv_scales
+from .modules.kv_rotation import check_rotation
+from .modules.kv_scales import cache_keyword, kv_rotation_of, read_kv_scales
 from .modules.quant_linear import QuantLinear
 
 #: the model types (config.model_type) the loop runs
@@ -158,6 +159,14 @@ class CpuDecoder:
             self._native = torch.classes.quantkit.CpuDecoder(
                 dims, [eps, float(attn0.scaling), float(rotary.attention_scaling)], embed, inner.norm.weight,
                 rotary.inv_freq.float())
+            # an fp8 cache applies the checkpoint's rotation of head_dim (its scales are of that basis)
+            self.rotation = kv_rotation_of(model) if self.cache_dtype == "fp8" else "none"
+            if self.rotation != "none":
+                try:
+                    check_rotation(self.rotation, head_dim)
+                except Exception as e:
+                    raise UsageError(str(e)) from None
+                self._native.set_rotation(True)
             if self.cache_dtype == "fp8":
                 self._set_kv_scales()
             for i, layer in enumerate(inner.layers):
@@ -174,7 +183,10 @@ class CpuDecoder:
         self.lengths = torch.zeros(0, dtype=torch.int64)
 
     def _set_kv_scales(self) -> None:
-        scales, _ = read_kv_scales(self.model)
+        scales, missing = read_kv_scales(self.model, rotated=self.rotation != "none")
+        if missing:
+            raise UsageError(f"the checkpoint's KV cache is rotated but {len(missing)} attention layers lack the "
+                             "rotated-basis k / v scales: load it with quantkit.load, or choose cache_dtype bf16")
         for i, (k, v) in scales.items():
             if k.numel() not in (1, self.kv_heads) or v.numel() not in (1, self.kv_heads):
                 raise UsageError(f"layer {i}'s k_scale / v_scale have {k.numel()} / {v.numel()} entries: one per "

@@ -198,12 +198,13 @@ def float_model(seed=0):
     return model
 
 
-def fp8_transformers_steps(model, ids, tokens):
-    """transformers' forward with quantkit's FP8 cache (modules/kv_cache.py): prefill, then one step per column."""
+def fp8_transformers_steps(model, ids, tokens, rotation=None):
+    """transformers' forward with quantkit's FP8 cache (modules/kv_cache.py): prefill, then one step per column
+    (rotation: as fp8_cache_for's, None the model's own)."""
     from quantkit.modules.kv_cache import fp8_cache_for
 
     with torch.inference_mode():
-        cache, kw = fp8_cache_for(model), cache_keyword(model)
+        cache, kw = fp8_cache_for(model, rotation=rotation), cache_keyword(model)
         model(ids, use_cache=True, **{kw: cache})
         return torch.stack([model(tokens[:, i:i + 1], use_cache=True, **{kw: cache}).logits[:, -1].float()
                             for i in range(tokens.shape[1])])

@@ -88,6 +88,19 @@ void rotate(float* v, const float* c, const float* s, int64_t hd) {
   }
 }
 
+// In place: v (n values, n a power of two) <- v H, H the normalized Sylvester Hadamard matrix (H = H^T,
+// H H = I), as quantkit.modules.kv_rotation.hadamard_matrix: a fast Walsh-Hadamard transform.
+void hadamard(float* v, int64_t n) {
+  for (int64_t len = 1; len < n; len <<= 1)
+    for (int64_t i = 0; i < n; i += len << 1)
+      for (int64_t j = i; j < i + len; ++j) {
+        const float a = v[j], b = v[j + len];
+        v[j] = a + b, v[j + len] = a - b;
+      }
+  const float norm = 1.f / std::sqrt(static_cast<float>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] *= norm;
+}
+
 constexpr int64_t BLOCK = 256;  // cache positions per block (a multiple of 2 * KV_KEY_TILE)
 
 struct Layer {
@@ -145,6 +158,7 @@ struct CpuDecoder : torch::CustomClassHolder {
   Linear lm_head;
   std::vector<Layer> layers;
   int64_t batch = 0, blocks = 0;  // blocks allocated per layer
+  bool rotated = false;  // the cache stores k H and v H (Hadamard of head_dim); q H in, out H back
 
   // dims: layers, hidden, heads, kv_heads, head_dim, intermediate, max_len, cache dtype (KvDtype), code
   // path of the attention (0 scalar, 1 AVX2, 2 AVX-512, -1 the CPU's best); params: rms eps, attention
@@ -175,6 +189,14 @@ struct CpuDecoder : torch::CustomClassHolder {
                 "CpuDecoder.set_kv_scales: one scale per kv head");
     layers[layer].k_head_scale = k_scale.to(at::kFloat).contiguous();
     layers[layer].v_head_scale = v_scale.to(at::kFloat).contiguous();
+  }
+
+  // The Hadamard rotation of head_dim (a power of two) for the cache: k, v rotated at the write, q before
+  // attention, the attention output rotated back. fp8 scales are then those of the rotated basis.
+  void set_rotation(bool on) {
+    TORCH_CHECK(!on || (head_dim & (head_dim - 1)) == 0, "CpuDecoder.set_rotation: head_dim ", head_dim,
+                " is not a power of two");
+    rotated = on;
   }
 
   // slot: "qkv" / "gate_up" (appended in output order), "o", "down"; "lm_head" with layer -1.
@@ -239,6 +261,12 @@ struct CpuDecoder : torch::CustomClassHolder {
 
   // One key and value (head_dim fp32 values each) of sequence b, kv head h, at position pos (reserved).
   void write(Layer& L, int64_t b, int64_t h, int64_t pos, const float* k, const float* v) {
+    std::vector<float> kr, vr;
+    if (rotated) {  // the stored basis: k H, v H
+      kr.assign(k, k + head_dim), vr.assign(v, v + head_dim);
+      hadamard(kr.data(), head_dim), hadamard(vr.data(), head_dim);
+      k = kr.data(), v = vr.data();
+    }
     const int64_t blk = pos / BLOCK, w = pos % BLOCK, slab = (b * kv_heads + h) * BLOCK, tile = quantkit::KV_KEY_TILE;
     const float ks = L.k_head_scale.defined() ? L.k_head_scale.data_ptr<float>()[h] : 1.f;
     const float vs = L.v_head_scale.defined() ? L.v_head_scale.data_ptr<float>()[h] : 1.f;
@@ -337,7 +365,10 @@ struct CpuDecoder : torch::CustomClassHolder {
         const float* sr = cr + hd;
         if (L.q_norm.defined()) rms_norm(q, L.q_norm.data_ptr<float>(), q, heads, hd, hd, eps);
         if (L.k_norm.defined()) rms_norm(k, L.k_norm.data_ptr<float>(), k, kv_heads, hd, hd, eps);
-        for (int64_t i = 0; i < heads; ++i) rotate(q + i * hd, cr, sr, hd);
+        for (int64_t i = 0; i < heads; ++i) {
+          rotate(q + i * hd, cr, sr, hd);
+          if (rotated) hadamard(q + i * hd, hd);  // (q H)(k H)^T = q k^T
+        }
         for (int64_t i = 0; i < kv_heads; ++i) {
           rotate(k + i * hd, cr, sr, hd);
           write(L, b, i, pp[b], k + i * hd, v + i * hd);
@@ -357,6 +388,10 @@ struct CpuDecoder : torch::CustomClassHolder {
         view.k_head_scale = L.k_head_scale.data_ptr<float>(), view.v_head_scale = L.v_head_scale.data_ptr<float>();
       quantkit::decode_attention_cpu(p, w, attn.data_ptr<float>(), heads, view, lengths.data(),
                                      static_cast<float>(scaling), 0, isa);
+      if (rotated) {  // softmax(.) (v H) = o H: back by H (H H = I)
+        float* o = attn.data_ptr<float>();
+        for (int64_t r = 0; r < B * heads; ++r) hadamard(o + r * hd, hd);
+      }
       h.add_(run_linear(L.o, attn));
       rms_norm(hp, L.post_norm.data_ptr<float>(), xp, B, H, H, eps);
       at::Tensor gu = run_group(L.gate_up, xn);  // [B, 2I]: gate, up
@@ -382,6 +417,7 @@ TORCH_LIBRARY_FRAGMENT(quantkit, m) {
       .def(torch::init<std::vector<int64_t>, std::vector<double>, at::Tensor, at::Tensor, at::Tensor>())
       .def("add_linear", &CpuDecoder::add_linear)
       .def("set_kv_scales", &CpuDecoder::set_kv_scales)
+      .def("set_rotation", &CpuDecoder::set_rotation)
       .def("set_norms", &CpuDecoder::set_norms)
       .def("reset", &CpuDecoder::reset)
       .def("set_cache", &CpuDecoder::set_cache)
