@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import blocks
+from . import blocks, reference_quants
 from .types import BLOCK, GGML_TYPES, SUPER_BLOCK, GgmlType
 
 GROUP = BLOCK  # inputs per group (sub-block) of every grid but Q2_K's, Q3_K's and Q6_K's 16
@@ -334,9 +334,7 @@ class Q41Weight(_OnGrid):
         for these types, nor has this."""
         _need_blocks(w, cls)
         if search and importance is not None:
-            from .reference_quants import q1_fields
-
-            d, m = q1_fields(w.float(), importance.float(), cls.LEVELS)
+            d, m = reference_quants.q1_fields(w.float(), importance.float(), cls.LEVELS)
             return _fp16(d, f"a {cls.GGUF_TYPE} block scale"), _fp16(m, f"a {cls.GGUF_TYPE} block minimum")
         lo, hi = _ranges(w, clip_ratio, include_zero=False)
         return (_fp16((hi - lo) / cls.LEVELS, f"a {cls.GGUF_TYPE} block scale"),
@@ -389,9 +387,7 @@ class Q50Weight(_OnGrid):
         importance llama.cpp has no search for these types, nor has this."""
         _need_blocks(w, cls)
         if search and importance is not None:
-            from .reference_quants import qx_scales
-
-            return (_fp16(qx_scales(w.float(), importance.float(), cls.OFFSET), f"a {cls.GGUF_TYPE} scale"),)
+            return (_fp16(reference_quants.qx_scales(w.float(), importance.float(), cls.OFFSET), f"a {cls.GGUF_TYPE} scale"),)
         return (_fp16(_signed_extremes(w, clip_ratio, GROUP) / -cls.OFFSET, f"a {cls.GGUF_TYPE} block scale"),)
 
     def blocks(self) -> torch.Tensor:
@@ -478,8 +474,6 @@ def searched_fields(w: torch.Tensor, importance: torch.Tensor | None = None,
     (quantkit.gguf.reference_quants: e.g. Q4_K's make_qkx2_quants weighted least-squares search of each group's
     step and minimum, or with `importance` [K] the imatrix path's make_qkx3_quants / make_qp_quants): the
     grid's FIELDS, (d, dmin, sc, mn) or (d, sc)."""
-    from . import reference_quants
-
     fields = getattr(reference_quants, f"{kind.lower()}_fields")
     return fields(w.float(), None if importance is None else importance.float())[1:]
 

@@ -33,24 +33,30 @@ import json
 import logging
 import math
 import os
+import shutil
 import struct
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from hashlib import sha256
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from .. import __version__
 from ..errors import CheckpointError, UsageError
 from ..kernels.packing import unpack_int32, unpack_zero_point
 from ..loading import source_dtype
+from ..modules.kv_scales import read_kv_scales
 from ..modules.quant_linear import QuantLinear
 from ..targets import matches, output_head_name
 from . import blocks, reference_quants
 from .choices import FLOAT_TYPES, RECIPES_FOR
 from .linear import GgufLinear
+from .mix import FILE_TYPES, OUTPUT_TYPES
 from .pretokenizers import CHECK_TEXT, PRE_TOKENIZERS
+from .sentencepiece import load_processor, set_vocab
 from .types import BLOCK, GRID_TYPES, SUPER_BLOCK, for_width
 
 #: the largest RMS difference between a quantized output head and the embedding, relative to the embedding's
@@ -239,7 +245,7 @@ def sliding_window_problem(config) -> str | None:
 def check_exportable(folder: str | os.PathLike) -> None:
     """UsageError now, before any quantization, when the model in `folder` has no GGUF architecture or
     tokenizer here, or an attention llama.cpp would not run as it does (sliding_window_problem)."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # import time: transformers loads only where it is used
 
     hparams = _hparams(Path(folder))
     architecture_of(hparams)
@@ -248,8 +254,6 @@ def check_exportable(folder: str | os.PathLike) -> None:
     if problem:
         raise UsageError(f"{folder}: {problem}")
     if _tokenizer_kind(Path(folder)) == "sentencepiece":
-        from .sentencepiece import load_processor
-
         load_processor(Path(folder) / "tokenizer.model")
     else:
         _bpe_tokenizer(Path(folder), hparams["vocab_size"])
@@ -258,7 +262,7 @@ def check_exportable(folder: str | os.PathLike) -> None:
 def _bpe_tokenizer(folder: Path, vocab_size: int):
     """(tokenizer, {id: token}, llama.cpp's pre-tokenizer name) of a BPE folder; CheckpointError for a token id
     the model has no row for, UsageError for a pre-tokenizer llama.cpp does not know."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # import time: transformers loads only where it is used
 
     tokenizer_json = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -282,7 +286,7 @@ def _rope(hparams: dict) -> dict:
 
 def _set_parameters(writer, hparams: dict, arch: str, file_type) -> None:
     """The hyperparameters convert_hf_to_gguf (TextModel and LlamaModel.set_gguf_parameters) writes."""
-    import gguf
+    import gguf  # an optional dependency (quantkit[gguf])
 
     writer.add_block_count(hparams["num_hidden_layers"])
     if hparams.get("max_position_embeddings") is not None:
@@ -311,8 +315,6 @@ def _set_parameters(writer, hparams: dict, arch: str, file_type) -> None:
 def pre_tokenizer_name(tokenizer, tokenizer_json: dict) -> str:
     """llama.cpp's `tokenizer.ggml.pre` for a BPE tokenizer: by the hash llama.cpp's converter computes,
     else "gpt-2" for a plain byte-level pre-tokenizer with GPT-2's regex (what such a tokenizer applies)."""
-    from hashlib import sha256
-
     # verbose=False: CHECK_TEXT may be longer than the model's context, which is no problem for hashing it
     digest = sha256(str(tokenizer.encode(CHECK_TEXT, verbose=False)).encode()).hexdigest()
     if digest in PRE_TOKENIZERS:
@@ -344,11 +346,9 @@ def _tokenizer_kind(folder: Path) -> str:
 def _set_vocab(writer, folder: Path, vocab_size: int, arch: str) -> None:
     """Tokens, types, merges, special ids and chat template as convert_hf_to_gguf's _set_vocab_gpt2 writes them,
     or a SentencePiece vocabulary as its _set_vocab_sentencepiece does (gguf_sentencepiece.py)."""
-    import gguf
+    import gguf  # an optional dependency (quantkit[gguf])
 
     if _tokenizer_kind(folder) == "sentencepiece":
-        from .sentencepiece import set_vocab
-
         return set_vocab(writer, folder, vocab_size, arch)
     tokenizer, reverse, pre = _bpe_tokenizer(folder, vocab_size)
     added = tokenizer.get_added_vocab()
@@ -419,7 +419,7 @@ def _float_tensor(t: torch.Tensor, float_type: str):
     """(numpy data, ggml type) for a float tensor written in float_type (FLOAT_TYPES but auto; its fallback
     for the tensor's width, float_fallback). q8_0, q6_k and q4_k are llama.cpp's rounding
     (quantkit.gguf.reference_quants), q5_0 the gguf package's."""
-    import gguf
+    import gguf  # an optional dependency (quantkit[gguf])
 
     data = t.detach().float().cpu()
     float_type, _ = float_fallback(float_type, data.shape[-1])
@@ -484,10 +484,8 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
     provenance: how the model was made, by PROVENANCE_KEYS (written as quantkit.KEY beside the marker).
     check_space: called with the bytes the file's tensors take before anything is written (to refuse a disk
     without room for them)."""
-    import gguf
+    import gguf  # an optional dependency (quantkit[gguf])
 
-    from .mix import FILE_TYPES, OUTPUT_TYPES
-    from ..modules.kv_scales import read_kv_scales
 
     folder = Path(folder)
     hparams = _hparams(folder)
@@ -591,8 +589,6 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
 
     if check_space is not None:
         check_space(sum(data.nbytes for _, data, _ in pending))
-    from .. import __version__
-
     writer = gguf.GGUFWriter(str(out), result.architecture)
     writer.add_string(MARKER_KEY, f"quantkit {__version__}")  # right after general.architecture
     for key, value in (provenance or {}).items():
@@ -624,8 +620,6 @@ def _write_error(e: OSError, out: Path) -> OSError:
     left, else EIO."""
     if e.errno is not None:
         return OSError(e.errno, e.strerror, str(out)) if e.filename is None else e
-    import shutil
-
     try:
         full = shutil.disk_usage(out.parent).free < 1 << 20
     except OSError:
