@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..modules.quant_linear import QuantLinear
 from ..scheme import QuantScheme
 from .grids import GRID_WEIGHTS, GridWeight
 from .types import GRID_TYPES
@@ -73,8 +74,6 @@ class GgufLinear(nn.Module):
 
 def quantized_linear(qweight, bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Module:
     """The layer an algorithm's result becomes: a GgufLinear for a GGUF-grid weight, else a QuantLinear."""
-    from ..modules.quant_linear import QuantLinear
-
     if isinstance(qweight, GridWeight):
         return GgufLinear.from_grid_weight(qweight, bias, dtype=dtype)
     return QuantLinear.from_quantized(qweight, bias, dtype=dtype)
