@@ -143,6 +143,11 @@ def quantize(
         from .calibration.kv_scales import check_kv_cache_model
 
         check_kv_cache_model(model)
+        if recipe.kv_cache_rotation != "none":
+            from .modules.kv_rotation import check_rotation
+
+            attention = next(iter(attention_modules(model).values()))[1]
+            check_rotation(recipe.kv_cache_rotation, getattr(attention, "head_dim", None))  # before any work
     calibrated = recipe.needs_calibration
     spill = None
     if spill_folder is not None:
@@ -197,7 +202,8 @@ def quantize(
         from .calibration import calibration_batches
         from .calibration.kv_scales import quantize_kv_cache
 
-        quantize_kv_cache(model, calibration_batches(calibration_data, model, tokenizer), progress=progress)
+        quantize_kv_cache(model, calibration_batches(calibration_data, model, tokenizer), progress=progress,
+                          rotation=recipe.kv_cache_rotation)
         enable_fp8_kv_cache(model)  # generate() and forward passes now run with the calibrated FP8 cache
     _untie_quantized_lm_head(model)
     model.config.quantization_config = build_quantization_config(model, recipe.kv_cache)

@@ -14,7 +14,9 @@ named by the stem of a file in the built-in `recipes/` folder (e.g. "w4a16-rtn")
     indivisible: smaller-group # a linear whose in_features the group size does not divide:
                                # smaller-group | channel | ragged | error (scheme.INDIVISIBLE)
     algorithm: {name: rtn}     # rtn | gptq | awq, with that algorithm's options
-    kv_cache: null             # or {num_bits: 8, type: float, strategy: tensor}
+    kv_cache: null             # or {num_bits: 8, type: float, strategy: tensor}, optionally with
+                               # rotation: hadamard (keys and values rotated by a Hadamard matrix of head_dim
+                               # before the fp8 cache: quantkit.modules.kv_rotation)
     mix: null                  # with weights on grid q4_k: q4_k_m | q4_k_s, llama-quantize's per-tensor
                                # mixes (quantkit.gguf.mix: Q6_K / Q5_K for some v_proj and down_proj)
 """
@@ -90,6 +92,8 @@ class Recipe:
     kv_cache: QuantScheme | None = None
     indivisible: str = "smaller-group"
     mix: str | None = None
+    #: the kv_cache's `rotation` (quantkit.modules.kv_rotation.ROTATIONS): "none" or "hadamard"
+    kv_cache_rotation: str = "none"
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -108,6 +112,14 @@ class Recipe:
             raise ConfigError("weights: strategy must be 'channel' or 'group' (per-tensor int weights are unsupported)")
         if self.kv_cache is not None and (self.kv_cache.type != "float" or self.kv_cache.strategy not in ("tensor",)):
             raise ConfigError("kv_cache: only fp8 per-tensor is supported: {num_bits: 8, type: float, strategy: tensor}")
+        from .modules.kv_rotation import ROTATIONS
+
+        if not isinstance(self.kv_cache_rotation, str) or self.kv_cache_rotation not in ROTATIONS:
+            raise ConfigError(f"kv_cache: rotation must be one of {', '.join(ROTATIONS)}, got "
+                              f"{_shown(self.kv_cache_rotation)}")
+        if self.kv_cache_rotation != "none" and self.kv_cache is None:
+            raise ConfigError("kv_cache: a rotation needs an fp8 KV cache: {num_bits: 8, type: float, strategy: "
+                              "tensor, rotation: hadamard}")
         if self.mix is not None:
             from .gguf.mix import MIX_GRIDS
 
@@ -197,6 +209,9 @@ class Recipe:
             return {k: v for k, v in d.items()
                     if not (k in ("group_size", "actorder") and v is None) and not (k == "grid" and v == "uniform")}
 
+        kv_cache = scheme(self.kv_cache)
+        if kv_cache is not None and self.kv_cache_rotation != "none":
+            kv_cache["rotation"] = self.kv_cache_rotation
         return {
             "version": self.version,
             "description": self.description,
@@ -204,7 +219,7 @@ class Recipe:
             "targets": list(self.targets),
             "ignore": list(self.ignore),
             "algorithm": self.algorithm.to_dict(),
-            "kv_cache": scheme(self.kv_cache),
+            "kv_cache": kv_cache,
             "indivisible": self.indivisible,
             **({"mix": self.mix} if self.mix is not None else {}),
         }
@@ -237,7 +252,7 @@ def recipe_from_dict(data: Any, name: str = "custom") -> Recipe:
     where = f"recipe {name!r}"
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a YAML mapping at the top level")
-    allowed = {f.name for f in dataclasses.fields(Recipe)} - {"name"}
+    allowed = {f.name for f in dataclasses.fields(Recipe)} - {"name", "kv_cache_rotation"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         # Reuse from_dict's message (with suggestions) for the unknown keys.
@@ -248,7 +263,11 @@ def recipe_from_dict(data: Any, name: str = "custom") -> Recipe:
             kwargs[key] = data[key]
     for key in ("weights", "kv_cache"):
         if data.get(key) is not None:
-            kwargs[key] = from_dict(QuantScheme, data[key], f"{where}: {key}")
+            value = data[key]
+            if key == "kv_cache" and isinstance(value, dict) and "rotation" in value:
+                value = dict(value)
+                kwargs["kv_cache_rotation"] = value.pop("rotation")  # quantkit's, not compressed-tensors'
+            kwargs[key] = from_dict(QuantScheme, value, f"{where}: {key}")
     for key in ("targets", "ignore"):
         if key in data:
             kwargs[key] = _string_list(data[key] or [], f"{where}: {key}")

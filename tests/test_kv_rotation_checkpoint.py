@@ -86,3 +86,36 @@ def test_missing_rotation_file_is_named(rotated_checkpoint, tmp_path):
     (copy / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=CONFIG_KEY):
         quantkit.load(copy)
+
+
+def test_recipe_option_round_trips_and_quantize_rotates():
+    recipe = load_recipe("w4a16-rtn-kv-fp8-hadamard")
+    assert recipe.kv_cache_rotation == "hadamard"
+    assert recipe.to_dict()["kv_cache"]["rotation"] == "hadamard"
+    assert load_recipe(recipe.to_dict()).kv_cache_rotation == "hadamard"
+    assert load_recipe("w4a16-rtn-kv-fp8").kv_cache_rotation == "none"
+    model = make_random_model("llama", seed=5, vocab=VOCAB)
+    quantkit.quantize(model, recipe, [torch.randint(0, VOCAB, (4, 64))], progress=False)
+    assert kv_rotation_of(model) == "hadamard"
+    assert not read_kv_scales(model, rotated=True)[1]
+
+
+@pytest.mark.parametrize("kv_cache,message", [
+    ({"num_bits": 8, "type": "float", "strategy": "tensor", "rotation": "random"}, "rotation must be one of none, hadamard"),
+    ({"num_bits": 8, "type": "float", "strategy": "tensor", "rotation": 1}, "rotation must be one of none, hadamard"),
+])
+def test_bad_rotation_in_a_recipe_names_the_choices(kv_cache, message):
+    from quantkit.config_utils import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        load_recipe({"version": 1, "kv_cache": kv_cache})
+
+
+def test_rotation_needs_a_power_of_two_head_dim_before_any_work():
+    from quantkit.errors import QuantizationError
+
+    model = make_random_model("llama", seed=5, vocab=VOCAB)
+    for layer in model.model.layers:
+        layer.self_attn.head_dim = 48
+    with pytest.raises(QuantizationError, match="power of two.*48"):
+        quantkit.quantize(model, "w4a16-rtn-kv-fp8-hadamard", [torch.randint(0, VOCAB, (4, 64))], progress=False)
