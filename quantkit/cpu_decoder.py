@@ -27,7 +27,10 @@ and the prompt runs through transformers with that cache, so both see the same v
 round(x / s) with one scale s = amax / 127 per token and kv head. ``2 * layers * kv_heads * head_dim``
 values per position and sequence (int8: and 8 bytes of scales per kv head), allocated in blocks of 256
 positions as the longest sequence grows: ``max_len`` is a limit; ``cache_bytes()`` says what is held.
-Attention reads the cache in its stored type (quantkit/kernels/csrc/decode_attention_cpu.cpp).
+Attention reads the cache in its stored type (quantkit/kernels/csrc/decode_attention_cpu.cpp). An fp8
+cache of a checkpoint whose KV cache is Hadamard-rotated (quantkit.modules.kv_rotation) stores
+fp8(k H / s), fp8(v H / s) with the rotated-basis scales, and the loop rotates q by H before attention
+and the output back after it (``rotation``: "hadamard" or "none").
 
 Numerics: the residual stream, norms, rotary embeddings and attention are fp32; a bf16 model's float
 linears compute in bf16 as transformers' do. Against the model's own fp32 forward the logits agree to
