@@ -53,7 +53,7 @@ def run_cases(root: Path, cases) -> list[str]:
             rows.append(f"| {cell(case.bad_input)} | - | - | not run: permissions do not stop root (tested as a normal user) |")
             continue
         argv = case.setup(work)
-        proc = subprocess.run([sys.executable, "-m", "quantkit.cli", *argv], cwd=work, env=env,
+        proc = subprocess.run([sys.executable, "-m", "quantkit.commands.cli", *argv], cwd=work, env=env,
                               capture_output=True, text=True)
         shown = " ".join(shell_word(a.replace(str(work), ".").replace(str(root), "..")) for a in argv)
         message = error_line(proc.stderr).replace(str(work), ".").replace(str(root), "..")

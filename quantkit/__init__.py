@@ -17,10 +17,10 @@ __version__ = "0.1.0"
 # Public name -> the module that defines it (imported on first access).
 _LAZY = {
     "load": ".api", "quantize": ".api", "save": ".api",
-    "CheckpointError": ".errors", "ConfigError": ".errors", "QuantizationError": ".errors",
-    "Recipe": ".recipe", "load_recipe": ".recipe",
-    "QuantScheme": ".scheme",
-    "CpuDecoder": ".cpu_decoder",
+    "CheckpointError": ".core.errors", "ConfigError": ".core.errors", "QuantizationError": ".core.errors",
+    "Recipe": ".quantization.recipe", "load_recipe": ".quantization.recipe",
+    "QuantScheme": ".core.scheme",
+    "CpuDecoder": ".runtime.cpu_decoder",
 }
 
 __all__ = ["CheckpointError", "ConfigError", "CpuDecoder", "QuantScheme", "QuantizationError", "Recipe", "load", "load_recipe",

@@ -2,6 +2,6 @@
 
 import sys
 
-from quantkit.cli import main
+from quantkit.commands.cli import main
 
 sys.exit(main())

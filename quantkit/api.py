@@ -12,24 +12,24 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import provenance
+from .quantization import provenance
 from .algorithms import rtn_quantize
 from .algorithms.rtn import RTNOptions
-from .device import resolve_device
-from .dtypes import checkpoint_dtype
-from .fast_generate import install as install_fast_generate
-from .errors import CheckpointError, QuantizationError, UsageError, first_names
-from .finite import describe_nonfinite, nonfinite_tensors
+from .core.device import resolve_device
+from .core.dtypes import checkpoint_dtype
+from .runtime.fast_generate import install as install_fast_generate
+from .core.errors import CheckpointError, QuantizationError, UsageError, first_names
+from .core.finite import describe_nonfinite, nonfinite_tensors
 from .formats.compressed_tensors import build_quantization_config, kv_cache_scheme_of
 from .formats.kv_rotation_file import CONFIG_KEY as ROTATION_CONFIG_KEY, read_rotated_scales, write_rotated_scales
 from .formats.shapes import check_checkpoint_tensors
 from .formats.safetensors_io import folder_tensors, read_state_dict, stored_float_dtype, write_state_dict
-from .loading import (
+from .formats.loading import (
     SOURCE_DTYPE_ATTRIBUTE, copy_tokenizer_files, empty_quantized_model, is_quantized_checkpoint, load_float_model,
     read_config_json, resolve_model_source, source_dtype, tokenizer_bytes,
 )
 from .gguf.reading import gguf_origin, is_gguf_file, load_gguf_model
-from .outputs import OutputState, atomic_output_dir
+from .files.outputs import OutputState, atomic_output_dir
 from .modules.kv_cache import enable_fp8_kv_cache
 from .modules.kv_scales import (
     ROTATED_SCALE_NAMES, SCALE_NAMES, attach_kv_scales, attach_rotated_kv_scales, attention_modules, kv_rotation_of,
@@ -39,15 +39,15 @@ from .modules.fused_linear import fuse_projections, is_fused, unfused_state_dict
 from .gguf.grids import GridWeight
 from .gguf.linear import GgufLinear, quantized_linear
 from .modules.quant_linear import QuantLinear
-from .recipe import Recipe, load_recipe
-from .scheme import QuantScheme
-from .summaries import refit_notes
-from .moe import (
+from .quantization.recipe import Recipe, load_recipe
+from .core.scheme import QuantScheme
+from .quantization.summaries import refit_notes
+from .modules.moe import (
     experts_modules, from_disk_name, model_type, moe_config_problem, routed_token_summary, router_names, to_disk_name,
     unfuse_experts,
 )
-from .targets import set_submodule
-from .weight_census import QUANTIZED_LINEARS, unquantizable_weights
+from .modules.targets import set_submodule
+from .quantization.weight_census import QUANTIZED_LINEARS, unquantizable_weights
 
 
 def _check_finite(model: nn.Module) -> None:
@@ -230,7 +230,7 @@ def save(
     torch.bfloat16, torch.float16 or torch.float32, or its name; default: the dtype the source weights
     were stored in (a bf16 model stays bf16 even when it was loaded in fp32 to compute), or the model's
     dtype for a model quantkit did not load.
-    expect: what `out_dir` held when the caller's work began (quantkit.outputs.output_state); the write
+    expect: what `out_dir` held when the caller's work began (quantkit.files.outputs.output_state); the write
     is refused if another process wrote `out_dir` since (default: since this call).
     A disk too full for the checkpoint is found before anything is written (NoSpaceError, an OSError).
     """
@@ -360,7 +360,7 @@ def load(
     fewer, larger kernel calls per decode step). None: where the layers run on the CPU ("torch"
     backend). `save` writes a fused model's layers back as the checkpoint has them.
     fast_generate: on the CPU, the model's `generate` runs quantkit's C++ decode loop where it can honour the
-    call, else transformers' own, saying why (quantkit.fast_generate, docs/generate.md); False: transformers' own.
+    call, else transformers' own, saying why (quantkit.runtime.fast_generate, docs/generate.md); False: transformers' own.
     """
     from .kernels.wna16 import BACKENDS
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import quantkit
-from quantkit.config_utils import ConfigError
-from quantkit.scheme import QuantScheme
+from quantkit.core.config_utils import ConfigError
+from quantkit.core.scheme import QuantScheme
 
 from .conftest import make_random_model
 

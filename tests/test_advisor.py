@@ -121,14 +121,14 @@ def test_advise_command(tmp_path, capsys):
     # W4 exceeds the 5% budget and no other lossy scheme was measured: only the float model is known to be within it
     assert advice["recommended"] == "fp16"
     assert len(advice["candidates"]) == 6
-    from quantkit.cli import main
+    from quantkit.commands.cli import main
 
     assert main(["advise", str(tmp_path), "--gpu", "voodoo5", "--prompt-len", "1", "--output-len", "1"]) == 2
     assert "quantkit advise: error: unknown GPU" in capsys.readouterr().err
 
 
 def test_advise_refuses_a_probe_that_measured_nonsense(tmp_path, capsys, monkeypatch):
-    from quantkit.cli import main
+    from quantkit.commands.cli import main
     from quantkit.harness import hardware
 
     # what a bf16 matmul probe measures on a CPU without native bf16: 0.3 GFLOP/s at 11 GB/s
@@ -167,7 +167,7 @@ def test_advice_labels_derated_and_datasheet_figures(shape):
 
 
 def test_workload_must_fit_the_context():
-    from quantkit.errors import UsageError
+    from quantkit.core.errors import UsageError
 
     small = ModelShape.from_config(LLAMA_8B | {"max_position_embeddings": 512})
     advise(small, known_gpu("h200"), Workload(prompt_len=500, output_len=12))  # 512 in all: fits

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import quantkit
-from quantkit.errors import CheckpointError, QuantizationError
+from quantkit.core.errors import CheckpointError, QuantizationError
 from quantkit.modules import QuantLinear
 
 from .conftest import FAMILIES, make_random_model

@@ -1,8 +1,9 @@
-"""The package's import graph: no cycles, and no arrow pointing from the core to the layers above it.
+"""The package's import graph: no cycles, and no arrow pointing from a floor to a floor above it.
 
 Read from the source with `ast` (every import statement, including those inside functions), so the
-rules hold whatever a test run happens to import. Layers, from the bottom: kernels (torch and triton
-only) -> modules / formats / algorithms -> calibration -> harness -> commands (see ARCHITECTURE.md).
+rules hold whatever a test run happens to import. The floors, from the bottom: kernels (torch and
+triton only) -> core -> files -> modules / algorithms -> runtime -> formats / gguf -> quantization ->
+calibration -> api -> harness -> commands (see ARCHITECTURE.md).
 """
 
 from __future__ import annotations
@@ -14,20 +15,66 @@ ROOT = Path(__file__).resolve().parents[1]
 #: source folder -> the import name it ships as (pyproject's package-dir)
 PACKAGE_DIRS = {"quantkit": "quantkit"}
 
-#: importer prefix -> imported prefixes it must not reach
+#: The floors, from the bottom: each a tuple of module prefixes. A module stands on the floor of the longest
+#: prefix that names it, and imports only from its own floor or the floors below it.
+FLOORS = (
+    # torch and triton only; `quantkit` itself (its public names are imported on first use, by importlib)
+    ("quantkit.kernels",),
+    # errors, parsing, devices, the quantization vocabulary; the GGUF type records, byte layouts, llama.cpp's
+    # reference quantizers and grids, which import nothing of quantkit above them
+    ("quantkit.core", "quantkit.gguf.types", "quantkit.gguf.blocks", "quantkit.gguf.reference_quants",
+     "quantkit.gguf.grids"),
+    # input and output files; the built-in reference models (their store writes through files.outputs)
+    ("quantkit.files", "quantkit.refmodels"),
+    # the torch modules quantkit puts in a model, and the surgery that puts them there; the pure algorithms
+    ("quantkit.modules", "quantkit.algorithms"),
+    # the C++ decode loop, sampling and the CPU model's generate
+    ("quantkit.runtime",),
+    # what is on disk: compressed-tensors and safetensors, model folders, everything GGUF above its grids
+    ("quantkit.formats", "quantkit.gguf"),
+    # recipes, provenance, the weight census and its summaries
+    ("quantkit.quantization",),
+    ("quantkit.calibration",),
+    # quantize / save / load
+    ("quantkit.api",),
+    ("quantkit.harness",),
+    ("quantkit.commands", "quantkit.__main__"),
+)
+
+#: importer prefix -> imported prefixes it must not reach, although no floor forbids it
 FORBIDDEN = {
-    "quantkit.kernels": ("quantkit.algorithms", "quantkit.api", "quantkit.calibration", "quantkit.commands",
-                         "quantkit.harness", "quantkit.formats", "quantkit.modules", "quantkit.recipe"),
-    "quantkit.modules": ("quantkit.calibration", "quantkit.harness", "quantkit.commands"),
-    "quantkit.formats": ("quantkit.calibration", "quantkit.harness", "quantkit.commands"),
-    "quantkit.gguf": ("quantkit.calibration", "quantkit.harness", "quantkit.commands"),
-    "quantkit.algorithms": ("quantkit.calibration", "quantkit.harness", "quantkit.commands", "quantkit.formats",
-                            "quantkit.modules"),
-    "quantkit.calibration": ("quantkit.harness", "quantkit.commands"),
+    # the algorithms are pure functions of tensors: no modules, no files
+    "quantkit.algorithms": ("quantkit.formats", "quantkit.modules", "quantkit.files"),
     # engine adapters translate to the kernels' contract and nothing else
-    "quantkit.engines": ("quantkit.algorithms", "quantkit.api", "quantkit.calibration", "quantkit.commands",
-                         "quantkit.harness", "quantkit.formats", "quantkit.modules", "quantkit.recipe"),
+    "quantkit.engines": tuple(prefix for floor in FLOORS[1:] for prefix in floor),
 }
+
+
+def floor_of(module: str) -> int | None:
+    """The index in FLOORS of the longest prefix naming `module`; 0 for the package `quantkit` itself (its
+    names are imported on first use), None for a module on no floor (the engine adapters)."""
+    if module == "quantkit":
+        return 0
+    best, floor = "", None
+    for index, prefixes in enumerate(FLOORS):
+        for prefix in prefixes:
+            if _under(module, prefix) and len(prefix) > len(best):
+                best, floor = prefix, index
+    return floor
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that points to a higher floor or that FORBIDDEN names, as 'A imports B'."""
+    wrong = []
+    for importer, targets in graph.items():
+        for imported in targets:
+            low, high = floor_of(importer), floor_of(imported)
+            if low is not None and high is not None and high > low:
+                wrong.append(f"{importer} imports {imported} (floor {low} -> {high})")
+            elif any(_under(importer, layer) and any(_under(imported, f) for f in forbidden)
+                     for layer, forbidden in FORBIDDEN.items()):
+                wrong.append(f"{importer} imports {imported}")
+    return sorted(wrong)
 
 
 def module_files() -> dict[str, Path]:
@@ -127,15 +174,12 @@ def test_no_import_cycles():
     assert find_cycles(import_graph()) == []
 
 
+def test_every_module_stands_on_a_floor():
+    assert sorted(m for m in import_graph() if floor_of(m) is None and not _under(m, "quantkit.engines")) == []
+
+
 def test_no_wrong_way_arrows():
-    wrong = sorted(
-        f"{importer} imports {imported}"
-        for importer, targets in import_graph().items()
-        for imported in targets
-        for layer, forbidden in FORBIDDEN.items()
-        if _under(importer, layer) and any(_under(imported, f) for f in forbidden)
-    )
-    assert wrong == []
+    assert upward_imports(import_graph()) == []
 
 
 def test_engine_adapters_are_loaded_by_their_engines_only():
@@ -151,9 +195,17 @@ def test_engine_adapters_are_loaded_by_their_engines_only():
 
 
 def test_the_checks_can_fail():
-    """The cycle finder and the layer rules catch what they are for, on a made-up graph."""
-    graph = {"quantkit.recipe": {"quantkit.algorithms"}, "quantkit.algorithms": {"quantkit.recipe"},
-             "quantkit.modules.kv_cache": {"quantkit.calibration.kv_scales"}, "quantkit.calibration.kv_scales": set()}
-    assert find_cycles(graph) == [["quantkit.algorithms", "quantkit.recipe"]]
-    assert any(_under("quantkit.modules.kv_cache", layer) and _under("quantkit.calibration.kv_scales", f)
-               for layer, forbidden in FORBIDDEN.items() for f in forbidden)
+    """The cycle finder and the floor rules catch what they are for, on a made-up graph."""
+    graph = {"quantkit.quantization.recipe": {"quantkit.algorithms"},
+             "quantkit.algorithms": {"quantkit.quantization.recipe"},
+             "quantkit.modules.kv_cache": {"quantkit.calibration.kv_scales"}, "quantkit.calibration.kv_scales": set(),
+             "quantkit.core.scheme": {"quantkit.gguf.types", "quantkit.gguf.mix"},
+             "quantkit.gguf.types": set(), "quantkit.gguf.mix": set(),
+             "quantkit.algorithms.rtn": {"quantkit.modules.quant_linear"}, "quantkit.modules.quant_linear": set()}
+    assert find_cycles(graph) == [["quantkit.algorithms", "quantkit.quantization.recipe"]]
+    assert upward_imports(graph) == [
+        "quantkit.algorithms imports quantkit.quantization.recipe (floor 3 -> 6)",
+        "quantkit.algorithms.rtn imports quantkit.modules.quant_linear",
+        "quantkit.core.scheme imports quantkit.gguf.mix (floor 1 -> 5)",
+        "quantkit.modules.kv_cache imports quantkit.calibration.kv_scales (floor 3 -> 7)",
+    ]

@@ -12,10 +12,10 @@ from quantkit.algorithms.autoround import (
 )
 from quantkit.algorithms.rtn import rtn_quantize
 from quantkit.calibration import CalibrationConfig
-from quantkit.errors import ConfigError, QuantizationError
+from quantkit.core.errors import ConfigError, QuantizationError
 from quantkit.modules.quant_linear import QuantLinear
-from quantkit.recipe import load_recipe
-from quantkit.scheme import QuantScheme, grid_scheme
+from quantkit.quantization.recipe import load_recipe
+from quantkit.core.scheme import QuantScheme, grid_scheme
 
 SCHEMES = [
     QuantScheme(num_bits=4, symmetric=True, strategy="group", group_size=32),

@@ -10,8 +10,8 @@ from quantkit.algorithms.awq import (
 )
 from quantkit.algorithms.rtn import rtn_quantize
 from quantkit.calibration.awq_processor import can_fold, fold_scales
-from quantkit.primitives import fake_quantize
-from quantkit.scheme import QuantScheme
+from quantkit.core.primitives import fake_quantize
+from quantkit.core.scheme import QuantScheme
 
 W4_G128 = QuantScheme(num_bits=4, symmetric=True, strategy="group", group_size=128)
 W4_G128_ASYM = QuantScheme(num_bits=4, symmetric=False, strategy="group", group_size=128)

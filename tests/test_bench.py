@@ -155,7 +155,7 @@ def test_bench_rejects_bad_input(tmp_path, capsys):
         parser.parse_args(["bench", "x", "--prompt-lens", "16,zero"])
     assert "comma-separated integers" in capsys.readouterr().err
     source = tiny_model_source(tmp_path)
-    from quantkit.cli import main
+    from quantkit.commands.cli import main
 
     assert main(["bench", source, "--baseline", source, "--quiet"]) == 2
     assert "quantkit bench: error: --baseline is for a quantized MODEL" in capsys.readouterr().err
@@ -165,7 +165,7 @@ def test_bench_checks_that_the_baseline_is_the_checkpoints_source(tmp_path, caps
     """As `eval` does: a checkpoint benchmarked against a float model it was not quantized from is refused
     (here: the tiny model with its embedding rows reversed); --allow-other-baseline takes that model."""
     import quantkit
-    from quantkit.cli import main
+    from quantkit.commands.cli import main
 
     checkpoint, other = tmp_path / "w4", tmp_path / "other"
     quantkit.save(quantkit.quantize(quantkit.load("ref:tiny"), "w4a16-rtn", progress=False), checkpoint)

@@ -2,7 +2,7 @@
 
 import json
 
-from quantkit.cli import main
+from quantkit.commands.cli import main
 
 from .calibration_fixtures import byte_tokenizer, tiny_model
 

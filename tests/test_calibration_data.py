@@ -8,7 +8,7 @@ import torch
 import quantkit
 from quantkit.calibration import CalibrationConfig, calibration_batches, load_texts, sample_token_windows
 from quantkit.calibration.data import parse_source
-from quantkit.errors import QuantizationError
+from quantkit.core.errors import QuantizationError
 
 from .calibration_fixtures import byte_tokenizer, tiny_model
 

@@ -125,7 +125,7 @@ def test_a_spilled_tensor_written_in_place_leaves_the_file_and_the_others_alone(
 
 def test_a_spill_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path):
     import quantkit
-    from quantkit.errors import QuantizationError
+    from quantkit.core.errors import QuantizationError
 
     with pytest.raises(QuantizationError, match="not a folder this process can write in"):
         quantkit.quantize(_random_llama(), "w4a16-rtn", progress=False, spill_folder=tmp_path / "missing")

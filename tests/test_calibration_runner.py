@@ -9,7 +9,7 @@ from torch import nn
 import quantkit
 from quantkit.algorithms.gptq import hessian_update
 from quantkit.calibration import gptq_processor, run_blockwise
-from quantkit.errors import QuantizationError
+from quantkit.core.errors import QuantizationError
 from quantkit.modules.quant_linear import QuantLinear
 
 from .calibration_fixtures import CALIBRATION_FAMILIES, tiny_model, token_batches
@@ -192,7 +192,7 @@ def test_awq_scale_search_for_qkv_compares_the_attention_output(monkeypatch, blo
     first max_search_tokens tokens), or with block_outputs=False by the q/k/v projections' outputs."""
     from quantkit.algorithms.awq import scaled_effective_weight
     from quantkit.calibration import awq_processor
-    from quantkit.recipe import recipe_from_dict
+    from quantkit.quantization.recipe import recipe_from_dict
 
     model = tiny_model("llama", layers=1)
     float_model = copy.deepcopy(model)
@@ -223,7 +223,7 @@ def test_awq_scale_search_for_qkv_compares_the_attention_output(monkeypatch, blo
 def _qkv_loss(float_model, batches, s, qkv, attention: bool, scaled_effective_weight):
     """Mean squared change of the attention's output (or of the q/k/v outputs) of block 0 when q/k/v get the
     AWQ-scaled, quantized weights Q(w * s) / s, from plain model forwards."""
-    from quantkit.scheme import QuantScheme
+    from quantkit.core.scheme import QuantScheme
 
     scheme = QuantScheme(num_bits=4, symmetric=True, strategy="group", group_size=32)
     attn = float_model.model.layers[0].self_attn
@@ -265,7 +265,7 @@ def test_gptq_calibrates_a_targeted_output_head_on_the_final_norm(family):
     import warnings
 
     from quantkit.algorithms.rtn import rtn_quantize
-    from quantkit.recipe import load_recipe
+    from quantkit.quantization.recipe import load_recipe
 
     model = tiny_model(family, layers=2)
     head = model.lm_head.weight.detach().clone()

@@ -8,9 +8,9 @@ import torch
 from safetensors import safe_open
 
 import quantkit
-from quantkit.cli import main
-from quantkit.errors import QuantizationError
-from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source
+from quantkit.commands.cli import main
+from quantkit.core.errors import QuantizationError
+from quantkit.formats.loading import folder_size_bytes, load_float_model, resolve_model_source
 
 
 def _float_dtypes(folder) -> Counter:
@@ -80,7 +80,7 @@ def w8_model():
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.int8, torch.bool, torch.float64, torch.float8_e4m3fn,
                                    "int8", "cuda", "float64", 16])
 def test_save_refuses_a_dtype_no_checkpoint_holds(tmp_path, w8_model, dtype):
-    from quantkit.errors import UsageError
+    from quantkit.core.errors import UsageError
 
     with pytest.raises(UsageError, match=r"cannot be written in a checkpoint: choose torch.bfloat16, torch.float16"):
         quantkit.save(w8_model, tmp_path / "ck", dtype=dtype)

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import quantkit
-from quantkit.cli import main
-from quantkit.errors import CheckpointError, UsageError
+from quantkit.commands.cli import main
+from quantkit.core.errors import CheckpointError, UsageError
 from quantkit.formats.safetensors_io import read_header, safetensors_files
 
 from .conftest import make_random_model
@@ -245,7 +245,7 @@ def test_a_baseline_with_other_weights_or_shapes_is_refused_unless_allowed(sourc
 
 def test_the_refusal_names_the_source_recorded_in_recipe_yaml(tmp_path, random_model_folder):
     from quantkit.harness.quality import check_comparable
-    from quantkit.provenance import recorded_source
+    from quantkit.quantization.provenance import recorded_source
 
     folder = random_model_folder()
     path = quantkit.save(quantkit.quantize(quantkit.load(folder), "w8a16-rtn", progress=False), tmp_path / "w8")

@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import quantkit
-from quantkit.cli import main
-from quantkit.errors import CheckpointError
+from quantkit.commands.cli import main
+from quantkit.core.errors import CheckpointError
 
 from .conftest import make_random_model
 

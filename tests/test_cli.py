@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from quantkit.cli import main
+from quantkit.commands.cli import main
 
 
 def test_quantize_and_inspect(random_model_folder, tmp_path, capsys):
@@ -65,7 +65,7 @@ def test_eval_on_the_tiny_reference_model(tmp_path, capsys):
 
 
 def test_demo_end_to_end_on_tiny(tmp_path, capsys, monkeypatch):
-    from quantkit import cli
+    from quantkit.commands import cli
     from quantkit.harness import benchmark as bench
     from quantkit.harness import speed_model
 
@@ -109,8 +109,8 @@ def test_demo_end_to_end_on_tiny(tmp_path, capsys, monkeypatch):
     assert rows[0]["linear_bits_per_weight"] > 8 > rows[1]["linear_bits_per_weight"] > 4
     assert (out / "checkpoints" / "w4a16-rtn-asym" / "model.safetensors").is_file()
     assert main(["demo", "--model", "ref:tiny", "--out", str(out)]) == 2, "an existing output folder is refused"
-    from quantkit.errors import OutputRefusedError
-    from quantkit.outputs import check_replaceable
+    from quantkit.core.errors import OutputRefusedError
+    from quantkit.files.outputs import check_replaceable
 
     check_replaceable(out)  # what demo --force may replace: its marker lists every file, checkpoints included
     (out / "checkpoints" / "w8a16-rtn" / "notes.txt").write_text("the user's notes")

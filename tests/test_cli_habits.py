@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from quantkit.cli import main
+from quantkit.commands.cli import main
 
 HEAVY_MODULES = ("torch", "transformers", "triton", "safetensors", "datasets", "numpy")
 
@@ -28,7 +28,7 @@ def test_help_imports_neither_torch_nor_transformers(argv):
     # A fresh interpreter: this test process has imported torch long ago.
     code = (
         "import sys\n"
-        "from quantkit.cli import main\n"
+        "from quantkit.commands.cli import main\n"
         f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
         f"print(sorted(m for m in {HEAVY_MODULES!r} if m in sys.modules))\n"
     )
@@ -38,7 +38,7 @@ def test_help_imports_neither_torch_nor_transformers(argv):
 
 
 def test_recipes_lists_every_builtin_with_its_description(capsys):
-    from quantkit.recipe import builtin_recipes
+    from quantkit.quantization.recipe import builtin_recipes
 
     assert main(["recipes"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -147,7 +147,7 @@ def test_inspect_prints_sizes_by_kind(w8_checkpoint, capsys):
     summary = shown[shown.index("size by kind"):]
     assert "zero points" not in summary, "a symmetric checkpoint has none"
     assert "float embeddings" in summary and "norms, biases" in summary
-    from quantkit.summaries import human_bytes
+    from quantkit.quantization.summaries import human_bytes
 
     for kind, nbytes in expected.items():
         assert nbytes > 0 and f"{kind}" in summary

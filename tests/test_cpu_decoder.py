@@ -1,4 +1,4 @@
-"""quantkit.CpuDecoder (quantkit/cpu_decoder.py, quantkit/kernels/csrc/decode_step.cpp): the C++ decode loop gives
+"""quantkit.CpuDecoder (quantkit/runtime/cpu_decoder.py, quantkit/kernels/csrc/decode_step.cpp): the C++ decode loop gives
 the logits of the model's own transformers forward, for float and quantized models, and refuses what
 it cannot run with the reason."""
 
@@ -9,8 +9,8 @@ import torch
 from transformers import DynamicCache
 
 import quantkit
-from quantkit.cpu_decoder import unsupported_reason
-from quantkit.errors import UsageError
+from quantkit.runtime.cpu_decoder import unsupported_reason
+from quantkit.core.errors import UsageError
 from quantkit.kernels.cpu_extension import load_cpu_kernels
 from quantkit.modules.kv_scales import attach_kv_scales, cache_keyword
 

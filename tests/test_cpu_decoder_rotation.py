@@ -12,7 +12,7 @@ from .test_cpu_decoder import (
     assert_close_logits, decoder_steps, float_model, fp8_transformers_steps, random_inputs,
 )
 
-pytestmark = pytest.mark.skipif(quantkit.cpu_decoder.decoder_unavailable(float_model()) is not None,
+pytestmark = pytest.mark.skipif(quantkit.runtime.cpu_decoder.decoder_unavailable(float_model()) is not None,
                                 reason="quantkit's C++ CPU kernels are not available here")
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import quantkit
-from quantkit.cli import main
-from quantkit.errors import OutputRefusedError
-from quantkit.outputs import MARKER, atomic_output_dir, clean_stale, read_marker
+from quantkit.commands.cli import main
+from quantkit.core.errors import OutputRefusedError
+from quantkit.files.outputs import MARKER, atomic_output_dir, clean_stale, read_marker
 
 from fixtures.robustness_cases_safety import CASES
 
@@ -55,7 +55,7 @@ def w4_model():
 def test_save_never_replaces_the_folder_the_model_came_from(tmp_path, monkeypatch):
     import shutil
 
-    from quantkit.loading import resolve_model_source
+    from quantkit.formats.loading import resolve_model_source
 
     source = tmp_path / "wrap" / "m"
     shutil.copytree(resolve_model_source("ref:tiny"), source)
@@ -115,7 +115,7 @@ def test_a_forced_run_never_replaces_what_another_process_finished_meanwhile(tmp
 
 
 def test_the_last_of_two_writers_is_told_when_the_first_finished_while_it_worked(tmp_path):
-    from quantkit.outputs import output_state
+    from quantkit.files.outputs import output_state
 
     out = tmp_path / "out"
     with atomic_output_dir(out) as tmp:
@@ -132,7 +132,7 @@ def test_the_last_of_two_writers_is_told_when_the_first_finished_while_it_worked
 _KILLED_REPLACE = """
 import os, signal, sys
 from pathlib import Path
-from quantkit import outputs
+from quantkit.files import outputs
 
 def die(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)

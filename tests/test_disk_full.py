@@ -13,11 +13,11 @@ import pytest
 
 import quantkit
 import quantkit.formats.safetensors_io as safetensors_io
-from quantkit.cli import main
-from quantkit.errors import NoSpaceError
-from quantkit import outputs
-from quantkit.outputs import atomic_write_text
-from quantkit.summaries import human_bytes
+from quantkit.commands.cli import main
+from quantkit.core.errors import NoSpaceError
+from quantkit.files import outputs
+from quantkit.files.outputs import atomic_write_text
+from quantkit.quantization.summaries import human_bytes
 
 _Usage = namedtuple("_Usage", "total used free")
 

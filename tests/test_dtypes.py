@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from quantkit.dtypes import dtype_bytes, parse_dtype
+from quantkit.core.dtypes import dtype_bytes, parse_dtype
 
 
 def test_names_map_to_dtypes_and_sizes():

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from quantkit.cli import main
-from quantkit.errors import EvaluationError
+from quantkit.commands.cli import main
+from quantkit.core.errors import EvaluationError
 from quantkit.harness.quality import token_windows
 
 

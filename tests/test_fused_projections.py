@@ -59,8 +59,8 @@ def test_a_part_called_alone_or_with_another_input_recomputes(checkpoint):
 
 
 def test_fusion_skips_parts_with_different_schemes():
-    from quantkit.quantized_weight import QuantizedWeight
-    from quantkit.scheme import QuantScheme
+    from quantkit.core.quantized_weight import QuantizedWeight
+    from quantkit.core.scheme import QuantScheme
 
     def layer(bits):
         scheme = QuantScheme(num_bits=bits, symmetric=True, strategy="channel")

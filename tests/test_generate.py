@@ -1,4 +1,4 @@
-"""model.generate of a quantkit.load'ed model on the CPU (quantkit/fast_generate.py, decode_loop.py): quantkit's
+"""model.generate of a quantkit.load'ed model on the CPU (quantkit/runtime/fast_generate.py, decode_loop.py): quantkit's
 C++ loop gives transformers' own tokens (greedy, sampling with a seed, end-of-sequence padding, stop strings,
 streamers) for float and W4 models, and whatever it cannot honour runs transformers' generate, saying why."""
 
@@ -13,10 +13,10 @@ import torch
 from transformers import AutoTokenizer, DynamicCache
 
 import quantkit
-from quantkit.fast_generate import QUANTKIT_LOOP, FastGenerate
+from quantkit.runtime.fast_generate import QUANTKIT_LOOP, FastGenerate
 from quantkit.kernels.cpu_extension import load_cpu_kernels
 from quantkit.refmodels import resolve_model_name
-from quantkit.sampling import SamplingConfig
+from quantkit.runtime.sampling import SamplingConfig
 
 pytestmark = pytest.mark.skipif(not load_cpu_kernels().available, reason=load_cpu_kernels().reason)
 

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoTokenizer
 
 import quantkit
-from quantkit.cli import main
+from quantkit.commands.cli import main
 from quantkit.commands.generate import TextStream
 from quantkit.kernels.cpu_extension import load_cpu_kernels
 from quantkit.refmodels import resolve_model_name

@@ -12,13 +12,13 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 import quantkit  # noqa: E402
-from quantkit.cli import main  # noqa: E402
+from quantkit.commands.cli import main  # noqa: E402
 from quantkit.gguf.writing import rope_permutation  # noqa: E402
 from quantkit.gguf import blocks as gguf_blocks  # noqa: E402
 from quantkit.gguf.grids import dequantize_blocks  # noqa: E402
 from quantkit.gguf.types import GGML_TYPES  # noqa: E402
 from quantkit.modules.quant_linear import QuantLinear  # noqa: E402
-from quantkit.recipe import load_recipe  # noqa: E402
+from quantkit.quantization.recipe import load_recipe  # noqa: E402
 from quantkit.refmodels import resolve_model_name  # noqa: E402
 
 from .conftest import make_random_model  # noqa: E402

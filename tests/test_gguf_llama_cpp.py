@@ -25,7 +25,7 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 import quantkit  # noqa: E402
-from quantkit.cli import main  # noqa: E402
+from quantkit.commands.cli import main  # noqa: E402
 from quantkit.harness.eval_text import load_tokenizer, read_eval_tokens  # noqa: E402
 
 N_CTX, N_CHUNKS = 128, 4
@@ -164,7 +164,7 @@ def test_llama_cpp_runs_grid_files_as_quantkit_scores_them(tmp_path, model_name,
     quantized in memory (the file has no other form)."""
     bins = _bin_dir()
     from quantkit.gguf.writing import export_gguf
-    from quantkit.loading import resolve_model_source
+    from quantkit.formats.loading import resolve_model_source
     from quantkit.gguf.linear import GgufLinear
 
     tokenizer = load_tokenizer(model_name)
@@ -205,7 +205,7 @@ def test_llama_quantize_writes_quantkits_mix_tensor_by_tensor(tmp_path, model_na
     if not quantize_tool.is_file():
         pytest.skip(f"no llama-quantize in {bins}")
     from quantkit.gguf.writing import export_gguf
-    from quantkit.loading import resolve_model_source
+    from quantkit.formats.loading import resolve_model_source
 
     source = resolve_model_source(model_name)
     float_file = tmp_path / "float.gguf"
@@ -247,7 +247,7 @@ def test_llama_cpp_reads_a_tied_quantized_head(tmp_path, recipe, kind, max_kl, m
 
     bins = _bin_dir()
     from quantkit.gguf.writing import export_gguf
-    from quantkit.loading import resolve_model_source
+    from quantkit.formats.loading import resolve_model_source
 
     tokenizer = load_tokenizer("ref:small")
     text = tmp_path / "eval.txt"

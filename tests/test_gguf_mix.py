@@ -19,13 +19,13 @@ import quantkit  # noqa: E402
 from quantkit.gguf import reference_quants as ref  # noqa: E402
 from quantkit.algorithms.gptq import GPTQOptions, gptq_quantize, hessian_update  # noqa: E402
 from quantkit.algorithms.rtn import RTNOptions, rtn_quantize  # noqa: E402
-from quantkit.cli import main  # noqa: E402
-from quantkit.config_utils import ConfigError  # noqa: E402
+from quantkit.commands.cli import main  # noqa: E402
+from quantkit.core.config_utils import ConfigError  # noqa: E402
 from quantkit.gguf.mix import MIX_GRIDS, MixModel, mix_grid, use_more_bits  # noqa: E402
 from quantkit.gguf.linear import GgufLinear  # noqa: E402
 from quantkit.refmodels import resolve_model_name  # noqa: E402
 from quantkit.gguf.types import GRID_TYPES  # noqa: E402
-from quantkit.scheme import QuantScheme, grid_scheme  # noqa: E402
+from quantkit.core.scheme import QuantScheme, grid_scheme  # noqa: E402
 
 from .conftest import make_random_model  # noqa: E402
 from .test_kquant import read_back  # noqa: E402

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import quantkit
-from quantkit.errors import CheckpointError, EvaluationError, QuantizationError
+from quantkit.core.errors import CheckpointError, EvaluationError, QuantizationError
 from quantkit.gguf.reading import (
     Hyperparameters, check_gguf_tokenizer, check_hyperparameters, expected_tensors, gguf_origin, load_gguf_model,
     read_gguf,
@@ -32,7 +32,7 @@ gguf = pytest.importorskip("gguf")
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
     """ref:tiny quantized with w4a16-rtn-q40 and written as GGUF (Q4_0, the embedding Q8_0)."""
-    from quantkit.cli import main
+    from quantkit.commands.cli import main
 
     out = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
     assert main(["quantize", "ref:tiny", "--recipe", "w4a16-rtn-q40", "--float-type", "q8_0", "--out", str(out)]) == 0
@@ -196,7 +196,7 @@ def _source(tmp_path, model):
 
 
 def _logits_agree(tmp_path, source, recipe="w8a16-rtn-g32"):
-    from quantkit.cli import main
+    from quantkit.commands.cli import main
 
     out = tmp_path / "m.gguf"
     assert main(["quantize", str(source), "--recipe", recipe, "--out", str(out)]) == 0

@@ -20,8 +20,8 @@ import torch
 spm = pytest.importorskip("sentencepiece")
 gguf = pytest.importorskip("gguf")
 
-from quantkit.cli import main  # noqa: E402
-from quantkit.errors import CheckpointError, UsageError  # noqa: E402
+from quantkit.commands.cli import main  # noqa: E402
+from quantkit.core.errors import CheckpointError, UsageError  # noqa: E402
 from quantkit.gguf.writing import check_exportable  # noqa: E402
 from quantkit.gguf.sentencepiece import vocabulary  # noqa: E402
 

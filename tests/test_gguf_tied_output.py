@@ -12,8 +12,8 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 import quantkit  # noqa: E402
-from quantkit.cli import main  # noqa: E402
-from quantkit.recipe import load_recipe  # noqa: E402
+from quantkit.commands.cli import main  # noqa: E402
+from quantkit.quantization.recipe import load_recipe  # noqa: E402
 
 from .test_gguf_export import _checkpoint, _read  # noqa: E402
 
@@ -58,7 +58,7 @@ def test_a_mixs_head_is_tied_in_the_mixs_output_type(tmp_path):
     model = quantkit.load("ref:small", dtype=torch.float32)
     quantkit.quantize(model, dataclasses.replace(recipe, ignore=()), progress=False)
     from quantkit.gguf.writing import export_gguf
-    from quantkit.loading import resolve_model_source
+    from quantkit.formats.loading import resolve_model_source
 
     result = export_gguf(model, resolve_model_source("ref:small"), out, mix=recipe.mix, tie_output=True)
     assert result.tensors["token_embd.weight"] == "Q6_K" and "output.weight" not in result.tensors

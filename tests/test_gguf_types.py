@@ -12,7 +12,7 @@ gguf = pytest.importorskip("gguf")
 
 from quantkit.gguf.grids import GRID_WEIGHTS  # noqa: E402
 from quantkit.gguf.types import GGML_TYPES, GRID_TYPES, for_width  # noqa: E402
-from quantkit.scheme import GRIDS, grid_scheme  # noqa: E402
+from quantkit.core.scheme import GRIDS, grid_scheme  # noqa: E402
 
 T = gguf.GGMLQuantizationType
 
@@ -43,6 +43,6 @@ def test_for_width_follows_the_fallbacks():
 
 def test_the_records_load_no_torch():
     """scheme.py reads the records, and the CLI's parser reads the schemes without torch."""
-    code = "import sys, quantkit.scheme; print('torch' in sys.modules or 'numpy' in sys.modules)"
+    code = "import sys, quantkit.core.scheme; print('torch' in sys.modules or 'numpy' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"

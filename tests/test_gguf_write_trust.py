@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 gguf = pytest.importorskip("gguf")
 
 import quantkit  # noqa: E402
-from quantkit import outputs  # noqa: E402
-from quantkit.cli import main  # noqa: E402
-from quantkit.errors import UsageError  # noqa: E402
+from quantkit.files import outputs  # noqa: E402
+from quantkit.commands.cli import main  # noqa: E402
+from quantkit.core.errors import UsageError  # noqa: E402
 from quantkit.gguf import writing as gguf_format  # noqa: E402
 from quantkit.gguf.writing import MARKER_KEY, export_gguf, not_written_by_quantkit  # noqa: E402
 
@@ -102,7 +102,7 @@ def test_the_marker_check_reads_only_a_marker_at_the_start(tmp_path):
 _KILLED_WRITE = """
 import os, signal, sys
 import gguf
-from quantkit.cli import main
+from quantkit.commands.cli import main
 
 def write_then_die(self, *args, **kwargs):
     for fout in self.fout:
@@ -127,7 +127,7 @@ def test_a_write_killed_by_sigkill_is_cleaned_by_the_next_run(ckpt, tmp_path):
 
 
 def test_quantize_removes_a_killed_runs_temporary_before_measuring_the_space(tmp_path, monkeypatch):
-    from quantkit.errors import NoSpaceError
+    from quantkit.core.errors import NoSpaceError
 
     stale = stale_temporary(tmp_path / "m.gguf")
     seen = []
@@ -195,7 +195,7 @@ def _model_folder(tmp_path, config):
 
     import transformers
 
-    from quantkit.loading import resolve_model_source
+    from quantkit.formats.loading import resolve_model_source
 
     folder = tmp_path / config.model_type
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
@@ -237,7 +237,7 @@ def test_a_sliding_window_is_refused_in_python_too(tmp_path, family, extra, refu
 def test_no_stray_lines_from_the_libraries(ckpt, tmp_path):
     """As a user sees it: a process of its own, whose library warnings reach stderr (pytest's log capture
     and transformers' handlers would hide them in process)."""
-    cli = "import sys; from quantkit.cli import main; sys.exit(main(sys.argv[1:]))"
+    cli = "import sys; from quantkit.commands.cli import main; sys.exit(main(sys.argv[1:]))"
     done = subprocess.run([sys.executable, "-c", cli, "export", str(ckpt), "--format", "gguf", "--out",
                            str(tmp_path / "m.gguf")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -258,7 +258,7 @@ def _llama3_rope(tmp_path):
     import json
     import shutil
 
-    from quantkit.loading import resolve_model_source
+    from quantkit.formats.loading import resolve_model_source
 
     folder = tmp_path / "llama3-rope"
     shutil.copytree(resolve_model_source("ref:tiny"), folder)
@@ -273,7 +273,7 @@ def _unknown_pre_tokenizer(tmp_path):
     import json
     import shutil
 
-    from quantkit.loading import resolve_model_source
+    from quantkit.formats.loading import resolve_model_source
 
     folder = tmp_path / "whitespace-split"
     shutil.copytree(resolve_model_source("ref:tiny"), folder)

@@ -7,8 +7,8 @@ import torch
 
 from quantkit.algorithms.gptq import CholeskyWarning, GPTQOptions, gptq_quantize, hessian_update
 from quantkit.algorithms.rtn import rtn_quantize
-from quantkit.primitives import compute_qparams, dequantize, mse_clip_ratio, quantize
-from quantkit.scheme import QuantScheme
+from quantkit.core.primitives import compute_qparams, dequantize, mse_clip_ratio, quantize
+from quantkit.core.scheme import QuantScheme
 
 W4_G32 = QuantScheme(num_bits=4, symmetric=True, strategy="group", group_size=32)
 W4_G32_ASYM = QuantScheme(num_bits=4, symmetric=False, strategy="group", group_size=32)

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import quantkit
-from quantkit.config_utils import ConfigError
+from quantkit.core.config_utils import ConfigError
 from quantkit.modules import QuantLinear
-from quantkit.scheme import QuantScheme
+from quantkit.core.scheme import QuantScheme
 
 G128 = QuantScheme(num_bits=4, strategy="group", group_size=128)
 
@@ -131,7 +131,7 @@ def test_calibrated_algorithms_take_each_layers_scheme(recipe, rule, tmp_path):
 
 
 def test_inspect_marks_ragged_layers(tmp_path, capsys):
-    from quantkit.cli import main
+    from quantkit.commands.cli import main
 
     recipe = dataclasses.replace(quantkit.load_recipe("w4a16-rtn"), indivisible="ragged")
     with warnings.catch_warnings():

@@ -71,8 +71,8 @@ def test_a_quantized_lm_head_of_a_tied_model_is_untied(tmp_path):
     config must stop saying "tied" or transformers looks for an lm_head.weight the checkpoint does not have."""
     from transformers import AutoModelForCausalLM
 
-    from quantkit.recipe import Recipe
-    from quantkit.scheme import QuantScheme
+    from quantkit.quantization.recipe import Recipe
+    from quantkit.core.scheme import QuantScheme
 
     model = make_random_model("llama", tied=True)
     recipe = Recipe(weights=QuantScheme(num_bits=8, strategy="channel"), ignore=())

@@ -16,13 +16,13 @@ import quantkit  # noqa: E402
 from quantkit.gguf import grids  # noqa: E402
 from quantkit.algorithms.gptq import GPTQOptions, gptq_quantize, hessian_update  # noqa: E402
 from quantkit.algorithms.rtn import RTNOptions, rtn_quantize  # noqa: E402
-from quantkit.cli import main  # noqa: E402
-from quantkit.errors import QuantizationError  # noqa: E402
+from quantkit.commands.cli import main  # noqa: E402
+from quantkit.core.errors import QuantizationError  # noqa: E402
 from quantkit.gguf.writing import rope_permutation  # noqa: E402
 from quantkit.gguf.linear import GgufLinear  # noqa: E402
 from quantkit.modules.quant_linear import QuantLinear  # noqa: E402
 from quantkit.refmodels import resolve_model_name  # noqa: E402
-from quantkit.scheme import QuantScheme  # noqa: E402
+from quantkit.core.scheme import QuantScheme  # noqa: E402
 
 from .conftest import make_random_model  # noqa: E402
 

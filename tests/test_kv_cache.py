@@ -247,7 +247,7 @@ def test_per_head_scale_of_wrong_size_is_rejected():
 @pytest.mark.parametrize("heads_with_scales", [1, 3])
 def test_table_dequantization_equals_the_primitive(dtype, heads_with_scales):
     from quantkit.modules.kv_cache import _dequantize_table, dequantize_fp8_by_table
-    from quantkit.primitives import dequantize_fp8
+    from quantkit.core.primitives import dequantize_fp8
 
     scale = torch.rand(heads_with_scales) * 0.1 + 1e-3
     codes = torch.randint(0, 256, (2, 3, 40, 16), dtype=torch.uint8)

@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 from quantkit.modules.kv_scales import cache_keyword  # noqa: E402
-from quantkit.errors import QuantizationError  # noqa: E402
+from quantkit.core.errors import QuantizationError  # noqa: E402
 from quantkit.modules.kv_cache import (  # noqa: E402
     StaticFP8KVCache, disable_fp8_kv_cache, enable_fp8_kv_cache, fp8_cache_for,
 )

@@ -11,7 +11,7 @@ import quantkit
 from quantkit.calibration.kv_scales import quantize_kv_cache
 from quantkit.formats.compressed_tensors import build_quantization_config
 from quantkit.modules.kv_scales import read_kv_scales
-from quantkit.recipe import load_recipe
+from quantkit.quantization.recipe import load_recipe
 
 from .conftest import make_random_model
 

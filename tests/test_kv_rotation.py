@@ -9,7 +9,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from quantkit.calibration.kv_scales import calibrate_kv_scales, quantize_kv_cache
-from quantkit.errors import QuantizationError
+from quantkit.core.errors import QuantizationError
 from quantkit.modules.kv_cache import FP8KVCache, FP8KVLayer, fp8_cache_for
 from quantkit.modules.kv_rotation import check_rotation, hadamard_matrix
 from quantkit.modules.kv_scales import attach_kv_scales, kv_rotation_of, read_kv_scales

@@ -10,12 +10,12 @@ from safetensors import safe_open
 
 import quantkit
 from quantkit.calibration.kv_scales import calibrate_kv_scales, quantize_kv_cache
-from quantkit.errors import CheckpointError
+from quantkit.core.errors import CheckpointError
 from quantkit.formats.compressed_tensors import build_quantization_config
 from quantkit.formats.kv_rotation_file import CONFIG_KEY, SCALES_FILE
 from quantkit.modules.kv_cache import fp8_cache_for
 from quantkit.modules.kv_scales import kv_rotation_of, read_kv_scales
-from quantkit.recipe import load_recipe
+from quantkit.quantization.recipe import load_recipe
 
 from .conftest import make_random_model
 
@@ -105,14 +105,14 @@ def test_recipe_option_round_trips_and_quantize_rotates():
     ({"num_bits": 8, "type": "float", "strategy": "tensor", "rotation": 1}, "rotation must be one of none, hadamard"),
 ])
 def test_bad_rotation_in_a_recipe_names_the_choices(kv_cache, message):
-    from quantkit.config_utils import ConfigError
+    from quantkit.core.config_utils import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         load_recipe({"version": 1, "kv_cache": kv_cache})
 
 
 def test_rotation_needs_a_power_of_two_head_dim_before_any_work():
-    from quantkit.errors import QuantizationError
+    from quantkit.core.errors import QuantizationError
 
     model = make_random_model("llama", seed=5, vocab=VOCAB)
     for layer in model.model.layers:

@@ -6,7 +6,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from quantkit.calibration.kv_scales import calibrate_kv_scales, quantize_kv_cache
 from quantkit.modules.kv_scales import attach_kv_scales, attention_modules, read_kv_scales
-from quantkit.errors import QuantizationError
+from quantkit.core.errors import QuantizationError
 
 from .conftest import FAMILIES, make_random_model
 

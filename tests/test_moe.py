@@ -13,11 +13,11 @@ from safetensors import safe_open
 from torch import nn
 
 import quantkit
-from quantkit.errors import QuantizationError
+from quantkit.core.errors import QuantizationError
 from quantkit.modules.quant_experts import QuantExperts
 from quantkit.modules.quant_linear import QuantLinear
-from quantkit.moe import router_names, to_disk_name
-from quantkit.weight_census import weight_census
+from quantkit.modules.moe import router_names, to_disk_name
+from quantkit.quantization.weight_census import weight_census
 from fixtures.moe_fixtures import MOE_FAMILIES, make_moe_model
 
 RTN_RECIPES = ("w4a16-rtn", "w8a16-rtn", "w4a16-rtn-asym")
@@ -145,7 +145,7 @@ def test_dense_census_has_no_routers():
 
 
 def test_cli_prints_share_and_float_kinds(tmp_path, capsys):
-    from quantkit.cli import main
+    from quantkit.commands.cli import main
     from fixtures.moe_fixtures import save_moe_model
 
     src = save_moe_model("qwen3_moe", tmp_path / "src")
@@ -207,7 +207,7 @@ def test_unfusing_holds_one_layer_of_experts_twice_at_most(monkeypatch):
     import gc
     import weakref
 
-    from quantkit import moe
+    from quantkit.modules import moe
 
     model = make_moe_model("olmoe", layers=4)
     refs = [weakref.ref(layer.mlp.experts.gate_up_proj) for layer in model.model.layers]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import quantkit
-from quantkit import provenance
+from quantkit.quantization import provenance
 from quantkit.calibration import gptq_processor
 from quantkit.modules.quant_experts import QuantExperts
 from fixtures.moe_fixtures import MOE_FAMILIES, make_moe_model
@@ -132,7 +132,7 @@ def test_awq_fold_into_the_moe_input_keeps_the_float_function(family):
     computes what it did (routing included); without the routers the routing would change."""
     from quantkit.calibration.adapters import moe_groups
     from quantkit.calibration.awq_processor import fold_scales
-    from quantkit.moe import unfuse_experts
+    from quantkit.modules.moe import unfuse_experts
 
     model = make_moe_model(family)
     unfuse_experts(model)

@@ -26,7 +26,7 @@ import shutil
 
 import pytest
 
-from quantkit.cli import main
+from quantkit.commands.cli import main
 from quantkit.harness.roofline import ModelShape, RooflineScheme, linear_weight_bytes, moe_roofline_note
 from fixtures.moe_fixtures import save_moe_model
 

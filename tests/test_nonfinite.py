@@ -5,8 +5,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import quantkit
-from quantkit.cli import main
-from quantkit.errors import CheckpointError, QuantizationError
+from quantkit.commands.cli import main
+from quantkit.core.errors import CheckpointError, QuantizationError
 
 from .conftest import make_random_model
 
@@ -47,7 +47,7 @@ def test_eval_of_a_checkpoint_with_a_nan_scale_exits_2(checkpoint_with_nan_scale
 
 
 def test_nan_logits_are_an_evaluation_error_not_a_perplexity():
-    from quantkit.errors import EvaluationError
+    from quantkit.core.errors import EvaluationError
     from quantkit.harness.quality import evaluate_quality
 
     baseline, broken = make_random_model("llama"), make_random_model("llama")

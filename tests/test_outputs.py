@@ -11,8 +11,8 @@ import sys
 import pytest
 
 import quantkit
-from quantkit.errors import OutputExistsError, OutputRefusedError, UsageError
-from quantkit.outputs import MARKER, atomic_output_dir, atomic_write_text, check_writable, clean_stale, publish_files
+from quantkit.core.errors import OutputExistsError, OutputRefusedError, UsageError
+from quantkit.files.outputs import MARKER, atomic_output_dir, atomic_write_text, check_writable, clean_stale, publish_files
 
 
 def _dead_pid() -> int:
@@ -141,8 +141,8 @@ def test_publish_files_never_overwrites_a_file_it_did_not_write(tmp_path):
 def test_a_missing_local_path_never_asks_the_hub(tmp_path, monkeypatch):
     import transformers
 
-    from quantkit.errors import CheckpointError
-    from quantkit.loading import resolve_model_source
+    from quantkit.core.errors import CheckpointError
+    from quantkit.formats.loading import resolve_model_source
 
     def no_hub(*args, **kwargs):
         raise AssertionError("the hub was asked")
@@ -160,8 +160,8 @@ def test_a_missing_local_path_never_asks_the_hub(tmp_path, monkeypatch):
 
 def test_an_unwritable_output_is_found_before_any_work(tmp_path, monkeypatch, capsys):
     """As root a read-only folder is writable, so the refusal is simulated where the probe folder is made."""
-    import quantkit.loading
-    from quantkit.cli import main
+    import quantkit.formats.loading
+    from quantkit.commands.cli import main
 
     real_mkdir = os.mkdir
 
@@ -175,7 +175,7 @@ def test_an_unwritable_output_is_found_before_any_work(tmp_path, monkeypatch, ca
 
     (tmp_path / "locked").mkdir()
     monkeypatch.setattr(os, "mkdir", read_only_mkdir)
-    monkeypatch.setattr(quantkit.loading, "load_float_model", no_work)
+    monkeypatch.setattr(quantkit.formats.loading, "load_float_model", no_work)
     assert main(["quantize", "ref:tiny", "--recipe", "w4a16-rtn", "--out", str(tmp_path / "locked" / "out")]) == 2
     assert "is not writable (Permission denied)" in capsys.readouterr().err
 
@@ -206,7 +206,7 @@ def _accepted(path) -> bool:
 
 
 def test_file_outputs_write_through_streams_devices_and_links_and_replace_only_regular_files(tmp_path, capsys):
-    from quantkit.outputs import check_output_file, write_output_file
+    from quantkit.files.outputs import check_output_file, write_output_file
 
     (tmp_path / "real.json").write_text("old\n")
     (tmp_path / "link.json").symlink_to("real.json")
@@ -228,7 +228,7 @@ def test_file_outputs_write_through_streams_devices_and_links_and_replace_only_r
 def test_recipe_yaml_comments_escape_control_characters():
     import yaml
 
-    from quantkit.provenance import Provenance, recipe_file_text
+    from quantkit.quantization.provenance import Provenance, recipe_file_text
 
     text = recipe_file_text(Provenance(quantkit.load_recipe("w4a16-rtn")), "models/a\nb\x1b", "out/ck")
     comments = [line for line in text.splitlines() if line.startswith("#")]

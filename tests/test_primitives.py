@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from quantkit.primitives import (
+from quantkit.core.primitives import (
     compute_qparams, dequantize, dequantize_fp8, fake_quantize, fp8_scale, quantize, quantize_fp8,
 )
-from quantkit.scheme import QuantScheme
+from quantkit.core.scheme import QuantScheme
 
 SCHEMES = [
     QuantScheme(num_bits=8, strategy="channel"),

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from quantkit.cli import main
-from quantkit.errors import ConfigError, QuantkitError
-from quantkit.recipe import AlgorithmConfig, Recipe, load_recipe
-from quantkit.scheme import QuantScheme
+from quantkit.commands.cli import main
+from quantkit.core.errors import ConfigError, QuantkitError
+from quantkit.quantization.recipe import AlgorithmConfig, Recipe, load_recipe
+from quantkit.core.scheme import QuantScheme
 
 #: in CI (CI set) the examples are derandomized: the same examples every run, so a run cannot fail by the
 #: draw; elsewhere every run draws new ones (and hypothesis keeps the failures it finds to replay them)
@@ -319,7 +319,7 @@ def _folder_output(tmp: Path, kind: str) -> Path:
         out.mkdir()
         (out / "notes.txt").write_text("mine\n")
     elif kind == "quantkit-folder":
-        from quantkit.outputs import atomic_output_dir
+        from quantkit.files.outputs import atomic_output_dir
 
         with atomic_output_dir(out) as staging:
             (staging / "old.txt").write_text("old\n")
@@ -331,8 +331,8 @@ def _folder_output(tmp: Path, kind: str) -> Path:
 def test_a_folder_output_is_written_whole_or_refused_without_advice_that_fails(tmp_path, kind, force):
     """atomic_output_dir (quantkit.save, quantize, demo, refmodel build): a refusal that advises force=True is
     one that force=True gets past; a refusal changes nothing."""
-    from quantkit.errors import OutputExistsError
-    from quantkit.outputs import atomic_output_dir
+    from quantkit.core.errors import OutputExistsError
+    from quantkit.files.outputs import atomic_output_dir
 
     tmp = tmp_path / f"{kind}-{force}"
     tmp.mkdir()
@@ -405,7 +405,7 @@ names = st.text(st.sampled_from("ab.-_ \n\t\x1b/\\é~*?\x7f"), min_size=0, max_s
 def test_any_output_name_is_written_where_it_says_or_refused_in_one_line(tmp_path, name, folder):
     """check_output_file + write_output_file (every --json) and atomic_output_dir (every --out folder, save):
     a name is refused in one line with nothing written, or the output is exactly at that name."""
-    from quantkit.outputs import atomic_output_dir, check_output_file, write_output_file
+    from quantkit.files.outputs import atomic_output_dir, check_output_file, write_output_file
 
     tmp = _fresh(tmp_path)
     cwd, home = os.getcwd(), os.environ.get("HOME")

@@ -1,8 +1,8 @@
 import pytest
 
-from quantkit.errors import ConfigError
-from quantkit.recipe import builtin_recipes, load_recipe
-from quantkit.scheme import QuantScheme
+from quantkit.core.errors import ConfigError
+from quantkit.quantization.recipe import builtin_recipes, load_recipe
+from quantkit.core.scheme import QuantScheme
 
 
 def test_builtin_recipes():
@@ -18,7 +18,7 @@ def test_builtin_recipes():
 def test_every_builtin_recipe_loads_and_round_trips():
     import yaml
 
-    from quantkit.recipe import recipe_from_dict
+    from quantkit.quantization.recipe import recipe_from_dict
 
     for name in builtin_recipes():
         recipe = load_recipe(name)

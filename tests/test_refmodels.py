@@ -230,7 +230,7 @@ def test_cli_names_an_output_path_too_long_for_the_filesystem(tmp_path, monkeypa
 
 
 def test_cli_reports_an_interrupt_and_a_full_disk_as_quantkit_does(tmp_path, monkeypatch, capsys):
-    from quantkit.errors import NoSpaceError
+    from quantkit.core.errors import NoSpaceError
     from quantkit.refmodels import cli
 
     for raised, status, line in [

@@ -8,7 +8,7 @@ import statistics
 import pytest
 import torch
 
-from quantkit.cli import main
+from quantkit.commands.cli import main
 from quantkit.harness.hardware import DeviceSpec
 from quantkit.harness.results import load_bench, load_quality, speedup_summary, speedups
 from quantkit.harness.timing import BenchSettings, run_bench

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from quantkit.cli import main
+from quantkit.commands.cli import main
 
 from fixtures.robustness_cases import all_cases
 
@@ -79,8 +79,8 @@ def test_python_api_bad_input_gets_a_clear_error(case, cases_root, monkeypatch):
 
 def test_the_python_api_names_the_same_mistakes():
     import quantkit
-    from quantkit.device import resolve_device
-    from quantkit.errors import ConfigError, QuantizationError, UsageError
+    from quantkit.core.device import resolve_device
+    from quantkit.core.errors import ConfigError, QuantizationError, UsageError
 
     from .conftest import make_random_model
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from quantkit.algorithms.rtn import RTNOptions, rtn_quantize
-from quantkit.primitives import compute_qparams, dequantize
-from quantkit.recipe import load_recipe
-from quantkit.scheme import QuantScheme
+from quantkit.core.primitives import compute_qparams, dequantize
+from quantkit.quantization.recipe import load_recipe
+from quantkit.core.scheme import QuantScheme
 
 
 @pytest.mark.parametrize("bits", [4, 8])

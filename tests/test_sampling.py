@@ -1,4 +1,4 @@
-"""quantkit.sampling: transformers' warpers and draw, exactly; the sampled token is always one the settings
+"""quantkit.runtime.sampling: transformers' warpers and draw, exactly; the sampled token is always one the settings
 allow; greedy is argmax; bad settings are refused with the rule."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from quantkit.errors import UsageError
-from quantkit.sampling import SamplingConfig, filtered_logits, sample
+from quantkit.core.errors import UsageError
+from quantkit.runtime.sampling import SamplingConfig, filtered_logits, sample
 
 CONFIGS = [SamplingConfig(1.0), SamplingConfig(0.7), SamplingConfig(1.3, top_k=5), SamplingConfig(1.0, top_p=0.9),
            SamplingConfig(0.8, top_k=40, top_p=0.95), SamplingConfig(2.0, top_k=1), SamplingConfig(0.5, top_p=0.01),

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from quantkit.cli import main
+from quantkit.commands.cli import main
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from quantkit.cli import main
-from quantkit.errors import MAX_MESSAGE_CHARS, CheckpointError, ConfigError
-from quantkit.loading import load_float_model
+from quantkit.commands.cli import main
+from quantkit.core.errors import MAX_MESSAGE_CHARS, CheckpointError, ConfigError
+from quantkit.formats.loading import load_float_model
 
 
 def _assert_loaded_as_stored(model, folder):
@@ -100,7 +100,7 @@ def test_error_messages_are_capped_keeping_start_and_end(tmp_path, capsys):
 
 
 def test_unknown_keys_are_named_up_to_ten():
-    from quantkit.recipe import recipe_from_dict
+    from quantkit.quantization.recipe import recipe_from_dict
 
     weights = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}
     with pytest.raises(ConfigError) as info:

@@ -13,8 +13,8 @@ import transformers
 
 import quantkit
 from quantkit.calibration.data import MIN_CALIBRATION_TOKENS, CalibrationConfig
-from quantkit.cli import main
-from quantkit.errors import QuantizationError, UsageError
+from quantkit.commands.cli import main
+from quantkit.core.errors import QuantizationError, UsageError
 from quantkit.harness.roofline import (
     ModelShape, RooflineScheme, decoder_weight_bytes, linear_weight_bytes, scheme_from_quantization_config,
 )

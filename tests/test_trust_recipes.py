@@ -12,9 +12,9 @@ import transformers
 from torch import nn
 
 import quantkit
-from quantkit.errors import CheckpointError, QuantizationError
+from quantkit.core.errors import CheckpointError, QuantizationError
 from quantkit.modules.quant_linear import QuantLinear
-from quantkit.recipe import DEFAULT_IGNORE, builtin_recipes, load_recipe
+from quantkit.quantization.recipe import DEFAULT_IGNORE, builtin_recipes, load_recipe
 
 from fixtures.moe_fixtures import make_moe_model
 
@@ -100,7 +100,7 @@ def test_a_users_own_ignore_entry_that_matches_nothing_stays_an_error(ignore):
 
 
 def test_a_recipe_without_ignore_gets_the_default_list():
-    recipe = quantkit.recipe.recipe_from_dict(
+    recipe = quantkit.quantization.recipe.recipe_from_dict(
         {"weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}})
     assert recipe.ignore == DEFAULT_IGNORE
     model = _model("LlamaForSequenceClassification")

@@ -267,7 +267,7 @@ CALIBRATION = ["--calib-samples", "4", "--calib-seq-len", "64"]  # enough to exe
 
 def make_checkpoints(root: Path, names=tuple(CHECKPOINTS)) -> dict[str, Path]:
     """``quantkit quantize ref:small`` with each named recipe of CHECKPOINTS: {name: folder under root}."""
-    from quantkit.cli import main
+    from quantkit.commands.cli import main
 
     folders = {}
     for name in names:
@@ -430,7 +430,7 @@ VLLM_FP8_KV_CPU = torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_sup
 @pytest.fixture(scope="module")
 def kv_fp8_checkpoint(tmp_path_factory) -> Path:
     """``quantkit quantize ref:small --recipe kv-fp8``: bf16 weights, calibrated per-tensor k/v scales."""
-    from quantkit.cli import main
+    from quantkit.commands.cli import main
 
     folder = tmp_path_factory.mktemp("kv-fp8") / "kv-fp8"
     assert main(["quantize", "ref:small", "--recipe", "kv-fp8", "--out", str(folder), *CALIBRATION]) == 0

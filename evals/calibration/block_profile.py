@@ -21,7 +21,7 @@ import torch
 import transformers
 
 import quantkit
-from quantkit import primitives
+from quantkit.core import primitives
 from quantkit.algorithms import gptq
 from quantkit.calibration import gptq_processor
 

@@ -32,7 +32,7 @@ def gptq_with_compressed_tensors_scales():
     """quantkit's w4a16-gptq with symmetric scales picked as llm-compressor's observer does,
     absmax / ((qmax - qmin) / 2) (int4: /7.5, the top value clipped to 7) instead of absmax / qmax (/7).
     Only to separate the algorithms from the scale convention in the side-by-side table."""
-    from quantkit.recipe import load_recipe
+    from quantkit.quantization.recipe import load_recipe
 
     recipe = load_recipe("w4a16-gptq")
     options = dataclasses.replace(recipe.algorithm.options, symmetric_scale="half_range")
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     from quantkit.calibration import CalibrationConfig, calibration_batches
     from quantkit.harness.eval_text import eval_token_windows
     from quantkit.harness.quality import evaluate_variants
-    from quantkit.loading import load_float_model, resolve_model_source
+    from quantkit.formats.loading import load_float_model, resolve_model_source
 
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     import quantkit
     from quantkit.calibration import CalibrationConfig
     from quantkit.calibration.data import calibration_batches
-    from quantkit.loading import load_float_model
+    from quantkit.formats.loading import load_float_model
 
     torch.set_num_threads(args.threads)
     model = load_float_model(args.model)

@@ -10,7 +10,7 @@ child process whose RssAnon (/proc/PID/status: heap and tensors, not the file pa
 weights) is sampled every 5 ms. `per layer %` is the growth of the peak per added decoder layer as a
 percentage of that layer's bf16 bytes: 0% when the pipeline holds one block at a time.
 --quantize-only measures inside one process around `quantkit.quantize` alone (the bf16 model loaded with
-quantkit.loading.load_float_model first, RssAnon sampled every 3 ms by a thread): the whole command's peak
+quantkit.formats.loading.load_float_model first, RssAnon sampled every 3 ms by a thread): the whole command's peak
 also holds the load and the save, and moves by tens of MB between runs.
 --keep-freed-pages runs the same command with quantkit.calibration.offload.release_freed_memory a no-op
 (glibc keeps freed heap pages), the behaviour the trimming after each layer and block removes.
@@ -30,7 +30,7 @@ from pathlib import Path
 
 MB = 1e6
 # `quantkit` in this interpreter, glibc's trimming disabled when argv[1] is "keep"
-CLI = ("import sys; import quantkit.calibration.offload as o; from quantkit.cli import main\n"
+CLI = ("import sys; import quantkit.calibration.offload as o; from quantkit.commands.cli import main\n"
        "if sys.argv.pop(1) == 'keep': o._libc_malloc_trim = lambda: None\n"
        "sys.exit(main(sys.argv[1:]))")
 # quantkit.quantize alone in this interpreter: argv keep|trim FOLDER RECIPE SAMPLES SEQ_LEN; prints the peak
@@ -38,7 +38,7 @@ QUANTIZE_ONLY = (
     "import json, sys, threading, time\n"
     "import quantkit, quantkit.calibration.offload as o\n"
     "from quantkit.calibration import CalibrationConfig\n"
-    "from quantkit.loading import load_float_model\n"
+    "from quantkit.formats.loading import load_float_model\n"
     "if sys.argv[1] == 'keep': o._libc_malloc_trim = lambda: None\n"
     "def anon():\n"
     "    return next(int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('RssAnon:'))\n"

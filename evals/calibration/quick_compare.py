@@ -7,7 +7,7 @@ import quantkit
 from quantkit.calibration import CalibrationConfig
 from quantkit.harness.eval_text import eval_token_windows
 from quantkit.harness.quality import evaluate_variants
-from quantkit.loading import load_float_model, resolve_model_source
+from quantkit.formats.loading import load_float_model, resolve_model_source
 
 
 def main() -> dict:

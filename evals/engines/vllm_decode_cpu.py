@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from quantkit.harness.hardware import cpu_name
-from quantkit.outputs import atomic_write_text
+from quantkit.files.outputs import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[2]
 VARIANTS = {  # name -> (recipe or None for the float model, vLLM dtype)

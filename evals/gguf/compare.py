@@ -189,7 +189,7 @@ def same_layout_overrides(folder: Path) -> list[str]:
 def quantkit_files(args, work: Path, folder: Path, calib_ids: torch.Tensor) -> dict[str, tuple[str, Path, float]]:
     import quantkit
     from quantkit.gguf.writing import export_gguf
-    from quantkit.loading import load_float_model
+    from quantkit.formats.loading import load_float_model
 
     files = {}
     in_memory = {}  # Q4_K-grid recipes: slug -> the quantized model

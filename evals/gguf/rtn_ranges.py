@@ -25,8 +25,8 @@ import quantkit
 from quantkit.algorithms.rtn import RTNOptions, rtn_quantize
 from quantkit.harness.eval_text import load_tokenizer, read_eval_tokens
 from quantkit.harness.quality import evaluate_quality, token_windows
-from quantkit.scheme import QuantScheme
-from quantkit.targets import select_linears
+from quantkit.core.scheme import QuantScheme
+from quantkit.modules.targets import select_linears
 
 SYM4 = QuantScheme(num_bits=4, symmetric=True, strategy="group", group_size=32)
 ASYM4 = QuantScheme(num_bits=4, symmetric=False, strategy="group", group_size=32)

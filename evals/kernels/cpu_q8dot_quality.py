@@ -13,7 +13,7 @@ are `quantkit eval`'s.
 
 import sys
 
-from quantkit.cli import main
+from quantkit.commands.cli import main
 from quantkit.kernels import cpu_kernel_choice
 
 cpu_kernel_choice.DEQUANT_MIN_ROWS["cpu_q8"] = 1 << 30

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from quantkit.loading import load_float_model
+    from quantkit.formats.loading import load_float_model
 
     model = load_float_model(args.model, dtype=torch.bfloat16).eval()
     runs = [decode_step_times(model, args.contexts, unit_scales(model), steps=args.steps, warmup=args.warmup,

@@ -39,13 +39,13 @@ timeout 120 "$PY" evals/kv_cache/gpu_bench.py --sweep --out "$OUT" > "$OUT/gpu_b
 head -30 "$OUT/gpu_bench.md" 2>/dev/null || tail -20 "$OUT/gpu_bench.log"
 
 echo "== 3. end to end: random Llama-3.1-8B, contexts 1k and 32k, batch 1 and 8"
-timeout 170 "$PY" -m quantkit.cli bench evals/configs/llama-3.1-8b-random.json --device cuda --dtype bf16 \
+timeout 170 "$PY" -m quantkit.commands.cli bench evals/configs/llama-3.1-8b-random.json --device cuda --dtype bf16 \
   --variants kv-fp8,w4a16-rtn,w4a16-rtn+kv-fp8 --backend auto \
   --prompt-lens 512 --context-lens 1024,32768 --batch-sizes 1,8 \
   --warmup 2 --repeats 5 --max-cache-gb 40 --gpu probe --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1 || status=1
 tail -25 "$OUT/bench.log"
 if [ -f "$OUT/bench.json" ]; then
-  "$PY" -m quantkit.cli report --bench "$OUT/bench.json" --out "$OUT/report" --force \
+  "$PY" -m quantkit.commands.cli report --bench "$OUT/bench.json" --out "$OUT/report" --force \
     --title "FP8 KV cache on ${GPU_NAME:-the GPU}: decode at 1k and 32k context" \
     --note "Random-initialised Llama-3.1-8B shape (evals/configs/llama-3.1-8b-random.json): speed only." \
     --note "Reproduce: \`bash evals/kv_cache/gpu_kv_script.sh\`." > "$OUT/report.log" 2>&1 || status=1

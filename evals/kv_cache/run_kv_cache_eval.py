@@ -66,7 +66,7 @@ def load_model_and_tokens(name: str, window: int, total_windows: int, seed: int)
         ids = torch.randint(0, model.config.vocab_size, (total_windows * window,), generator=g)
         return model, token_windows(ids, window), {"model": "random Llama (untrained)", "text": "random tokens"}
     from quantkit.harness.eval_text import eval_token_windows
-    from quantkit.loading import load_float_model
+    from quantkit.formats.loading import load_float_model
 
     model = load_float_model(name, dtype=torch.float32).eval()
     windows = eval_token_windows(name, None, window=window, max_tokens=total_windows * window)

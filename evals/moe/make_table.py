@@ -35,7 +35,7 @@ FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 def make_model(family: str, folder: Path) -> Path:
     import torch
 
-    from quantkit.loading import resolve_model_source
+    from quantkit.formats.loading import resolve_model_source
     from fixtures.moe_fixtures import make_moe_model
 
     model = make_moe_model(family)
@@ -57,7 +57,7 @@ def make_model(family: str, folder: Path) -> Path:
 def tpot_ms(source: Path, work: Path) -> dict[str, float]:
     """Median TPOT (ms) of float, w4a16-rtn and w8a16-rtn from one `quantkit bench` run."""
     out = work / f"{source.name}-bench.json"
-    cmd = [sys.executable, "-m", "quantkit.cli", "bench", str(source), "--variants", "w4a16-rtn", "w8a16-rtn",
+    cmd = [sys.executable, "-m", "quantkit.commands.cli", "bench", str(source), "--variants", "w4a16-rtn", "w8a16-rtn",
            "--prompt-lens", "16", "--context-lens", "64", "--batch-sizes", "1", "--repeats", "5", "--warmup", "2",
            "--dtype", "float32", "--json", str(out), "--quiet"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -75,13 +75,13 @@ def main() -> None:
     import torch
 
     import quantkit
-    from quantkit import provenance
+    from quantkit.quantization import provenance
     from quantkit.calibration import CalibrationConfig
     from quantkit.harness.eval_text import eval_token_windows
     from quantkit.harness.quality import evaluate_variants
-    from quantkit.loading import folder_size_bytes
-    from quantkit.recipe import builtin_recipes
-    from quantkit.weight_census import weight_census
+    from quantkit.formats.loading import folder_size_bytes
+    from quantkit.quantization.recipe import builtin_recipes
+    from quantkit.quantization.weight_census import weight_census
 
     torch.set_num_threads(2)
     recipes = ["w4a16-rtn", "w4a16-gptq"] if args.quick else sorted(builtin_recipes()) if args.all else [

@@ -25,7 +25,7 @@ import quantkit
 from quantkit.calibration import gptq_processor
 from quantkit.harness.eval_text import load_tokenizer, read_eval_tokens
 from quantkit.harness.quality import evaluate_quality, token_windows
-from quantkit.loading import load_float_model
+from quantkit.formats.loading import load_float_model
 from quantkit.refmodels import corpus, resolve_model_name
 
 RECIPES = ("w8a16-gptq-g32", "w4a16-gptq-g32", "w4a16-gptq-q4k", "w4a16-gptq")

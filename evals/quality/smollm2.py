@@ -104,8 +104,8 @@ def run_quantize(work: Path, float_dir: Path, name: str, recipe, calibration) ->
     import torch
 
     import quantkit
-    from quantkit.loading import load_float_model
-    from quantkit.summaries import scheme_lines
+    from quantkit.formats.loading import load_float_model
+    from quantkit.quantization.summaries import scheme_lines
 
     out = work / "checkpoints" / slug(name)
     info_file = out.with_suffix(".json")
@@ -180,7 +180,7 @@ def folder_bytes(folder: Path) -> int:
 def scheme_summary(folder: Path) -> str:
     """'int4 g64 sym (q/k/v/o/gate/up) + int4 g128 sym (down)' from a checkpoint's config groups."""
     from quantkit.formats.compressed_tensors import parse_quantization_config
-    from quantkit.summaries import layer_kinds
+    from quantkit.quantization.summaries import layer_kinds
 
     config = json.loads((folder / "config.json").read_text()).get("quantization_config")
     if not config:
@@ -224,7 +224,7 @@ def target_lines(rows: list[dict]) -> list[str]:
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
-    from quantkit.summaries import human_bytes
+    from quantkit.quantization.summaries import human_bytes
 
     lines = [
         "# SmolLM2-135M-Instruct: quantkit's recipes and llm-compressor's GPTQ on a real pretrained LM", "",
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     from quantkit.calibration import CalibrationConfig, calibration_batches
     from quantkit.harness.hardware import cpu_name
     from quantkit.harness.quality import evaluate_variants, token_windows
-    from quantkit.loading import load_float_model
+    from quantkit.formats.loading import load_float_model
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(float_dir)

@@ -60,7 +60,7 @@ def kv_rounding_hooks(model, kv_checkpoint: Path, which: tuple[str, ...]) -> lis
     of the kv-fp8 checkpoint (per tensor [1] or per KV head [Hkv]). returns the hook handles."""
     from safetensors import safe_open
 
-    from quantkit.primitives import dequantize_fp8, quantize_fp8
+    from quantkit.core.primitives import dequantize_fp8, quantize_fp8
 
     handles = []
     with safe_open(str(kv_checkpoint / "model.safetensors"), "pt") as f:
@@ -80,7 +80,7 @@ def kv_rounding_hooks(model, kv_checkpoint: Path, which: tuple[str, ...]) -> lis
 def recipe_for(builtin: str, options: dict):
     """The built-in recipe with `options` over its algorithm's options (and options["weights"] over its weights)."""
     import quantkit
-    from quantkit.recipe import recipe_from_dict
+    from quantkit.quantization.recipe import recipe_from_dict
 
     data = quantkit.load_recipe(builtin).to_dict()
     options = dict(options)
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     from quantkit.calibration import CalibrationConfig
     from quantkit.harness.hardware import cpu_name
     from quantkit.harness.quality import evaluate_variants, token_windows
-    from quantkit.loading import load_float_model
+    from quantkit.formats.loading import load_float_model
     from transformers import AutoTokenizer
 
     torch.set_num_threads(args.threads)

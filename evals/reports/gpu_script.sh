@@ -56,11 +56,11 @@ bench() {
   local dir="$OUT/$name" start=$SECONDS
   mkdir -p "$dir"
   echo "== $name: $variants (limit ${limit}s)"
-  if timeout "$limit" "$PY" -m quantkit.cli bench "$CONFIG" --device "$DEVICE" --dtype bf16 \
+  if timeout "$limit" "$PY" -m quantkit.commands.cli bench "$CONFIG" --device "$DEVICE" --dtype bf16 \
       --variants "$variants" --backend auto --prompt-lens "$PROMPTS" --context-lens "$CONTEXTS" \
       --batch-sizes "$BATCHES" --warmup "$WARMUP" --repeats "$REPEATS" --gpu "${ROOFLINE:-probe}" --quiet \
       --json "$dir/bench.json" "$@"; then
-    "$PY" -m quantkit.cli report --bench "$dir/bench.json" --out "$dir" --force \
+    "$PY" -m quantkit.commands.cli report --bench "$dir/bench.json" --out "$dir" --force \
       --title "quantkit on ${GPU_NAME:-$DEVICE}: $name" \
       --note "Speed of a random-initialised Llama-architecture model ($CONFIG): weights are random, so this measures speed only; quality is in the CPU report (evals/reports/cpu)." \
       --note "Reproduce: \`bash evals/reports/gpu_script.sh\` (part \"$name\")." || STATUS=1

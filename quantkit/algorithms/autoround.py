@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..primitives import SYMMETRIC_SCALE_RULES, _range_qparams, grouped_columns
-from ..quantized_weight import QuantizedWeight
-from ..scheme import QuantScheme
+from ..core.primitives import SYMMETRIC_SCALE_RULES, _range_qparams, grouped_columns
+from ..core.quantized_weight import QuantizedWeight
+from ..core.scheme import QuantScheme
 
 _EPS = 1e-12
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from ..gguf.grids import GridWeight, grid_weight
-from ..primitives import compute_qparams, fake_quantize, grouped_columns, quantize
-from ..quantized_weight import QuantizedWeight
-from ..scheme import QuantScheme
+from ..core.primitives import compute_qparams, fake_quantize, grouped_columns, quantize
+from ..core.quantized_weight import QuantizedWeight
+from ..core.scheme import QuantScheme
 
 _MIN_SCALE = 1e-4
 _CLIP_CHUNK_ELEMENTS = 1 << 24  # fp32 elements of [G, M, n] partial outputs per chunk of output rows (64 MiB)

@@ -39,9 +39,9 @@ from dataclasses import dataclass
 import torch
 
 from ..gguf import grids
-from ..primitives import check_range_options, compute_qparams, mse_clip_ratio
-from ..quantized_weight import QuantizedWeight
-from ..scheme import QuantScheme
+from ..core.primitives import check_range_options, compute_qparams, mse_clip_ratio
+from ..core.quantized_weight import QuantizedWeight
+from ..core.scheme import QuantScheme
 
 MAX_DAMP_RETRIES = 6  # 0.01 -> 1e4 in x10 steps
 

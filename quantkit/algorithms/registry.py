@@ -26,7 +26,7 @@ class Algorithm:
     """One weight-quantization algorithm: its recipe options and how it runs."""
 
     name: str
-    options: type  # frozen dataclass of the recipe's options (validated by quantkit.config_utils.from_dict)
+    options: type  # frozen dataclass of the recipe's options (validated by quantkit.core.config_utils.from_dict)
     needs_calibration: bool
     #: "module:Class" of its calibration block processor, built as Class(scheme, options, scale_dtype)
     processor: str | None = None

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import torch
 
 from ..gguf.grids import GridWeight, grid_weight
-from ..primitives import check_range_options, compute_qparams, mse_clip_ratio, quantize
-from ..quantized_weight import QuantizedWeight
-from ..scheme import QuantScheme
+from ..core.primitives import check_range_options, compute_qparams, mse_clip_ratio, quantize
+from ..core.quantized_weight import QuantizedWeight
+from ..core.scheme import QuantScheme
 
 
 @dataclass(frozen=True)

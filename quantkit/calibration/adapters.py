@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ..errors import QuantizationError
+from ..core.errors import QuantizationError
 from ..modules.quant_experts import QuantExperts
 
 
@@ -151,7 +151,7 @@ def moe_groups(block: nn.Module) -> tuple[LinearGroup, ...]:
     return tuple(groups)
 
 
-# Mixture-of-experts decoders (transformers 5 fused experts, split by quantkit.moe.unfuse_experts before
+# Mixture-of-experts decoders (transformers 5 fused experts, split by quantkit.modules.moe.unfuse_experts before
 # calibration): Llama-layout attention, then the MoE block's experts (moe_groups); routers stay float.
 for _name in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe"):
     register_adapter(FamilyAdapter(_name, (_name,), "model.layers", ATTENTION_GROUPS, expand=moe_groups))

@@ -21,8 +21,8 @@ from torch.nn import functional as F
 from ..algorithms.autoround import (
     AutoRoundOptions, RoundingParams, check_scheme, fake_quantize, quantized_weight, signed_step,
 )
-from ..errors import QuantizationError
-from ..scheme import QuantScheme
+from ..core.errors import QuantizationError
+from ..core.scheme import QuantScheme
 from .runner import BlockContext, check_finite
 
 

@@ -24,8 +24,8 @@ from torch import nn
 from ..algorithms.awq import (
     AWQOptions, awq_quantize, mean_abs_update, scaled_effective_weight, search_clip, search_scales, weight_channel_mean,
 )
-from ..errors import QuantizationError
-from ..scheme import QuantScheme
+from ..core.errors import QuantizationError
+from ..core.scheme import QuantScheme
 from .adapters import LinearGroup
 from .distributed import refuse_unsupported
 from .runner import BlockContext, check_finite

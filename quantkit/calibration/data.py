@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ..errors import QuantizationError
+from ..core.errors import QuantizationError
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst", ".py")
 JSON_SUFFIXES = (".jsonl", ".json")

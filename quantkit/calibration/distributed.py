@@ -23,7 +23,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from ..errors import QuantizationError
+from ..core.errors import QuantizationError
 
 
 def world() -> tuple[int, int]:

@@ -8,8 +8,8 @@ import torch
 
 from ..algorithms.gptq import GPTQOptions, factor_hessian, gptq_quantize, hessian_update
 from ..algorithms.rtn import rtn_quantize
-from ..quantized_weight import QuantizedWeight
-from ..scheme import QuantScheme
+from ..core.quantized_weight import QuantizedWeight
+from ..core.scheme import QuantScheme
 from .distributed import add_hessians, gather_rows, row_share, world
 from .runner import BlockContext, check_finite
 

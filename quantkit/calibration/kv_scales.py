@@ -23,12 +23,12 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers.cache_utils import Cache, DynamicLayer
 
-from ..errors import QuantizationError
+from ..core.errors import QuantizationError
 from ..modules.kv_rotation import check_rotation, hadamard_matrix, rotate
 from ..modules.kv_scales import (
     KVScales, attach_kv_scales, attach_rotated_kv_scales, attention_modules, cache_keyword, num_cache_layers,
 )
-from ..primitives import fp8_scale
+from ..core.primitives import fp8_scale
 
 
 class AbsmaxObserverLayer(DynamicLayer):

@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 from ..algorithms.registry import ALGORITHMS
-from ..errors import QuantizationError
-from ..loading import source_dtype
+from ..core.errors import QuantizationError
+from ..formats.loading import source_dtype
 from ..modules.quant_experts import QuantExperts
-from ..recipe import Recipe
-from ..scheme import QuantScheme
+from ..quantization.recipe import Recipe
+from ..core.scheme import QuantScheme
 from .adapters import adapter_for
 from .data import calibration_batches
 from .distributed import share
@@ -48,7 +48,7 @@ def quantize_blockwise(
 ) -> list[str]:
     """Quantize the targeted linears inside `model`'s decoder blocks with the recipe's calibrated algorithm.
 
-    scale_dtype: the dtype the output stores scales in (default: the source's, quantkit.loading.source_dtype).
+    scale_dtype: the dtype the output stores scales in (default: the source's, quantkit.formats.loading.source_dtype).
     schemes: module path -> weight scheme of each target (default: Recipe.weights_for of each).
     spill: where each finished block's tensors go instead of the process's memory (None: kept in memory).
 

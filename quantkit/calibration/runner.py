@@ -37,13 +37,14 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..errors import QuantizationError
-from ..finite import describe_nonfinite, nonfinite_tensors
+from ..core.errors import QuantizationError
+from ..core.finite import describe_nonfinite, nonfinite_tensors
 from ..modules.quant_experts import QuantExperts
 from ..gguf.grids import GridWeight
 from ..gguf.linear import quantized_linear
-from ..quantized_weight import QuantizedWeight
-from ..targets import output_head_name, set_submodule
+from ..core.quantized_weight import QuantizedWeight
+from ..core.units import human_seconds
+from ..modules.targets import output_head_name, set_submodule
 from .adapters import FamilyAdapter, LinearGroup, adapter_for
 from .offload import home_device, materialize_, materialize_model_, release_freed_memory
 from .spill import BlockSpill
@@ -293,8 +294,6 @@ def _quantize_head(model: nn.Module, outside: list[str], last_outputs: list[torc
 
 def estimate_line(first_block_s: float, blocks: int) -> str:
     """What quantize prints after its first block: that block's time and the run's estimate from it."""
-    from ..summaries import human_seconds
-
     return (f"first of {blocks} blocks took {human_seconds(first_block_s)}: about "
             f"{human_seconds(first_block_s * blocks)} for all of them")
 
@@ -385,7 +384,7 @@ def run_blockwise(
             if missing:
                 raise RuntimeError(f"{name}: no processor quantized {missing}")
             ctx.status("outputs")
-            for module in block.modules():  # MoE: count the routing of this one pass (quantkit.moe)
+            for module in block.modules():  # MoE: count the routing of this one pass (quantkit.modules.moe)
                 if isinstance(module, QuantExperts) and module.count_routing:
                     module.routed_tokens = None
             inputs = ctx.forward()

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import QuantizationError
+from ..core.errors import QuantizationError
 
 ALIGN = 64  # bytes: every tensor of a spill file starts at a cache line
 

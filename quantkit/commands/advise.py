@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from quantkit.inputs import input_paths
+from quantkit.files.inputs import input_paths
 
 from . import int_at_least, nonnegative_float, positive_float
 
@@ -38,9 +38,9 @@ def register(subparsers) -> None:
 
 
 def load_shape(model: str):
-    from quantkit.errors import CheckpointError
+    from quantkit.core.errors import CheckpointError
     from quantkit.harness.roofline import ModelShape
-    from quantkit.loading import read_config_json, resolve_model_source
+    from quantkit.formats.loading import read_config_json, resolve_model_source
 
     source = resolve_model_source(model)
     path = Path(source)
@@ -70,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.harness.advisor import Workload, advise, format_advice
     from quantkit.harness.hardware import resolve_device_spec
     from quantkit.harness.results import load_quality
-    from quantkit.errors import UsageError
-    from quantkit.outputs import check_output_file, output_stream, write_output_file
+    from quantkit.core.errors import UsageError
+    from quantkit.files.outputs import check_output_file, output_stream, write_output_file
 
     if args.json_out is not None:  # never over a file this command reads
         check_output_file(args.json_out, inputs=input_paths(args.model, *args.quality))

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.harness.benchmark import benchmark
 
     if args.compile_backend is not None and not args.compile:
-        from quantkit.errors import UsageError
+        from quantkit.core.errors import UsageError
 
         raise UsageError(f"--compile-backend {args.compile_backend} takes effect only with --compile; add --compile "
                          f"(or drop --compile-backend)")

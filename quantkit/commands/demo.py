@@ -13,7 +13,7 @@ import json
 import time
 from pathlib import Path
 
-from quantkit.inputs import input_paths
+from quantkit.files.inputs import input_paths
 
 from . import int_at_least
 
@@ -36,14 +36,14 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import quantkit
-    from quantkit.errors import UsageError
+    from quantkit.core.errors import UsageError
     from quantkit.harness.eval_text import eval_token_windows, eval_window
     from quantkit.harness.quality import evaluate_variants
-    from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source, source_dtype
-    from quantkit.outputs import atomic_output_dir
+    from quantkit.formats.loading import folder_size_bytes, load_float_model, resolve_model_source, source_dtype
+    from quantkit.files.outputs import atomic_output_dir
     from quantkit.harness.report import render_report
     from quantkit.harness.results import load_quality
-    from quantkit.summaries import dtype_name, quantized_bits_per_weight
+    from quantkit.quantization.summaries import dtype_name, quantized_bits_per_weight
 
     recipes = [quantkit.load_recipe(r.strip()) for r in args.recipes.split(",") if r.strip()]
     if not recipes:
@@ -172,9 +172,9 @@ def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int | No
               stored_dtype: str) -> str:
     """The demo's summary table. dtype: what the models ran in; stored_dtype: what the source's weights
     (and so the checkpoints' float tensors) are stored in; baseline_bytes: the source folder on disk."""
-    from quantkit.dtypes import dtype_bytes
+    from quantkit.core.dtypes import dtype_bytes
     from quantkit.harness.formatting import fmt_perplexity_change
-    from quantkit.summaries import human_bytes
+    from quantkit.core.units import human_bytes
 
     r0 = rows[0]
     lines = [

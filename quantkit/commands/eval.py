@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from quantkit.inputs import input_paths
+from quantkit.files.inputs import input_paths
 
 from . import add_model_options, add_other_baseline_option, int_at_least, torch_dtype
 
@@ -42,11 +42,11 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import quantkit
-    from quantkit.device import check_backend, resolve_device
-    from quantkit.errors import UsageError
+    from quantkit.core.device import check_backend, resolve_device
+    from quantkit.core.errors import UsageError
     from quantkit.gguf.reading import check_gguf_tokenizer, is_gguf_file, load_gguf_tokenizer
     from quantkit.harness.eval_text import check_model_tokenizer, eval_window, load_tokenizer, read_eval_tokens
-    from quantkit.outputs import check_output_file, output_stream, write_output_file
+    from quantkit.files.outputs import check_output_file, output_stream, write_output_file
 
     check_backend(args.backend, resolve_device(args.device, option="--device"))
     if args.json is not None:  # before any work; never over a file this command reads

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from quantkit.inputs import input_paths
+from quantkit.files.inputs import input_paths
 
 FORMATS = ("gguf",)
 
@@ -44,11 +44,11 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import quantkit
-    from quantkit import provenance
-    from quantkit.errors import UsageError
+    from quantkit.quantization import provenance
+    from quantkit.core.errors import UsageError
     from quantkit.gguf.writing import check_exportable, not_written_by_quantkit
-    from quantkit.loading import resolve_model_source
-    from quantkit.outputs import atomic_output_file, check_free_space, check_writable
+    from quantkit.formats.loading import resolve_model_source
+    from quantkit.files.outputs import atomic_output_file, check_free_space, check_writable
 
     inputs = input_paths(args.checkpoint)
     out = check_writable(args.out, force=args.force, file=True, inputs=inputs, owned=not_written_by_quantkit)

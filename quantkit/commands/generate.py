@@ -56,9 +56,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import quantkit
-    from quantkit.errors import UsageError
-    from quantkit.fast_generate import FastGenerate
-    from quantkit.sampling import SamplingConfig
+    from quantkit.core.errors import UsageError
+    from quantkit.runtime.fast_generate import FastGenerate
+    from quantkit.runtime.sampling import SamplingConfig
 
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     if any(not s for s in args.stop):
@@ -115,7 +115,7 @@ def prompt_ids(tokenizer, prompt: str, chat: bool):
     chat template as a user message with the assistant's turn opened."""
     import torch
 
-    from quantkit.errors import UsageError
+    from quantkit.core.errors import UsageError
 
     if chat:
         if not getattr(tokenizer, "chat_template", None):

@@ -22,8 +22,8 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.formats.compressed_tensors import parse_quantization_config
     from quantkit.formats.safetensors_io import folder_tensors, read_state_dict
     from quantkit.formats.shapes import SCALE_TENSORS
-    from quantkit.loading import read_config_json, refuse_quantized_tensors, resolve_model_source
-    from quantkit.summaries import human_bytes
+    from quantkit.formats.loading import read_config_json, refuse_quantized_tensors, resolve_model_source
+    from quantkit.core.units import human_bytes
 
     folder = Path(resolve_model_source(args.path))
     config = read_config_json(folder)
@@ -82,7 +82,7 @@ def inspect_gguf(path: str) -> int:
     import gguf
 
     from quantkit.gguf.reading import FLOAT_TYPES, read_gguf
-    from quantkit.summaries import human_bytes
+    from quantkit.core.units import human_bytes
 
     contents = read_gguf(path)
     hp, fields = contents.hyperparameters, contents.fields
@@ -144,9 +144,9 @@ def _bits_text(bits: int, weights: int, linears: int) -> str:
 def _check_tensors(folder: Path, parsed, tensors: dict, values: dict) -> str:
     """Check the tensors against the model config.json describes (names, dtypes, shapes, scale values);
     raises CheckpointError on a problem. Returns what was checked, for the printout."""
-    from quantkit.errors import CheckpointError
+    from quantkit.core.errors import CheckpointError
     from quantkit.formats.shapes import check_checkpoint_tensors
-    from quantkit.loading import empty_quantized_model
+    from quantkit.formats.loading import empty_quantized_model
 
     try:
         model, _, _ = empty_quantized_model(folder)
@@ -197,7 +197,7 @@ def size_by_kind(layers: dict[str, dict[str, tuple]]) -> dict[str, int]:
 
 def size_summary_lines(sizes: dict[str, int]) -> list[str]:
     """The size summary ``inspect`` prints: bytes and share of the total of each kind present."""
-    from quantkit.summaries import human_bytes
+    from quantkit.core.units import human_bytes
 
     total = sum(sizes.values())
     lines = ["", f"  size by kind (tensor bytes in the safetensors files, {human_bytes(total)} in all):"]

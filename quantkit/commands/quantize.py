@@ -7,7 +7,7 @@ import argparse
 import time
 from pathlib import Path
 
-from quantkit.inputs import input_paths
+from quantkit.files.inputs import input_paths
 
 from . import add_model_options, torch_dtype
 
@@ -75,13 +75,13 @@ def calibration_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     import quantkit
-    from quantkit import provenance
-    from quantkit.loading import folder_size_bytes, load_float_model, resolve_model_source, source_dtype
-    from quantkit.device import resolve_device
-    from quantkit.outputs import check_free_space, check_writable, clean_stale, nearest_existing, output_state
-    from quantkit.summaries import SizeOnDisk, dtype_name, quantization_summary, state_bytes
+    from quantkit.quantization import provenance
+    from quantkit.formats.loading import folder_size_bytes, load_float_model, resolve_model_source, source_dtype
+    from quantkit.core.device import resolve_device
+    from quantkit.files.outputs import check_free_space, check_writable, clean_stale, nearest_existing, output_state
+    from quantkit.quantization.summaries import SizeOnDisk, dtype_name, quantization_summary, state_bytes
 
-    from quantkit.errors import UsageError
+    from quantkit.core.errors import UsageError
 
     gguf_out = str(args.out).lower().endswith(".gguf")
     inputs = input_paths(args.model, args.recipe, args.calib)
@@ -181,11 +181,11 @@ def _write_gguf(model, recipe, args, source, size_before, start, inputs, out) ->
 
     import torch
 
-    from quantkit import provenance
+    from quantkit.quantization import provenance
     from quantkit.gguf.writing import export_gguf, not_written_by_quantkit
-    from quantkit.outputs import atomic_output_file, check_free_space
-    from quantkit.recipe import builtin_recipes
-    from quantkit.summaries import SizeOnDisk, quantization_summary
+    from quantkit.files.outputs import atomic_output_file, check_free_space
+    from quantkit.quantization.recipe import builtin_recipes
+    from quantkit.quantization.summaries import SizeOnDisk, quantization_summary
 
     made = provenance.of(model)
     calibration = made.calibration if made else None
@@ -213,7 +213,7 @@ def _write_gguf(model, recipe, args, source, size_before, start, inputs, out) ->
 def _least_bytes(model, recipe, dtype) -> tuple[int, int]:
     """Lower bounds of (the checkpoint's size, its quantized linears' bytes): the targeted linears' weights at
     the recipe's bits (scales left out), every other parameter (tied ones once) in `dtype`."""
-    from quantkit.moe import unfuse_experts
+    from quantkit.modules.moe import unfuse_experts
 
     unfuse_experts(model)  # fused MoE experts count as the per-expert linears quantize makes of them
     names = recipe.linears(model)[0] if recipe.weights is not None else []

@@ -17,7 +17,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import yaml
 
-    from quantkit.recipe import builtin_recipes
+    from quantkit.quantization.recipe import builtin_recipes
 
     recipes = builtin_recipes()
     if args.name:

@@ -27,10 +27,10 @@ REPORT_FILES = ("report.md", "report.json")
 
 
 def run(args: argparse.Namespace) -> int:
-    from quantkit.errors import UsageError
+    from quantkit.core.errors import UsageError
     from quantkit.harness.report import REPORT_OUTPUTS, render_report
     from quantkit.harness.results import load_bench, load_quality
-    from quantkit.outputs import publish_files
+    from quantkit.files.outputs import publish_files
 
     if not args.bench and not args.quality:
         raise UsageError("nothing to report: give --bench FILE and/or --quality FILE...")

@@ -13,11 +13,11 @@ from typing import Any
 
 from torch import nn
 
-from ..errors import CheckpointError
+from ..core.errors import CheckpointError
 from ..modules.quant_linear import QuantLinear
-from ..moe import model_type, router_names, to_disk_name
-from ..scheme import QuantScheme
-from ..targets import check_patterns, matches
+from ..modules.moe import model_type, router_names, to_disk_name
+from ..core.scheme import QuantScheme
+from ..modules.targets import check_patterns, matches
 
 FORMAT_VERSION = "0.15.0"  # compressed-tensors layout version written into the config
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from ..errors import CheckpointError
+from ..core.errors import CheckpointError
 from .safetensors_io import read_header, save_safetensors_file
 
 CONFIG_KEY = "quantkit_kv_cache_rotation"

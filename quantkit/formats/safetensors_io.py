@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 from safetensors import safe_open
 
-from ..errors import CheckpointError
+from ..core.errors import CheckpointError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -33,7 +33,7 @@ def write_state_dict(state: dict[str, torch.Tensor], folder: Path, max_shard_byt
             size = 0
         shards[-1][name] = tensor.detach().contiguous().cpu()
         size += b
-    from ..outputs import give_default_mode
+    from ..files.outputs import give_default_mode
 
     if len(shards) == 1:
         save_safetensors_file(shards[0], folder / SINGLE_FILE)

@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import CheckpointError
+from ..core.errors import CheckpointError
 from ..modules.kv_scales import SCALE_NAMES, attention_modules
 from ..modules.quant_linear import CHECKPOINT_TENSORS, QuantLinear
-from ..moe import from_disk_name, model_type
+from ..modules.moe import from_disk_name, model_type
 from .safetensors_io import FLOAT_DTYPES, TORCH_DTYPES, TensorHeader
 
 #: tensors whose values are scales: finite, positive, normal numbers of the dtype they are stored in
@@ -35,7 +35,7 @@ def check_checkpoint_tensors(
     tensors: {name: TensorHeader} of every tensor in the files; values: at least every `weight_shape`
     and scale tensor, as stored; kv_cache: whether config.json has a kv_cache_scheme (then each
     attention module's k_scale / v_scale are expected, else they are unexpected). Names are read as
-    checkpoints write them (MoE blocks under their on-disk names: quantkit.moe.to_disk_name).
+    checkpoints write them (MoE blocks under their on-disk names: quantkit.modules.moe.to_disk_name).
     """
     mtype = model_type(model)
     tensors = {from_disk_name(k, mtype): v for k, v in tensors.items()}

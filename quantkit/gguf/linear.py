@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ..modules.quant_linear import QuantLinear
-from ..scheme import QuantScheme
+from ..core.scheme import QuantScheme
 from .grids import GRID_WEIGHTS, GridWeight
 from .types import GRID_TYPES
 

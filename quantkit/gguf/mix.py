@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..scheme import QuantScheme, grid_scheme
+from ..core.scheme import QuantScheme, grid_scheme
 
 #: each mix and its default grid (llama-quantize's default type for the file type), which a recipe's weights take
 MIX_GRIDS = {"q4_k_m": "q4_k", "q4_k_s": "q4_k", "q3_k_l": "q3_k", "q3_k_m": "q3_k", "q3_k_s": "q3_k", "q2_k": "q2_k"}

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, EvaluationError, first_names
-from ..finite import describe_nonfinite, nonfinite_tensors
-from ..loading import SOURCE_DTYPE_ATTRIBUTE, _one_line, _quiet_loading_report, config_errors
+from ..core.errors import CheckpointError, EvaluationError, first_names
+from ..core.finite import describe_nonfinite, nonfinite_tensors
+from ..formats.loading import SOURCE_DTYPE_ATTRIBUTE, _one_line, _quiet_loading_report, config_errors
 
 #: Attribute that load_gguf_model sets on a model: its GGUFOrigin.
 GGUF_ORIGIN_ATTRIBUTE = "quantkit_gguf_origin"
@@ -300,7 +300,7 @@ def load_gguf_model(path: str | os.PathLike, *, dtype: torch.dtype | None = None
     Records its GGUFOrigin on the model (gguf_origin). CheckpointError when transformers leaves a weight unread."""
     from transformers import AutoModelForCausalLM, GgufConfig
 
-    from ..device import resolve_device
+    from ..core.device import resolve_device
 
     contents = read_gguf(path)
     path = contents.path

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import CheckpointError, UsageError
+from ..core.errors import CheckpointError, UsageError
 
 #: added tokens the converter makes CONTROL though the folder does not mark them special
 #: (TextModel.does_token_look_special): these names, and <|...|>, <｜...｜>, <unused...>

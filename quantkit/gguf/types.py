@@ -2,10 +2,10 @@
 one block, the QuantScheme grid a weight on it takes (bits, symmetric, group size) and where a tensor whose
 width is no whole block of it goes (llama-quantize's fallback, and quantkit's own for its grid recipes).
 
-Every other table of quantkit reads these records: scheme.py (which grids exist and what a scheme on each
+Every other table of quantkit reads these records: core/scheme.py (which grids exist and what a scheme on each
 must say), blocks.py (bytes per block), grids.py (one class per type: its fields, rounding, blocks and
 dequantization), linear.py, mix.py and writing.py (the type each weight is written in). Standard library
-only: scheme.py reads it, and `quantkit --help` loads no torch.
+only: core/scheme.py reads it, and `quantkit --help` loads no torch.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ it, quantkit.gguf.mix.OUTPUT_TYPES).
 
 Every file carries quantkit's marker (`quantkit.written_by`, the key right after `general.architecture`), by
 which a forced write knows a file it may replace (`not_written_by_quantkit`), and how it was made
-(`quantkit.source`, `quantkit.recipe`, `quantkit.calibration`, `quantkit.command`) where the caller says.
+(`quantkit.source`, `quantkit.quantization.recipe`, `quantkit.calibration`, `quantkit.command`) where the caller says.
 Refused before anything is written: sliding-window attention (llama.cpp's llama, qwen2 and qwen3
 architectures attend to the whole context and read no window from the file).
 """
@@ -45,12 +45,12 @@ import torch
 from torch import nn
 
 from .. import __version__
-from ..errors import CheckpointError, UsageError
+from ..core.errors import CheckpointError, UsageError
 from ..kernels.packing import unpack_int32, unpack_zero_point
-from ..loading import source_dtype
+from ..formats.loading import source_dtype
 from ..modules.kv_scales import read_kv_scales
 from ..modules.quant_linear import QuantLinear
-from ..targets import matches, output_head_name
+from ..modules.targets import matches, output_head_name
 from . import blocks, reference_quants
 from .choices import FLOAT_TYPES, RECIPES_FOR
 from .linear import GgufLinear

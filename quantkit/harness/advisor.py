@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 from .hardware import DeviceSpec
 from .results import QualityResult
 from .roofline import (
@@ -154,7 +154,7 @@ def quality_key(result: QualityResult, dtype_bytes: int = 2) -> tuple[int, int, 
         except ValueError:
             pass
     try:
-        from quantkit.recipe import load_recipe
+        from quantkit.quantization.recipe import load_recipe
 
         return scheme_key(scheme_from_recipe(load_recipe(result.name), dtype_bytes=dtype_bytes))
     except Exception:

@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .. import provenance
-from ..errors import UsageError
+from ..quantization import provenance
+from ..core.errors import UsageError
 from ..gguf.reading import gguf_origin
-from ..loading import source_dtype
+from ..formats.loading import source_dtype
 
 #: config fields that must agree: the architecture and every dimension of its weights
 SHAPE_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",

@@ -107,12 +107,12 @@ def benchmark(
     """
     import torch
 
-    from ..device import check_backend, check_cpu_threads, resolve_device
-    from ..dtypes import parse_dtype
-    from ..errors import UsageError
-    from ..inputs import input_paths
-    from ..loading import is_quantized_checkpoint, resolve_model_source
-    from ..outputs import check_output_file, output_stream, write_output_file
+    from ..core.device import check_backend, check_cpu_threads, resolve_device
+    from ..core.dtypes import parse_dtype
+    from ..core.errors import UsageError
+    from ..files.inputs import input_paths
+    from ..formats.loading import is_quantized_checkpoint, resolve_model_source
+    from ..files.outputs import check_output_file, output_stream, write_output_file
     from .hardware import device_memory_bytes, resolve_device_spec
     from .report import summary_lines
     from .timing import BenchSettings, merge_phases, run_bench
@@ -205,7 +205,7 @@ def benchmark(
     label = model_label or str(base_source or model)
     built = build(phase_dtypes["prefill"])
     if decode_loop == "quantkit":  # before any timing: every variant must run in the loop
-        from ..cpu_decoder import decoder_unavailable
+        from ..runtime.cpu_decoder import decoder_unavailable
 
         for v in built:
             if reason := decoder_unavailable(v.model):
@@ -243,7 +243,7 @@ def benchmark(
 def check_baseline(checkpoint, base, which: str, allow_other_baseline: bool) -> None:
     """UsageError unless `base` is the model the checkpoint `which` was quantized from, or (with
     allow_other_baseline) a model of its shapes: every variant is timed on the baseline's shapes."""
-    from ..errors import UsageError
+    from ..core.errors import UsageError
     from .baseline import check_same_source, shape_mismatches
 
     if not allow_other_baseline:

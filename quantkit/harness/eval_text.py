@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import CheckpointError, EvaluationError
-from ..loading import resolve_model_source
+from ..core.errors import CheckpointError, EvaluationError
+from ..formats.loading import resolve_model_source
 from .quality import model_context, token_windows
 
 #: Characters read at least (the whole of an ordinary evaluation file), and per token asked for.

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 
 # Achievable fraction of a datasheet figure, applied to table entries (not to probes).
 COPY_BANDWIDTH_EFFICIENCY = 0.9

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
-from ..inputs import read_input_text
+from ..core.errors import UsageError
+from ..files.inputs import read_input_text
 from .hardware import DeviceSpec
 from .timing import SCHEMA
 

@@ -35,9 +35,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from .. import dtypes
-from ..errors import CheckpointError
-from ..moe import moe_config_problem
+from ..core import dtypes
+from ..core.errors import CheckpointError
+from ..modules.moe import moe_config_problem
 from .hardware import DeviceSpec
 
 
@@ -372,7 +372,7 @@ def _stored_scheme(qc, shape: ModelShape, *, name: str | None, dtype_bytes: int)
 
 
 def scheme_from_recipe(recipe: Any, *, name: str | None = None, dtype_bytes: int = 2) -> RooflineScheme:
-    """From a ``quantkit.recipe.Recipe`` (``.weights`` and ``.kv_cache`` QuantSchemes)."""
+    """From a ``quantkit.quantization.recipe.Recipe`` (``.weights`` and ``.kv_cache`` QuantSchemes)."""
     return scheme_from_weight_args(
         getattr(recipe, "weights", None), getattr(recipe, "kv_cache", None), name=name, dtype_bytes=dtype_bytes
     )
@@ -391,11 +391,11 @@ def standard_schemes(dtype_bytes: int = 2) -> list[RooflineScheme]:
 
 def fitted_to(scheme: RooflineScheme, shape: ModelShape, indivisible: str = "smaller-group") -> RooflineScheme:
     """`scheme` as a recipe of it quantizes `shape`'s linears: each kind whose width the group size does not
-    divide gets what the `indivisible` rule gives it (quantkit.scheme.QuantScheme.fitted; SmolLM2's 576-wide
+    divide gets what the `indivisible` rule gives it (quantkit.core.scheme.QuantScheme.fitted; SmolLM2's 576-wide
     inputs take groups of 64 under a group-128 recipe), recorded in `layers`."""
     if not scheme.quantized or scheme.group_size in (None, -1) or scheme.layers:
         return scheme
-    from ..scheme import QuantScheme
+    from ..core.scheme import QuantScheme
 
     asked = QuantScheme(num_bits=scheme.weight_bits, symmetric=scheme.symmetric, strategy="group",
                         group_size=scheme.group_size)

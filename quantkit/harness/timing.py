@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from torch import nn
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 from ..modules.kv_scales import attach_kv_scales, cache_keyword, read_kv_scales
 from .hardware import DeviceSpec, capture_cuda_graph, cpu_name, synchronize
 from .roofline import ModelShape, decode_cost, kv_cache_bytes, moe_roofline_note, predict, prefill_cost
@@ -392,7 +392,7 @@ def _cpu_decoder_run(variant: Variant, shape: ModelShape, batch: int, context_le
     """The decode step in quantkit.CpuDecoder's C++ loop: its own cache (the model's dtype, or fp8 for a
     variant whose model holds k/v scales) holds random K/V of ``context_len`` positions; each call
     decodes at position ``context_len`` (overwriting it)."""
-    from quantkit.cpu_decoder import CpuDecoder
+    from quantkit.runtime.cpu_decoder import CpuDecoder
 
     if device.type != "cpu":
         raise UsageError("the quantkit decode loop runs on the CPU: time decode on CUDA in transformers")
@@ -418,7 +418,7 @@ def _cpu_decoder_run(variant: Variant, shape: ModelShape, batch: int, context_le
 
 
 def _loop_cache_value_bytes(cache_dtype: str) -> int:
-    from quantkit.cpu_decoder import CACHE_VALUE_BYTES
+    from quantkit.runtime.cpu_decoder import CACHE_VALUE_BYTES
 
     return CACHE_VALUE_BYTES[cache_dtype]
 

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import dtypes
-from ..errors import UsageError
+from ..core import dtypes
+from ..core.errors import UsageError
 from ..formats.compressed_tensors import kv_cache_scheme_of
 from .roofline import RooflineScheme, scheme_from_quantization_config, scheme_from_weight_args
 
@@ -82,7 +82,7 @@ def load_source_model(
             raise UsageError(f"{source} is not a JSON model config ({e})") from None
         if not isinstance(d, dict) or "model_type" not in d:
             raise UsageError(f"{source}: a random-model config needs a model_type (e.g. \"llama\")")
-        from quantkit.loading import config_errors
+        from quantkit.formats.loading import config_errors
 
         with config_errors(source):
             config = AutoConfig.for_model(**d)
@@ -94,7 +94,7 @@ def load_source_model(
             raise UsageError(f"{source}: cannot build a model of these sizes ({str(e).splitlines()[0]})") from None
         model.name_or_path = f"random:{Path(source).name}"
         return model.eval()
-    from quantkit.loading import is_quantized_checkpoint, load_float_model, resolve_model_source
+    from quantkit.formats.loading import is_quantized_checkpoint, load_float_model, resolve_model_source
 
     _refuse_gguf(source, "the float model")
     resolved = resolve_model_source(source)
@@ -160,7 +160,7 @@ def _refuse_gguf(spec: str, role: str) -> None:
 
 def _split_recipes(spec: str):
     """``"w4a16-rtn+kv-fp8"`` -> (the recipe quantizing weights or None, the KV-cache scheme or None)."""
-    from quantkit.recipe import load_recipe
+    from quantkit.quantization.recipe import load_recipe
 
     _refuse_gguf(spec, "variant")
     recipes = [load_recipe(part) for part in spec.split("+") if part]

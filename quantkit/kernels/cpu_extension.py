@@ -1,7 +1,7 @@
 """The C++ CPU kernels (``csrc/*.cpp``), compiled on first use and cached per user and machine.
 
 ``load_cpu_kernels()`` builds ``csrc/wna16_q8dot.cpp`` and ``csrc/decode_step.cpp`` (the C++ decode loop,
-``torch.classes.quantkit.CpuDecoder``: quantkit.cpu_decoder) with ``torch.utils.cpp_extension.load`` the first
+``torch.classes.quantkit.CpuDecoder``: quantkit.runtime.cpu_decoder) with ``torch.utils.cpp_extension.load`` the first
 time a process needs it and registers its ops (``torch.ops.quantkit.wna16_cpu_q8dot`` and friends);
 later processes load the cached library in milliseconds. Returns ``CpuKernels`` (``available`` and, if
 not, the one-line ``reason``): callers fall back to PyTorch's own kernels when the build is impossible.

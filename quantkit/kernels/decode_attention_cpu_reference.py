@@ -32,14 +32,34 @@ def dequantize_blocks(blocks: list[torch.Tensor], token_scales: list[torch.Tenso
     return x
 
 
+def bf16_rounded_query(q: torch.Tensor, k_head_scale: torch.Tensor | None, kv_heads: int, sm_scale: float) -> torch.Tensor:
+    """q fp32 [B, Hq, D] as the kernel's bf16 path multiplies it (fp32 [B, Hq, D]): q * sm_scale (* the fp8 key
+    scale of its kv head) rounded in fp32, then to bf16 (nearest even), divided back by the same factor. The
+    kernel's other factors (2^64 for fp8) are powers of two, which change no rounding."""
+    factor = torch.full((kv_heads,), sm_scale, dtype=torch.float32)
+    if k_head_scale is not None:
+        factor = factor * k_head_scale.float().reshape(-1).expand(kv_heads)
+    factor = factor.repeat_interleave(q.shape[1] // kv_heads)[None, :, None]  # [1, Hq, 1]
+    return ((q * factor).to(torch.bfloat16).double() / factor.double()).float()
+
+
 def decode_attention_cpu_reference(q: torch.Tensor, k_blocks: list[torch.Tensor], v_blocks: list[torch.Tensor],
                                    k_scales: list[torch.Tensor], v_scales: list[torch.Tensor],
                                    k_head_scale: torch.Tensor | None, v_head_scale: torch.Tensor | None,
-                                   lengths: torch.Tensor, sm_scale: float) -> torch.Tensor:
+                                   lengths: torch.Tensor, sm_scale: float, *, bf16_query: bool = False,
+                                   absolute_values: bool = False) -> torch.Tensor:
     """q fp32 [B, Hq, D] -> fp32 [B, Hq, D] (block layouts as csrc/decode_attention_cpu.cpp's op): softmax(q k^T * sm_scale) v over positions < lengths[b] of
-    sequence b, query head h reading kv head h // (Hq / Hkv)."""
+    sequence b, query head h reading kv head h // (Hq / Hkv).
+
+    bf16_query: the query rounded as the kernel's bf16 dot-product path rounds it (``bf16_rounded_query``);
+    absolute_values: |v| in place of v, the weighted mean sum_t p_t |v_t| that bounds the error of that
+    path's bf16 softmax weights (each within a relative 2^-9 of its value: at most 2^-9 of this mean)."""
     k = dequantize_blocks(k_blocks, k_scales, k_head_scale, keys=True)
     v = dequantize_blocks(v_blocks, v_scales, v_head_scale, keys=False)
+    if absolute_values:
+        v = v.abs()
+    if bf16_query:
+        q = bf16_rounded_query(q, k_head_scale, k.shape[1], sm_scale)
     group = q.shape[1] // k.shape[1]
     out = torch.empty_like(q)
     for b, n in enumerate(lengths.tolist()):

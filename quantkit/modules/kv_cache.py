@@ -43,8 +43,8 @@ from transformers.cache_utils import (
     Cache, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer, StaticCache, StaticLayer, get_layer_types_and_kwargs,
 )
 
-from ..errors import QuantizationError
-from ..primitives import dequantize_fp8, quantize_fp8
+from ..core.errors import QuantizationError
+from ..core.primitives import dequantize_fp8, quantize_fp8
 from .kv_rotation import check_rotation, hadamard_matrix, rotate
 from .kv_scales import KVScales, kv_rotation_of, num_cache_layers, read_kv_scales
 

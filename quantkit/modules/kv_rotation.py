@@ -16,7 +16,7 @@ import functools
 
 import torch
 
-from ..errors import QuantizationError
+from ..core.errors import QuantizationError
 
 #: rotation names a KV cache accepts ("none": the cache stores x as it is)
 ROTATIONS = ("none", "hadamard")

@@ -24,7 +24,7 @@ import inspect
 import torch
 from torch import nn
 
-from ..errors import QuantizationError
+from ..core.errors import QuantizationError
 
 #: layer index -> (k_scale, v_scale); fp32 tensors of shape [1] (per tensor) or [num_kv_heads].
 KVScales = dict[int, tuple[torch.Tensor, torch.Tensor]]

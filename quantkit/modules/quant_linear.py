@@ -8,8 +8,8 @@ from torch import nn
 from quantkit import kernels
 
 from ..kernels.packing import pack_int32, pack_zero_point, packed_words
-from ..quantized_weight import QuantizedWeight
-from ..scheme import QuantScheme
+from ..core.quantized_weight import QuantizedWeight
+from ..core.scheme import QuantScheme
 
 CHECKPOINT_TENSORS = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point")
 

@@ -35,7 +35,7 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 def run_build(args: argparse.Namespace) -> int:
     """Build the model named by ``args`` (from ``add_build_arguments``); prints where it went."""
-    from ..device import check_cpu_threads
+    from ..core.device import check_cpu_threads
 
     spec = get_spec(args.name)
     if args.threads is not None:
@@ -50,13 +50,13 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..errors import CommandParser, parse_command_line
+    from ..core.errors import CommandParser, parse_command_line
 
     parser = CommandParser(prog="python -m quantkit.refmodels",
                                      description="quantkit's built-in reference models")
     commands = parser.add_subparsers(dest="command", required=True)
     add_build_arguments(commands.add_parser("build", help="train a reference model into a folder"))
     args = parse_command_line(parser, argv)
-    from ..errors import run_command
+    from ..core.errors import run_command
 
     return run_command(f"{parser.prog} {args.command}", lambda: run_build(args))

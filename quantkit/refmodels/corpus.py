@@ -145,7 +145,7 @@ def _cached_split_path(split: str) -> Path:
     """The cached text file of `split`, written first if missing; UsageError naming the folder (and
     QUANTKIT_CACHE_DIR, the fix) when it cannot be written there (no permission, a name too long, ...),
     NoSpaceError when the disk is full."""
-    from ..errors import NoSpaceError, UsageError
+    from ..core.errors import NoSpaceError, UsageError
 
     path = cache_root() / "corpus" / f"stdlib-{split}-{_python_tag()}-v{CORPUS_VERSION}.txt"
     try:

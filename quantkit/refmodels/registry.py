@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import UsageError
+from ..core.errors import UsageError
 from .spec import RefModelSpec
 from .store import REF_PREFIX, build_atomically, cache_folder, committed_folder, is_complete
 

@@ -53,11 +53,11 @@ def build_atomically(spec: RefModelSpec, destination: Path, *, force: bool = Fal
 
     An existing complete ``destination`` is kept unless ``force``; otherwise an existing ``destination``
     is replaced only when it is an output quantkit wrote (an empty folder, a reference model folder, see
-    quantkit.outputs.check_replaceable), else FileExistsError. When another process finishes a build of
+    quantkit.files.outputs.check_replaceable), else FileExistsError. When another process finishes a build of
     the same model there meanwhile, its folder is kept.
     ``heldout_max_bytes`` caps the held-out text scored for ``training.json`` (None: all of it).
     """
-    from ..outputs import atomic_output_dir
+    from ..files.outputs import atomic_output_dir
 
     destination = Path(destination)
     if not force and is_complete(destination, spec):

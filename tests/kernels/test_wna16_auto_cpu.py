@@ -17,8 +17,8 @@ import torch
 import quantkit.kernels as qk
 from quantkit.kernels import cpu_kernel_choice
 from quantkit.modules.quant_linear import QuantLinear
-from quantkit.quantized_weight import QuantizedWeight
-from quantkit.scheme import QuantScheme
+from quantkit.core.quantized_weight import QuantizedWeight
+from quantkit.core.scheme import QuantScheme
 
 from .wna16_cases import Scheme, random_weight, reference_output, rel_mean_error, tolerance
 

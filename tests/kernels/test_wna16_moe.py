@@ -13,7 +13,7 @@ from quantkit.algorithms import rtn_quantize
 from quantkit.kernels.cpu_extension import load_cpu_kernels
 from quantkit.kernels import MoEExpertWeights, StackedWNA16, wna16_moe, wna16_moe_reference
 from quantkit.modules.quant_linear import QuantLinear
-from quantkit.scheme import QuantScheme
+from quantkit.core.scheme import QuantScheme
 
 H, I = 128, 96  # I = 96: groups of 32 only (a ragged-free, non-power-of-two width)
 

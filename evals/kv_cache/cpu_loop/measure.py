@@ -29,7 +29,7 @@ import torch
 import quantkit
 from quantkit.harness.hardware import cpu_name
 from quantkit.modules.kv_scales import attach_kv_scales
-from quantkit.outputs import write_output_file
+from quantkit.files.outputs import write_output_file
 
 CACHES = ("fp32", "bf16", "fp8", "int8")
 

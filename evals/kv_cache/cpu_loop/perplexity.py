@@ -26,7 +26,7 @@ import quantkit
 from quantkit.calibration.kv_scales import quantize_kv_cache
 from quantkit.modules.kv_cache import enable_fp8_kv_cache
 from quantkit.modules.kv_scales import ROTATION_ATTRIBUTE
-from quantkit.outputs import write_output_file
+from quantkit.files.outputs import write_output_file
 
 WINDOW = 2048
 

@@ -27,7 +27,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from perplexity import WINDOW, perplexity  # this folder's script
-from quantkit.outputs import write_output_file
+from quantkit.files.outputs import write_output_file
 
 FP8_MAX, FP8_SMALLEST_NORMAL = 448.0, 2.0 ** -6
 

@@ -135,7 +135,7 @@ float store_values(quantkit::KvDtype t, const float* x, int64_t n, void* dst, In
     case quantkit::KV_FP16:
       for (int64_t i = 0; i < n; ++i) static_cast<c10::Half*>(dst)[index(i)] = c10::Half(x[i]);
       return 1.f;
-    case quantkit::KV_FP8:  // as quantkit.primitives.quantize_fp8: x / scale saturated to +-448
+    case quantkit::KV_FP8:  // as quantkit.core.primitives.quantize_fp8: x / scale saturated to +-448
       for (int64_t i = 0; i < n; ++i)
         static_cast<c10::Float8_e4m3fn*>(dst)[index(i)] = c10::Float8_e4m3fn(std::min(448.f, std::max(-448.f, x[i] / fp8_scale)));
       return 1.f;

@@ -182,7 +182,7 @@ def fake_quantize(w: torch.Tensor, scheme: QuantScheme, **qparam_kwargs) -> torc
     (quantkit.gguf.grids) only clip_ratio applies (its fields are fp16 and 6-bit whatever the scale dtype).
     """
     if scheme.grid != "uniform":
-        from .gguf.grids import fake_quantize as grid_fake_quantize
+        from ..gguf.grids import fake_quantize as grid_fake_quantize
 
         return grid_fake_quantize(w, scheme, clip_ratio=qparam_kwargs.get("clip_ratio"))
     scale, zp = compute_qparams(w, scheme, **qparam_kwargs)

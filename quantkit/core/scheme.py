@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
-from .gguf.types import GRID_TYPES, for_width
+from ..gguf.types import GRID_TYPES, for_width
 
 STRATEGIES = ("channel", "group", "tensor")
 TYPES = ("int", "float")

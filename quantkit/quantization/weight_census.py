@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from .gguf.linear import GgufLinear
-from .modules.quant_experts import QuantExperts
-from .modules.quant_linear import QuantLinear
+from ..gguf.linear import GgufLinear
+from ..modules.quant_experts import QuantExperts
+from ..modules.quant_linear import QuantLinear
 
 #: the layers that hold a quantized weight (each names the tensor that holds the weight itself: PACKED_WEIGHT)
 QUANTIZED_LINEARS = (QuantLinear, GgufLinear)
-from .moe import router_names
-from .targets import matches
+from ..modules.moe import router_names
+from ..modules.targets import matches
 
 #: matrices smaller than this many weights are never reported (e.g. a learned 2-D position bias)
 LARGE_MATRIX = 4096

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from torch import nn
 
-from .errors import ConfigError, QuantizationError, first_names
+from ..core.errors import ConfigError, QuantizationError, first_names
 
 
 def check_patterns(patterns: Iterable[str], where: str, error: type[Exception] = ConfigError) -> None:

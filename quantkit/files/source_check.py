@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from .errors import CheckpointError, first_names
+from ..core.errors import CheckpointError, first_names
 
 #: safetensors dtype names a float parameter may be stored in.
 FLOAT_STORAGE = ("F64", "F32", "F16", "BF16")

@@ -32,7 +32,7 @@ class Provenance:
 
 def record(model: nn.Module, recipe: Recipe, calibration: dict | None, moe_routing: dict | None = None) -> None:
     """Remember on ``model`` how it was quantized (read back by ``of`` and written by save). moe_routing:
-    quantkit.moe.routed_token_summary of the calibration (MoE models calibrated with GPTQ/AWQ)."""
+    quantkit.modules.moe.routed_token_summary of the calibration (MoE models calibrated with GPTQ/AWQ)."""
     object.__setattr__(model, _ATTRIBUTE, Provenance(recipe, calibration, moe_routing))
 
 
@@ -93,7 +93,7 @@ def reproduce_command(calibration: dict | None, source: str | None, recipe: str,
 def recipe_file_text(provenance: Provenance, source: str | None, checkpoint) -> str:
     """The text of ``checkpoint``/recipe.yaml: comments (source model, calibration, the command that
     repeats the run) and the recipe's YAML."""
-    from . import __version__
+    from .. import __version__
 
     calibration = provenance.calibration
     command = reproduce_command(calibration, source, f"{checkpoint}/{RECIPE_FILE}")

@@ -33,7 +33,7 @@ from torch import nn
 
 from .cpu_decoder import CpuDecoder, _left_padded_lengths, decoder_unavailable
 from .decode_loop import decode, eos_stop
-from .errors import UsageError
+from ..core.errors import UsageError
 from .sampling import SamplingConfig
 
 #: what ``Generated.loop`` says when quantkit's loop ran

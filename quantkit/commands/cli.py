@@ -12,12 +12,12 @@ COMMANDS = ("quantize", "export", "eval", "bench", "advise", "report", "inspect"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .errors import CommandParser
+    from ..core.errors import CommandParser
 
     parser = CommandParser(
         prog="quantkit", description="Quantize LLMs (INT8/INT4 weights, FP8 KV cache) for fast decoding, and measure it."
     )
-    from . import __version__
+    from .. import __version__
 
     parser.add_argument("--version", action="version", version=f"quantkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     could not be read or written; 2: bad input (usage, recipe, model, data), with the message on
     stderr and no traceback; 130: interrupted.
     """
-    from .errors import parse_command_line, run_command
+    from ..core.errors import parse_command_line, run_command
 
     args = parse_command_line(build_parser(), argv)
 

@@ -45,11 +45,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .errors import UsageError
-from .modules.fused_linear import FusedPart
-from .modules.kv_rotation import check_rotation
-from .modules.kv_scales import cache_keyword, kv_rotation_of, read_kv_scales
-from .modules.quant_linear import QuantLinear
+from ..core.errors import UsageError
+from ..modules.fused_linear import FusedPart
+from ..modules.kv_rotation import check_rotation
+from ..modules.kv_scales import cache_keyword, kv_rotation_of, read_kv_scales
+from ..modules.quant_linear import QuantLinear
 
 #: the model types (config.model_type) the loop runs
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
@@ -65,7 +65,7 @@ STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 def decoder_unavailable(model: nn.Module) -> str | None:
     """Why ``CpuDecoder(model)`` cannot run here (the C++ kernels did not build, or the model is not
     supported), or None."""
-    from .kernels.cpu_extension import load_cpu_kernels
+    from ..kernels.cpu_extension import load_cpu_kernels
 
     kernels = load_cpu_kernels()
     return unsupported_reason(model) if kernels.available else kernels.reason
@@ -146,7 +146,7 @@ class CpuDecoder:
             raise UsageError(f"max_len must be a positive number of positions, got {max_len!r}")
         self.max_len = int(config.max_position_embeddings if max_len is None else max_len)
         self.cache_dtype = resolve_cache_dtype(model, cache_dtype)
-        from .kernels.cpu_extension import ISA_NAMES, cpu_kernel_isa
+        from ..kernels.cpu_extension import ISA_NAMES, cpu_kernel_isa
 
         attn0 = inner.layers[0].self_attn
         head_dim = attn0.head_dim
@@ -285,7 +285,7 @@ class CpuDecoder:
 
         with torch.inference_mode():
             if self.cache_dtype == "fp8":
-                from .modules.kv_cache import fp8_cache_for
+                from ..modules.kv_cache import fp8_cache_for
 
                 cache = fp8_cache_for(self.model)
             else:
@@ -316,7 +316,7 @@ class CpuDecoder:
                  attention_mask: torch.Tensor | None = None, eos_token_id: int | list[int] | None = None,
                  generator: torch.Generator | None = None) -> torch.Tensor:
         """input_ids int64 [B, L] -> [B, L + n]: greedy by default, else as ``sampling`` says (a
-        ``quantkit.sampling.SamplingConfig``; ``generator``: its random state). With ``eos_token_id``,
+        ``quantkit.runtime.sampling.SamplingConfig``; ``generator``: its random state). With ``eos_token_id``,
         a sequence ends at one of those tokens (later positions get the first) and generation ends when
         all have, so n <= max_new_tokens; without, n = max_new_tokens. attention_mask: as ``prefill``."""
         from .decode_loop import decode, eos_stop

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 from torch import nn
 
-from .modules.quant_experts import DEFAULT_PROJECTIONS, PROJECTIONS, QuantExperts
+from .quant_experts import DEFAULT_PROJECTIONS, PROJECTIONS, QuantExperts
 
 #: model_type -> (in-memory block name, on-disk block name) where they differ
 DISK_BLOCK_NAMES = {"mixtral": ("mlp", "block_sparse_moe")}

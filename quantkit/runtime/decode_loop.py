@@ -1,5 +1,5 @@
 """Generating tokens in quantkit's C++ decode loop: the prompt through ``CpuDecoder.prefill``, then one
-``CpuDecoder.step`` per token, each token chosen by ``quantkit.sampling``, until every sequence has
+``CpuDecoder.step`` per token, each token chosen by ``quantkit.runtime.sampling``, until every sequence has
 stopped or the token budget is spent. The loop follows transformers' ``generate`` step for step
 (``GenerationMixin._sample``): a finished sequence gets the pad token while the others go on, the
 stop test sees the whole sequence after each token, a streamer gets the prompt and then each token.
@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .errors import UsageError
+from ..core.errors import UsageError
 from .sampling import SamplingConfig, sample
 
 #: stop test: the sequences so far, int64 [B, T] -> bool [B] (True: that sequence has finished)

@@ -45,7 +45,7 @@ def check_cpu_threads(threads: int, *, option: str = "--threads") -> int:
 def check_backend(name: str, device=None) -> str:
     """`--backend` value, checked before any work (UsageError listing the backends, or saying why the
     backend cannot run on `device` when one is given)."""
-    from .kernels.wna16 import BACKENDS, resolve_backend
+    from ..kernels.wna16 import BACKENDS, resolve_backend
 
     if name not in BACKENDS:
         raise UsageError(f"--backend {name!r} is unknown; choose one of {', '.join(BACKENDS)}")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import UsageError
+from ..core.errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import NoSpaceError, OutputExistsError, OutputRefusedError, UsageError, first_names
+from ..core.errors import NoSpaceError, OutputExistsError, OutputRefusedError, UsageError, first_names
+from ..core.units import human_bytes
 
 try:
     import fcntl
@@ -524,8 +525,6 @@ def _bytes_below(folder: Path) -> int:
 
 
 def _no_space_error(out: Path, where: Path, why: str, needed: int, exact: bool, free: int | None) -> NoSpaceError:
-    from .summaries import human_bytes
-
     size = f"about {human_bytes(needed)}" if exact else f"more than the {human_bytes(needed)} written before it failed"
     room = "" if free is None else f", {human_bytes(free)} free there"
     error = NoSpaceError(f"cannot write {out}: {why} in {where} ({size} needed{room}); free some space or choose "

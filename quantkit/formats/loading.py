@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .errors import CheckpointError, first_names
-from .formats.safetensors_io import folder_tensors, stored_float_dtype
+from ..core.errors import CheckpointError, first_names
+from .safetensors_io import folder_tensors, stored_float_dtype
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
@@ -47,7 +47,7 @@ def resolve_model_source(name: str | os.PathLike) -> str:
     id is returned as is. A missing path that can only be local (starts with `.`, `/` or `~`, its parent
     folder exists, it names a .json/.safetensors file, or it is no valid hub id) raises CheckpointError at
     once instead of asking the hub."""
-    from .refmodels import resolve_model_name
+    from ..refmodels import resolve_model_name
 
     source = resolve_model_name(str(name))
     local = Path(os.path.expanduser(source))
@@ -94,7 +94,7 @@ def refuse_quantized_tensors(folder: Path, tensor_names: Iterable[str]) -> None:
     """CheckpointError when a folder whose config.json has no quantization_config holds quantized tensors
     (weight_packed, weight_scale, ...): a checkpoint whose config.json was replaced or edited, which
     transformers would load as a float model with random weights in every quantized linear."""
-    from .modules.quant_linear import CHECKPOINT_TENSORS
+    from ..modules.quant_linear import CHECKPOINT_TENSORS
 
     quantized = sorted((name for name in tensor_names if name.rpartition(".")[2] in CHECKPOINT_TENSORS),
                        key=lambda name: (not name.endswith(".weight_packed"), name))
@@ -117,12 +117,12 @@ def load_float_model(
     are stored in is recorded on the model (source_dtype(model)): checkpoints are saved in it.
     strict: refuse (CheckpointError naming the tensors) a source the model would not reproduce: tensors
     missing, unexpected or of another shape than config.json describes, float weights stored as integers
-    or fp8 (quantkit.source_check); False loads it as transformers does, with a warning.
+    or fp8 (quantkit.files.source_check); False loads it as transformers does, with a warning.
     """
     from transformers import AutoModelForCausalLM
 
-    from .device import resolve_device
-    from .source_check import check_source, source_mismatch
+    from ..core.device import resolve_device
+    from ..files.source_check import check_source, source_mismatch
 
     device = resolve_device(device)
     source = resolve_model_source(source)
@@ -179,7 +179,7 @@ def load_model_config(source: str, *, trust_remote_code: bool = False):
     trust_remote_code does not allow."""
     from transformers import AutoConfig
 
-    from .moe import moe_config_problem
+    from ..modules.moe import moe_config_problem
 
     try:
         with config_errors(source):
@@ -198,7 +198,7 @@ def config_errors(source: str):
     model_type, model code that may not run) into a CheckpointError naming `source`."""
     from huggingface_hub.errors import StrictDataclassError
 
-    from .errors import QuantkitError
+    from ..core.errors import QuantkitError
 
     try:
         yield
@@ -247,9 +247,9 @@ def empty_quantized_model(folder: Path, *, dtype: torch.dtype | None = None, tru
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
-    from .formats.compressed_tensors import parse_quantization_config
-    from .modules.quant_linear import QuantLinear
-    from .targets import set_submodule
+    from .compressed_tensors import parse_quantization_config
+    from ..modules.quant_linear import QuantLinear
+    from ..modules.targets import set_submodule
 
     raw = read_config_json(folder)
     qcfg = parse_quantization_config(raw["quantization_config"], str(folder / "config.json"))
@@ -269,7 +269,7 @@ def empty_quantized_model(folder: Path, *, dtype: torch.dtype | None = None, tru
                      else AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code))
     except ValueError as e:
         raise CheckpointError(f"{folder}: unsupported architecture ({str(e).splitlines()[0]})") from None
-    from .moe import model_type, to_disk_name, unfuse_experts
+    from ..modules.moe import model_type, to_disk_name, unfuse_experts
 
     unfuse_experts(model)  # MoE: per-expert linears, as the checkpoint stores them
     mtype = model_type(model)
