@@ -4,7 +4,10 @@ head_dim 64 / 128 / 80, GQA ratios 1-7, batches of rows of different lengths, co
 block boundaries, on each code path this CPU runs.
 
 Tolerance: the kernel reads the same stored values as the reference and differs only in fp32 arithmetic
-(the reference is fp64): max |error| <= 2e-5 of max |out|.
+(the reference is fp64): max |error| <= 2e-5 of max |out|. The avx512-bf16 path's bf16 and fp8 caches run
+bf16 dot products: against the reference with the query rounded as that path rounds it, each output
+within 2^-8 (bf16's unit roundoff, the softmax weights' rounding) of its weighted mean of |v|, plus the
+fp32 tolerance.
 """
 
 from __future__ import annotations
@@ -51,19 +54,46 @@ def random_cache(shape, dtype, seed):
 
 def code_paths():
     """The code paths this CPU runs (the kernel caps a path at the CPU's best)."""
-    return ISA_NAMES[: ISA_NAMES.index(cpu_kernel_isa()) + 1]
+    return ISA_NAMES[: ISA_NAMES.index(cpu_kernel_isa("auto")) + 1]
+
+
+def bf16_products(isa: str, dtype: torch.dtype) -> bool:
+    """Whether the path runs this cache type with bf16 dot products."""
+    return isa == "avx512-bf16" and dtype in (torch.bfloat16, torch.float8_e4m3fn)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_matches_the_reference(dtype, shape):
     inputs = random_cache(shape, dtype, seed=sum(shape) + DTYPES.index(dtype))
-    want = decode_attention_cpu_reference(*inputs, 0.125)
     for isa in code_paths():
+        bf16 = bf16_products(isa, dtype)
+        want = decode_attention_cpu_reference(*inputs, 0.125, bf16_query=bf16)
+        # what may differ: fp32 rounding, and for bf16 products the weights' rounding (2^-8 of the mean |v|)
+        bound = 2e-5 * want.abs().max()
+        if bf16:
+            bound = bound + 2.0 ** -8 * decode_attention_cpu_reference(*inputs, 0.125, bf16_query=True,
+                                                                        absolute_values=True)
         for chunk in (0, 32, 96):  # chosen by the kernel, and chunks that end inside and across blocks
             got = torch.ops.quantkit.decode_attention_cpu(*inputs, 0.125, chunk, ISA_NAMES.index(isa))
-            err = (got - want).abs().max() / want.abs().max()
-            assert err <= 2e-5, f"{isa}, chunk {chunk}: max error {err:.2g} of max |out|"
+            worst = ((got - want).abs() / bound).max()
+            assert worst <= 1, f"{isa}, chunk {chunk}: error {worst:.2g} times the bound"
+
+
+def test_bf16_products_round_the_query_as_the_reference_does():
+    """The avx512-bf16 path against the reference with and without the query's rounding: only the rounded
+    reference is within the bound (the bound is not loose enough to hide the rounding). Keys 10x larger
+    than the other tests': scores of tens, whose error from the query's rounding moves the weights by more
+    than their own rounding."""
+    if "avx512-bf16" not in code_paths():
+        pytest.skip(f"this CPU has no AVX512_BF16 (best path: {cpu_kernel_isa('auto')})")
+    q, k, *rest = random_cache((1, 9, 3, 64, 300, 256), torch.bfloat16, seed=5)
+    inputs = (q, [t * 10 for t in k], *rest)
+    got = torch.ops.quantkit.decode_attention_cpu(*inputs, 0.125, 0, ISA_NAMES.index("avx512-bf16"))
+    mean_abs = decode_attention_cpu_reference(*inputs, 0.125, bf16_query=True, absolute_values=True)
+    errors = [((got - decode_attention_cpu_reference(*inputs, 0.125, bf16_query=rounded)).abs()
+               / (2.0 ** -8 * mean_abs)).max() for rounded in (True, False)]
+    assert errors[0] <= 1 < errors[1], errors
 
 
 def test_fp8_reads_every_code_as_torch_does():

@@ -6,9 +6,11 @@
 
 namespace quantkit {
 
-enum Isa : int64_t { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+enum Isa : int64_t { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512_BF16 = 3 };
 
-// AVX-512: F, BW, DQ, VL and VNNI; AVX2: AVX2, FMA and F16C (fp16 / fp8 conversion; every AVX2 CPU has it).
+// AVX-512: F, BW, DQ, VL and VNNI; AVX-512 BF16: those and AVX512_BF16 (bf16 dot products: the decode
+// attention's bf16 / fp8 caches; the quantized linear runs its AVX-512 code there); AVX2: AVX2, FMA and
+// F16C (fp16 / fp8 conversion; every AVX2 CPU has it).
 inline int64_t detected_isa() {
   static const int64_t isa = [] {
 #if defined(__x86_64__) || defined(__i386__)
@@ -16,7 +18,7 @@ inline int64_t detected_isa() {
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512vnni"))
-      return (int64_t)ISA_AVX512;
+      return __builtin_cpu_supports("avx512bf16") ? (int64_t)ISA_AVX512_BF16 : (int64_t)ISA_AVX512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
       return (int64_t)ISA_AVX2;
 #endif

@@ -22,9 +22,10 @@
 //     by 2^120 (and the head scale) over the weights' sum, which carries the same 2^64;
 //   int8: sign-extended and converted; its per-token scale multiplies the score (keys) and the
 //     softmax weight (values).
-// Three code paths in one build, chosen at run time from the CPU (cpuid) or by the caller: AVX-512
-// (16 values a vector), AVX2 + F16C (8) and portable scalar code (fp8 by a 256-entry table of the same
-// values). They differ only in the order of the fp32 additions.
+// Four code paths in one build, chosen at run time from the CPU (cpuid) or by the caller: AVX-512 with
+// BF16 (bf16 and fp8 caches by bf16 dot products, the query and the softmax weights rounded to bf16: see
+// its section), AVX-512 (16 values a vector), AVX2 + F16C (8) and portable scalar code (fp8 by a
+// 256-entry table of the same values). The last three differ only in the order of the fp32 additions.
 //
 // Memory: keys are read a tile (16 positions) at a time and values a row at a time, each prefetched
 // KEY_AHEAD tiles / VALUE_AHEAD rows ahead (the hardware prefetcher alone left a bf16 cache at ~9 GB/s
@@ -57,6 +58,7 @@ using quantkit::KvDtype;
 using quantkit::detected_isa;
 using quantkit::ISA_AVX2;
 using quantkit::ISA_AVX512;
+using quantkit::ISA_AVX512_BF16;
 using quantkit::ISA_SCALAR;
 
 // Every path reads an fp8 code c as fp8(c) * 2^-FP8_EXP (0 for subnormal codes); the query is scaled
@@ -178,6 +180,7 @@ float exp_sum_scalar(float* x, int64_t n, float* m, int shift) {
 #if defined(__x86_64__) || defined(__i386__)
 #define QK_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define QK_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")))
+#define QK_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,fma,f16c")))
 
 // Query heads per pass over the keys (accumulators in registers), and per pass over the values
 // (GT x NV accumulators in registers, at most 24 of the 32 vector registers).
@@ -333,6 +336,151 @@ QK_AVX512 float exp_sum_avx512(float* x, int64_t n, float* m, int shift) {
   return _mm512_reduce_add_ps(acc);
 }
 
+// ---------------------------------------------------------------------------------------- AVX-512 BF16
+//
+// bf16 and fp8 caches with bf16 dot products (vdpbf16ps: two bf16 products added to an fp32 lane, the
+// sum in fp32). The cache's values are exact in bf16 (fp8 as fp8(c) * 2^-120, the fp32 read's bit trick
+// in 16-bit lanes: sign-extended, shifted left by 4, masked with 0x87f0); the query (after its factors)
+// and the softmax weights are rounded to bf16 (round to nearest even) as GPU attention rounds them
+// before its matmuls. One instruction does the multiply-adds of 32 cached values where the fp32 path
+// needs a conversion and two FMAs per 16 (SmolLM2's group of 3 query heads: 12 instructions per 32 fp8
+// values before, 7 now). Keys: the tile's rows e and e + 1 (32 contiguous values) interleaved to pairs
+// (one vpermw) against the query's pair (q[e], q[e + 1]); values: rows r and r + 1 interleaved (one
+// vpermt2w per 16 pairs) against the weights' pair (p[r], p[r + 1]); an odd last row in fp32.
+
+constexpr int16_t FP8_MASK16 = static_cast<int16_t>(0x87f0);
+
+// 32 cached values from data + i (i counts values) as bf16 bit patterns.
+template <int DT>
+QK_AVX512BF16 inline __m512i load32_bf16(const uint8_t* data, int64_t i) {
+  if constexpr (DT == quantkit::KV_BF16) return _mm512_loadu_si512(data + 2 * i);
+  const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(data + i)));
+  return _mm512_and_si512(_mm512_slli_epi16(w, 4), _mm512_set1_epi16(FP8_MASK16));
+}
+
+// 16-bit lane indices: PAIR_HALVES interleaves the two halves of one vector, (x0, x16, x1, x17, ...);
+// PAIR_LO / PAIR_HI interleave the first / last 16 lanes of two vectors a, b: (a0, b0, a1, b1, ...).
+struct PairIndices {
+  alignas(64) int16_t halves[32], lo[32], hi[32];
+  constexpr PairIndices() : halves(), lo(), hi() {
+    for (int i = 0; i < 32; ++i) {
+      halves[i] = static_cast<int16_t>((i % 2) * 16 + i / 2);
+      lo[i] = static_cast<int16_t>((i % 2) * 32 + i / 2);
+      hi[i] = static_cast<int16_t>((i % 2) * 32 + 16 + i / 2);
+    }
+  }
+};
+constexpr PairIndices PAIRS{};
+
+// x[0..n) -> bf16 bit patterns (round to nearest even).
+QK_AVX512BF16 void to_bf16(const float* x, int64_t n, uint16_t* out) {
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    _mm512_storeu_si512(out + i, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i)));
+  for (; i < n; ++i) out[i] = c10::BFloat16(x[i]).x;
+}
+
+inline int32_t load_pair(const uint16_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Two key tiles (32 positions) at a time against GT query heads, qb: the heads' bf16 [GT, D].
+template <int DT, int GT>
+QK_AVX512BF16 void scores_tile_bf16dot(const Rows& rows, const uint16_t* qb, int64_t D, float* s, int64_t ld) {
+  const __m512i halves = _mm512_load_si512(PAIRS.halves);
+  constexpr int64_t vb = value_bytes(static_cast<KvDtype>(DT));
+  const int64_t next = D * TILE;
+  for (int64_t r = 0; r < rows.n; r += 2 * TILE) {
+    const uint8_t* t0 = rows.data + key_index(r, 0, D) * vb;
+    prefetch(t0 + KEY_AHEAD * next * vb, 2 * next * vb);
+    __m512 a0[GT], a1[GT];
+    for (int g = 0; g < GT; ++g) a0[g] = a1[g] = _mm512_setzero_ps();
+    for (int64_t e = 0; e < D; e += 2) {  // rows e and e + 1 of each tile: 32 contiguous values
+      const __m512bh k0 = (__m512bh)_mm512_permutexvar_epi16(halves, load32_bf16<DT>(t0, e * TILE));
+      const __m512bh k1 = (__m512bh)_mm512_permutexvar_epi16(halves, load32_bf16<DT>(t0, next + e * TILE));
+      for (int g = 0; g < GT; ++g) {
+        const __m512bh qv = (__m512bh)_mm512_set1_epi32(load_pair(qb + g * D + e));
+        a0[g] = _mm512_dpbf16_ps(a0[g], k0, qv);
+        a1[g] = _mm512_dpbf16_ps(a1[g], k1, qv);
+      }
+    }
+    const __m512 f = _mm512_set1_ps(score_factor<DT>());
+    for (int g = 0; g < GT; ++g) {
+      _mm512_storeu_ps(s + g * ld + r, _mm512_mul_ps(a0[g], f));
+      _mm512_storeu_ps(s + g * ld + r + TILE, _mm512_mul_ps(a1[g], f));
+    }
+  }
+}
+
+template <int DT>
+QK_AVX512BF16 void scores_bf16dot(const Rows& rows, const float* q, int64_t G, int64_t D, float* s, int64_t ld) {
+  thread_local std::vector<uint16_t> qb;
+  qb.resize(G * D);
+  to_bf16(q, G * D, qb.data());
+  for (int64_t g0 = 0; g0 < G; g0 += KEY_TILE) {
+#define QK_CALL(T) scores_tile_bf16dot<DT, T>(rows, qb.data() + g0 * D, D, s + g0 * ld, ld)
+    QK_TILE_SWITCH(G - g0, KEY_TILE, QK_CALL)
+#undef QK_CALL
+  }
+}
+
+// Rows in pairs against GT heads' bf16 weights pb [GT, ldb]; D = 32 * NP.
+template <int DT, int NP, int GT>
+QK_AVX512BF16 void values_tile_bf16dot(const Rows& rows, const uint16_t* pb, int64_t ldb, float* o) {
+  constexpr int64_t D = 32 * NP;
+  constexpr int64_t row_bytes = D * value_bytes(static_cast<KvDtype>(DT));
+  const __m512i lo = _mm512_load_si512(PAIRS.lo), hi = _mm512_load_si512(PAIRS.hi);
+  __m512 acc[GT][2 * NP];
+  for (int g = 0; g < GT; ++g)
+    for (int j = 0; j < 2 * NP; ++j) acc[g][j] = _mm512_loadu_ps(o + g * D + 16 * j);
+  int64_t r = 0;
+  for (; r + 1 < rows.n; r += 2) {
+    const uint8_t* row = rows.data + r * row_bytes;
+    prefetch(row + VALUE_AHEAD * row_bytes, 2 * row_bytes);
+    __m512bh w[GT];
+    for (int g = 0; g < GT; ++g) w[g] = (__m512bh)_mm512_set1_epi32(load_pair(pb + g * ldb + r));
+    for (int c = 0; c < NP; ++c) {  // dims [32c, 32c + 32) of rows r and r + 1, in pairs
+      const __m512i a = load32_bf16<DT>(row, 32 * c), b = load32_bf16<DT>(row + row_bytes, 32 * c);
+      const __m512bh v0 = (__m512bh)_mm512_permutex2var_epi16(a, lo, b);
+      const __m512bh v1 = (__m512bh)_mm512_permutex2var_epi16(a, hi, b);
+      for (int g = 0; g < GT; ++g) {
+        acc[g][2 * c] = _mm512_dpbf16_ps(acc[g][2 * c], v0, w[g]);
+        acc[g][2 * c + 1] = _mm512_dpbf16_ps(acc[g][2 * c + 1], v1, w[g]);
+      }
+    }
+  }
+  if (r < rows.n) {  // an odd last row: fp32 products with the same bf16 weights
+    const uint8_t* row = rows.data + r * row_bytes;
+    for (int g = 0; g < GT; ++g) {
+      const uint32_t bits = static_cast<uint32_t>(pb[g * ldb + r]) << 16;
+      float wf;
+      std::memcpy(&wf, &bits, 4);
+      const __m512 w = _mm512_set1_ps(wf);
+      for (int j = 0; j < 2 * NP; ++j) acc[g][j] = _mm512_fmadd_ps(w, load16<DT>(row, 16 * j), acc[g][j]);
+    }
+  }
+  for (int g = 0; g < GT; ++g)
+    for (int j = 0; j < 2 * NP; ++j) _mm512_storeu_ps(o + g * D + 16 * j, acc[g][j]);
+}
+
+constexpr int value_tile_bf16dot(int np) { return np <= 2 ? 4 : np <= 3 ? 3 : np <= 4 ? 2 : 1; }
+
+template <int DT, int NP>
+QK_AVX512BF16 void values_bf16dot(const Rows& rows, const float* p, int64_t G, int64_t ld, float* o, int64_t) {
+  thread_local std::vector<uint16_t> pb;
+  const int64_t ldb = rows.n + 1;  // room for an odd count's pair
+  pb.resize(G * ldb);
+  for (int64_t g = 0; g < G; ++g) to_bf16(p + g * ld, rows.n, pb.data() + g * ldb);
+  constexpr int TILE = value_tile_bf16dot(NP);
+  for (int64_t g0 = 0; g0 < G; g0 += TILE) {
+#define QK_CALL(T) values_tile_bf16dot<DT, NP, T>(rows, pb.data() + g0 * ldb, ldb, o + g0 * 32 * NP)
+    QK_TILE_SWITCH(G - g0, TILE, QK_CALL)
+#undef QK_CALL
+  }
+}
+
 // ----------------------------------------------------------------------------------------------- AVX2
 
 QK_AVX2 inline float hsum8(__m256 v) {
@@ -461,7 +609,20 @@ Kernels pick_dtype(int64_t isa, int64_t D) {
 #if defined(__x86_64__) || defined(__i386__)
 #define QK_CASE(W, NAME, NV) \
   case W * NV: return {&scores_##NAME<DT>, &values_##NAME<DT, NV>, &exp_sum_##NAME};
-  if (isa == ISA_AVX512) switch (D) { QK_CASE(16, avx512, 4) QK_CASE(16, avx512, 5) QK_CASE(16, avx512, 6)
+  if constexpr (DT == quantkit::KV_BF16 || DT == quantkit::KV_FP8)
+    if (isa >= ISA_AVX512_BF16) {  // keys: any D; values: D a multiple of 32 (else the fp32 AVX-512 code)
+      Kernels k{&scores_bf16dot<DT>, nullptr, &exp_sum_avx512};
+      switch (D) {
+        case 64: k.values = &values_bf16dot<DT, 2>; break;
+        case 96: k.values = &values_bf16dot<DT, 3>; break;
+        case 128: k.values = &values_bf16dot<DT, 4>; break;
+        case 256: k.values = &values_bf16dot<DT, 8>; break;
+        case 80: k.values = &values_avx512<DT, 5>; break;
+        default: break;
+      }
+      if (k.values) return k;
+    }
+  if (isa >= ISA_AVX512) switch (D) { QK_CASE(16, avx512, 4) QK_CASE(16, avx512, 5) QK_CASE(16, avx512, 6)
                                       QK_CASE(16, avx512, 8) QK_CASE(16, avx512, 16) default: break; }
   if (isa >= ISA_AVX2) switch (D) { QK_CASE(8, avx2, 8) QK_CASE(8, avx2, 10) QK_CASE(8, avx2, 12)
                                     QK_CASE(8, avx2, 16) QK_CASE(8, avx2, 32) default: break; }

@@ -31,7 +31,8 @@ struct KvBlocks {
 // out[b, h] = sum_t softmax_t(q[b, h] . k[b, h / group, t] * sm_scale) v[b, h / group, t] over t < lengths[b]
 // (lengths[b] >= 1). q fp32 rows of heads * head_dim values, row b at q + b * q_stride; out fp32
 // [batch, heads, head_dim]. chunk: positions per task (0: chosen from the shape and the threads);
-// isa: 0 scalar, 1 AVX2, 2 AVX-512, -1 the CPU's best (capped at what the CPU runs).
+// isa: 0 scalar, 1 AVX2, 2 AVX-512, 3 AVX-512 with bf16 dot products for bf16 / fp8 caches (the query and
+// the softmax weights rounded to bf16), -1 the CPU's best (capped at what the CPU runs).
 void decode_attention_cpu(const float* q, int64_t q_stride, float* out, int64_t heads, const KvBlocks& cache,
                           const int64_t* lengths, float sm_scale, int64_t chunk, int64_t isa);
 

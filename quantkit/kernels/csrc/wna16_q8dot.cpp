@@ -652,7 +652,7 @@ struct LanesPick {
 
 template <int BITS>
 LanesPick pick_lanes(int64_t isa, int64_t m) {
-  if (isa == ISA_AVX512) {
+  if (isa >= ISA_AVX512) {
     if (m <= 8) return {lanes_avx512<8, 8>, lanes_avx512<8, 1>, 8, 8};
     return {lanes_avx512<16, 8>, lanes_avx512<16, 1>, 8, 16};
   }
@@ -664,7 +664,7 @@ using RowsFn = void (*)(const Rows&, float*);
 // (function, rows of W it takes) for MB x rows on this path, or {nullptr, 0} (scalar: the per-row code).
 template <int BITS>
 std::pair<RowsFn, int> pick_rows(int64_t isa, int mb, bool tail) {
-  if (isa == ISA_AVX512) {
+  if (isa >= ISA_AVX512) {
     if (tail) {
       switch (mb) { case 1: return {rows_avx512<BITS, 1, 1>, 1}; case 2: return {rows_avx512<BITS, 2, 1>, 1};
                     case 3: return {rows_avx512<BITS, 3, 1>, 1}; default: return {rows_avx512<BITS, 4, 1>, 1}; }
@@ -696,7 +696,7 @@ RowFn pick_row(int64_t isa, int mb) {
     default: return fn<BITS, 4>;         \
   }
 #if defined(__x86_64__) || defined(__i386__)
-  if (isa == ISA_AVX512) { QK_PICK(row_avx512) }
+  if (isa >= ISA_AVX512) { QK_PICK(row_avx512) }
   if (isa == ISA_AVX2) { QK_PICK(row_avx2) }
 #endif
   QK_PICK(row_scalar)
@@ -766,14 +766,14 @@ at::Tensor wna16_cpu_q8dot(const at::Tensor& x, const at::Tensor& weight, const 
   // 2 rows or more on the AVX-512 / AVX2 paths: the lanes code (rows of x in the lanes of a vector).
   const bool lanes = isa != ISA_SCALAR && m >= LANES_MIN_ROWS[bits == 4 ? 0 : 1];
   QuantizedX qx;
-  const bool expand = isa == ISA_AVX512 && !lanes;
+  const bool expand = isa >= ISA_AVX512 && !lanes;
   switch (xc.scalar_type()) {
     case at::kFloat: quantize_rows(typed<float>(xc), m, k, kp, groups, expand, isa != ISA_SCALAR, qx); break;
     case at::kBFloat16: quantize_rows(typed<c10::BFloat16>(xc), m, k, kp, groups, expand, isa != ISA_SCALAR, qx); break;
     default: quantize_rows(typed<c10::Half>(xc), m, k, kp, groups, expand, isa != ISA_SCALAR, qx); break;
   }
   // The kernel's integer zero: int8 on AVX-512 multiplies q + 128 (see super_avx512).
-  const float zero_shift = (bits == 8 && isa == ISA_AVX512) ? 128.f : 0.f;
+  const float zero_shift = (bits == 8 && isa >= ISA_AVX512) ? 128.f : 0.f;
   const float zero_default = (bits == 4 ? 8.f : 0.f) + zero_shift;
   const float* zp = zero.has_value() ? zero->data_ptr<float>() : nullptr;
   const float* sp = scale.data_ptr<float>();
@@ -820,7 +820,7 @@ at::Tensor wna16_cpu_q8dot(const at::Tensor& x, const at::Tensor& weight, const 
       // Each weight row is unpacked once per call and used against every chunk of L rows of x.
       std::vector<uint8_t> wbuf(static_cast<size_t>(LANES_NR_MAX) * kp);
       float raw[LANES_NR_MAX * 16];
-      const bool flip = isa == ISA_AVX512;
+      const bool flip = isa >= ISA_AVX512;
       const int lanes_l = pick.lanes;
       const int64_t chunks = (m + lanes_l - 1) / lanes_l;
       for (int64_t r = n0; r < n1;) {
@@ -951,7 +951,8 @@ at::Tensor wna16_cpu_q8dot_unpack(const at::Tensor& weight, const at::Tensor& sc
   return out;
 }
 
-// set < -1: query; -1: the CPU's best path; 0/1/2: scalar / AVX2 / AVX-512 (capped at what the CPU runs).
+// set < -1: query; -1: the CPU's best path; 0/1/2/3: scalar / AVX2 / AVX-512 / AVX-512 with BF16 (capped at
+// what the CPU runs; this kernel runs its AVX-512 code at 3).
 // Returns the path calls now take.
 int64_t wna16_cpu_q8dot_isa(int64_t set) {
   if (set >= -1) g_forced_isa = set;
