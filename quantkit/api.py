@@ -12,42 +12,49 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .quantization import provenance
 from .algorithms import rtn_quantize
 from .algorithms.rtn import RTNOptions
+from .calibration import calibration_batches, quantize_blockwise
+from .calibration.data import describe_calibration
+from .calibration.kv_scales import check_kv_cache_model, quantize_kv_cache
+from .calibration.offload import map_large_allocations, release_freed_memory
+from .calibration.spill import BlockSpill
 from .core.device import resolve_device
 from .core.dtypes import checkpoint_dtype
-from .runtime.fast_generate import install as install_fast_generate
 from .core.errors import CheckpointError, QuantizationError, UsageError, first_names
 from .core.finite import describe_nonfinite, nonfinite_tensors
+from .core.scheme import QuantScheme
+from .files.outputs import OutputState, atomic_output_dir
 from .formats.compressed_tensors import build_quantization_config, kv_cache_scheme_of
 from .formats.kv_rotation_file import CONFIG_KEY as ROTATION_CONFIG_KEY, read_rotated_scales, write_rotated_scales
-from .formats.shapes import check_checkpoint_tensors
-from .formats.safetensors_io import folder_tensors, read_state_dict, stored_float_dtype, write_state_dict
 from .formats.loading import (
     SOURCE_DTYPE_ATTRIBUTE, copy_tokenizer_files, empty_quantized_model, is_quantized_checkpoint, load_float_model,
     read_config_json, resolve_model_source, source_dtype, tokenizer_bytes,
 )
+from .formats.safetensors_io import folder_tensors, read_state_dict, stored_float_dtype, write_state_dict
+from .formats.shapes import check_checkpoint_tensors
+from .gguf.grids import GridWeight
+from .gguf.linear import GgufLinear, quantized_linear
 from .gguf.reading import gguf_origin, is_gguf_file, load_gguf_model
-from .files.outputs import OutputState, atomic_output_dir
+from .kernels.wna16 import BACKENDS
+from .modules.fused_linear import fuse_projections, is_fused, unfused_state_dict
 from .modules.kv_cache import enable_fp8_kv_cache
+from .modules.kv_rotation import check_rotation
 from .modules.kv_scales import (
     ROTATED_SCALE_NAMES, SCALE_NAMES, attach_kv_scales, attach_rotated_kv_scales, attention_modules, kv_rotation_of,
     pop_kv_scales, read_kv_scales,
 )
-from .modules.fused_linear import fuse_projections, is_fused, unfused_state_dict
-from .gguf.grids import GridWeight
-from .gguf.linear import GgufLinear, quantized_linear
-from .modules.quant_linear import QuantLinear
-from .quantization.recipe import Recipe, load_recipe
-from .core.scheme import QuantScheme
-from .quantization.summaries import refit_notes
 from .modules.moe import (
     experts_modules, from_disk_name, model_type, moe_config_problem, routed_token_summary, router_names, to_disk_name,
     unfuse_experts,
 )
+from .modules.quant_linear import QuantLinear
 from .modules.targets import set_submodule
+from .quantization import provenance
+from .quantization.recipe import Recipe, load_recipe
+from .quantization.summaries import refit_notes
 from .quantization.weight_census import QUANTIZED_LINEARS, unquantizable_weights
+from .runtime.fast_generate import install as install_fast_generate
 
 
 def _check_finite(model: nn.Module) -> None:
@@ -140,20 +147,13 @@ def quantize(
     if problem:
         raise QuantizationError(f"{type(model).__name__}'s config: {problem}")
     if recipe.kv_cache is not None:
-        from .calibration.kv_scales import check_kv_cache_model
-
         check_kv_cache_model(model)
         if recipe.kv_cache_rotation != "none":
-            from .modules.kv_rotation import check_rotation
-
             attention = next(iter(attention_modules(model).values()))[1]
             check_rotation(recipe.kv_cache_rotation, getattr(attention, "head_dim", None))  # before any work
     calibrated = recipe.needs_calibration
     spill = None
     if spill_folder is not None:
-        from .calibration.offload import map_large_allocations
-        from .calibration.spill import BlockSpill
-
         spill = BlockSpill(spill_folder)
         map_large_allocations()  # freed float temporaries leave the process, block after block
     unfuse_experts(model)  # MoE: per-expert linears, as checkpoints store them (a KV-only recipe too)
@@ -172,8 +172,6 @@ def quantize(
         schemes = _layer_schemes(model, names, recipe)
         _warn_refitted(schemes, model, recipe)
         if recipe.algorithm.needs_calibration:
-            from .calibration import quantize_blockwise
-
             names = quantize_blockwise(
                 model, recipe, names, calibration_data, tokenizer=tokenizer, device=device, progress=progress,
                 scale_dtype=scale_dtype, schemes=schemes, spill=spill,
@@ -182,8 +180,6 @@ def quantize(
                 warnings.warn(
                     f"{', '.join(names)}: outside the decoder blocks, quantized with RTN (no calibration)", stacklevel=2
                 )
-        from .calibration.offload import release_freed_memory
-
         for name in tqdm(names, desc=f"quantize {recipe.name}", unit="layer", disable=not progress or not names):
             linear = model.get_submodule(name)
             # the recipe's own RTN options where its algorithm is RTN; calibrated algorithms' leftovers get RTN's defaults
@@ -199,16 +195,11 @@ def quantize(
             del linear, qweight, layer
             release_freed_memory()  # the freed float temporaries' pages, which glibc would keep (calibration.offload)
     if recipe.kv_cache is not None:
-        from .calibration import calibration_batches
-        from .calibration.kv_scales import quantize_kv_cache
-
         quantize_kv_cache(model, calibration_batches(calibration_data, model, tokenizer), progress=progress,
                           rotation=recipe.kv_cache_rotation)
         enable_fp8_kv_cache(model)  # generate() and forward passes now run with the calibrated FP8 cache
     _untie_quantized_lm_head(model)
     model.config.quantization_config = build_quantization_config(model, recipe.kv_cache)
-    from .calibration.data import describe_calibration
-
     provenance.record(model, recipe, describe_calibration(calibration_data, model) if calibrated else None,
                       routed_token_summary(model))
     return model
@@ -362,8 +353,6 @@ def load(
     fast_generate: on the CPU, the model's `generate` runs quantkit's C++ decode loop where it can honour the
     call, else transformers' own, saying why (quantkit.runtime.fast_generate, docs/generate.md); False: transformers' own.
     """
-    from .kernels.wna16 import BACKENDS
-
     if backend not in BACKENDS:
         raise UsageError(f"backend {backend!r} is unknown; choose one of {', '.join(BACKENDS)}")
     if dtype is not None:

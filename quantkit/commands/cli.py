@@ -6,19 +6,18 @@ import argparse
 import importlib
 import sys
 
+from .. import __version__
+from ..core.errors import CommandParser, parse_command_line, run_command
+
 # Modules in quantkit.commands; each exposes register(subparsers) and sets `func=run` on its parser.
 COMMANDS = ("quantize", "export", "eval", "bench", "advise", "report", "inspect", "demo", "recipes", "refmodel",
             "generate")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..core.errors import CommandParser
-
     parser = CommandParser(
         prog="quantkit", description="Quantize LLMs (INT8/INT4 weights, FP8 KV cache) for fast decoding, and measure it."
     )
-    from .. import __version__
-
     parser.add_argument("--version", action="version", version=f"quantkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -34,8 +33,6 @@ def main(argv: list[str] | None = None) -> int:
     could not be read or written; 2: bad input (usage, recipe, model, data), with the message on
     stderr and no traceback; 130: interrupted.
     """
-    from ..core.errors import parse_command_line, run_command
-
     args = parse_command_line(build_parser(), argv)
 
     return run_command(f"quantkit {args.command}", lambda: args.func(args))

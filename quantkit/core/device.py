@@ -45,6 +45,7 @@ def check_cpu_threads(threads: int, *, option: str = "--threads") -> int:
 def check_backend(name: str, device=None) -> str:
     """`--backend` value, checked before any work (UsageError listing the backends, or saying why the
     backend cannot run on `device` when one is given)."""
+    # triton loads with the kernels: only once a backend is checked
     from ..kernels.wna16 import BACKENDS, resolve_backend
 
     if name not in BACKENDS:

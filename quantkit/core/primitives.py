@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ..gguf.grids import fake_quantize as grid_fake_quantize
 from .scheme import FP8_E4M3_MAX, QuantScheme
 
 _EPS = 1e-12
@@ -182,8 +183,6 @@ def fake_quantize(w: torch.Tensor, scheme: QuantScheme, **qparam_kwargs) -> torc
     (quantkit.gguf.grids) only clip_ratio applies (its fields are fp16 and 6-bit whatever the scale dtype).
     """
     if scheme.grid != "uniform":
-        from ..gguf.grids import fake_quantize as grid_fake_quantize
-
         return grid_fake_quantize(w, scheme, clip_ratio=qparam_kwargs.get("clip_ratio"))
     scale, zp = compute_qparams(w, scheme, **qparam_kwargs)
     return dequantize(quantize(w, scale, zp, scheme), scale, zp, scheme).to(w.dtype)

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from ..core.errors import QuantkitError, UsageError
+from ..refmodels import resolve_model_name
 
 
 def read_input_bytes(path: "str | os.PathLike", what: str, max_bytes: int,
@@ -44,8 +45,6 @@ def _size(n: int) -> str:
 def input_paths(*names: str | None) -> list[str]:
     """The local paths among `names` (ref:NAME as its folder), which an output must never overwrite; names
     that are no local path (hub ids, recipe names, None) are left out."""
-    from ..refmodels import resolve_model_name
-
     paths = []
     for name in names:
         if name:

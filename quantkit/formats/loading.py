@@ -14,7 +14,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..core.errors import CheckpointError, first_names
+from ..core.device import resolve_device
+from ..core.errors import CheckpointError, QuantkitError, first_names
+from ..files.source_check import check_source, source_mismatch
+from ..modules.targets import set_submodule
+from ..refmodels import resolve_model_name
 from .safetensors_io import folder_tensors, stored_float_dtype
 
 TOKENIZER_FILES = (
@@ -47,8 +51,6 @@ def resolve_model_source(name: str | os.PathLike) -> str:
     id is returned as is. A missing path that can only be local (starts with `.`, `/` or `~`, its parent
     folder exists, it names a .json/.safetensors file, or it is no valid hub id) raises CheckpointError at
     once instead of asking the hub."""
-    from ..refmodels import resolve_model_name
-
     source = resolve_model_name(str(name))
     local = Path(os.path.expanduser(source))
     if local.exists():
@@ -94,6 +96,7 @@ def refuse_quantized_tensors(folder: Path, tensor_names: Iterable[str]) -> None:
     """CheckpointError when a folder whose config.json has no quantization_config holds quantized tensors
     (weight_packed, weight_scale, ...): a checkpoint whose config.json was replaced or edited, which
     transformers would load as a float model with random weights in every quantized linear."""
+    # import time: it loads the kernels (triton), which reading a config or a float model never needs
     from ..modules.quant_linear import CHECKPOINT_TENSORS
 
     quantized = sorted((name for name in tensor_names if name.rpartition(".")[2] in CHECKPOINT_TENSORS),
@@ -119,10 +122,7 @@ def load_float_model(
     missing, unexpected or of another shape than config.json describes, float weights stored as integers
     or fp8 (quantkit.files.source_check); False loads it as transformers does, with a warning.
     """
-    from transformers import AutoModelForCausalLM
-
-    from ..core.device import resolve_device
-    from ..files.source_check import check_source, source_mismatch
+    from transformers import AutoModelForCausalLM  # import time: transformers loads only where it is used
 
     device = resolve_device(device)
     source = resolve_model_source(source)
@@ -177,9 +177,9 @@ def load_model_config(source: str, *, trust_remote_code: bool = False):
     """transformers' config of a model folder or hub id. CheckpointError when config.json is invalid (a value
     of the wrong type, an impossible size, no model_type) or names model code (auto_map) that
     trust_remote_code does not allow."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # import time: transformers loads only where it is used
 
-    from ..modules.moe import moe_config_problem
+    from ..modules.moe import moe_config_problem  # import time: it loads the kernels (triton)
 
     try:
         with config_errors(source):
@@ -196,9 +196,8 @@ def load_model_config(source: str, *, trust_remote_code: bool = False):
 def config_errors(source: str):
     """Turn transformers' errors about a model config (a value of the wrong type, an impossible size, no
     model_type, model code that may not run) into a CheckpointError naming `source`."""
+    # transformers' own dependency, loaded only where it is used
     from huggingface_hub.errors import StrictDataclassError
-
-    from ..core.errors import QuantkitError
 
     try:
         yield
@@ -244,12 +243,12 @@ def empty_quantized_model(folder: Path, *, dtype: torch.dtype | None = None, tru
 
     dtype: default config.json's dtype (float32 if it has none).
     """
-    from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM
+    from accelerate import init_empty_weights  # import time: accelerate loads only where it is used
+    from transformers import AutoModelForCausalLM  # import time: transformers loads only where it is used
 
-    from .compressed_tensors import parse_quantization_config
+    # import time: it loads the kernels (triton), which reading a config or a float model never needs
     from ..modules.quant_linear import QuantLinear
-    from ..modules.targets import set_submodule
+    from .compressed_tensors import parse_quantization_config
 
     raw = read_config_json(folder)
     qcfg = parse_quantization_config(raw["quantization_config"], str(folder / "config.json"))
@@ -259,7 +258,7 @@ def empty_quantized_model(folder: Path, *, dtype: torch.dtype | None = None, tru
     dtype = dtype or getattr(config, "dtype", None) or torch.float32
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
-    import transformers
+    import transformers  # import time: transformers loads only where it is used
 
     arch = (getattr(config, "architectures", None) or [""])[0]
     named = getattr(transformers, arch, None)  # the class config.json names: BertModel, *ForSequenceClassification
@@ -269,6 +268,7 @@ def empty_quantized_model(folder: Path, *, dtype: torch.dtype | None = None, tru
                      else AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code))
     except ValueError as e:
         raise CheckpointError(f"{folder}: unsupported architecture ({str(e).splitlines()[0]})") from None
+    # import time: it loads the kernels (triton), which reading a config or a float model never needs
     from ..modules.moe import model_type, to_disk_name, unfuse_experts
 
     unfuse_experts(model)  # MoE: per-expert linears, as the checkpoint stores them
@@ -296,7 +296,7 @@ def copy_tokenizer_files(source: str | None, dest: Path) -> list[str]:
                 copied.append(name)
         return copied
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # import time: transformers loads only where it is used
 
         AutoTokenizer.from_pretrained(source).save_pretrained(dest)
         return sorted(p.name for p in dest.iterdir() if p.name in TOKENIZER_FILES)

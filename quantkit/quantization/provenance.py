@@ -13,6 +13,7 @@ from pathlib import Path
 
 from torch import nn
 
+from .. import __version__
 from .recipe import Recipe
 
 RECIPE_FILE = "recipe.yaml"
@@ -93,8 +94,6 @@ def reproduce_command(calibration: dict | None, source: str | None, recipe: str,
 def recipe_file_text(provenance: Provenance, source: str | None, checkpoint) -> str:
     """The text of ``checkpoint``/recipe.yaml: comments (source model, calibration, the command that
     repeats the run) and the recipe's YAML."""
-    from .. import __version__
-
     calibration = provenance.calibration
     command = reproduce_command(calibration, source, f"{checkpoint}/{RECIPE_FILE}")
     lines = [

@@ -34,8 +34,10 @@ import yaml
 from ..algorithms.registry import ALGORITHMS
 from ..core.config_utils import ConfigError, from_dict
 from ..core.errors import shorten
-from ..files.inputs import read_input_bytes
 from ..core.scheme import INDIVISIBLE, QuantScheme, grid_scheme
+from ..files.inputs import read_input_bytes
+from ..gguf.mix import MIX_GRIDS, MixModel, mix_scheme
+from ..modules.kv_rotation import ROTATIONS
 from ..modules.targets import check_patterns, output_head_name, select_linears
 
 RECIPE_VERSION = 1
@@ -112,8 +114,6 @@ class Recipe:
             raise ConfigError("weights: strategy must be 'channel' or 'group' (per-tensor int weights are unsupported)")
         if self.kv_cache is not None and (self.kv_cache.type != "float" or self.kv_cache.strategy not in ("tensor",)):
             raise ConfigError("kv_cache: only fp8 per-tensor is supported: {num_bits: 8, type: float, strategy: tensor}")
-        from ..modules.kv_rotation import ROTATIONS
-
         if not isinstance(self.kv_cache_rotation, str) or self.kv_cache_rotation not in ROTATIONS:
             raise ConfigError(f"kv_cache: rotation must be one of {', '.join(ROTATIONS)}, got "
                               f"{_shown(self.kv_cache_rotation)}")
@@ -121,8 +121,6 @@ class Recipe:
             raise ConfigError("kv_cache: a rotation needs an fp8 KV cache: {num_bits: 8, type: float, strategy: "
                               "tensor, rotation: hadamard}")
         if self.mix is not None:
-            from ..gguf.mix import MIX_GRIDS
-
             if self.mix not in MIX_GRIDS:
                 raise ConfigError(f"mix must be one of {', '.join(MIX_GRIDS)} (or null), got {_shown(self.mix)}")
             grid = MIX_GRIDS[self.mix]
@@ -172,8 +170,6 @@ class Recipe:
         the linear's module path `name` and the model (gguf_mix.MixModel) choose its grid first."""
         assert self.weights is not None
         if self.mix is not None:
-            from ..gguf.mix import mix_scheme
-
             if name is None or model is None:
                 raise ValueError(f"recipe {self.name}: mix {self.mix} chooses each linear's grid by its name and layer")
             return mix_scheme(self.mix, name, in_features, model, self.indivisible)
@@ -184,8 +180,6 @@ class Recipe:
         reads the model's config). ValueError naming the linear a scheme cannot be fitted to."""
         mix_model = None
         if self.mix is not None:
-            from ..gguf.mix import MixModel
-
             mix_model = MixModel.of(model.config)
         schemes = {}
         for name in names:

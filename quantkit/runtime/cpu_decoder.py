@@ -46,10 +46,13 @@ import torch
 from torch import nn
 
 from ..core.errors import UsageError
+from ..kernels.cpu_extension import ISA_NAMES, cpu_kernel_isa, load_cpu_kernels
 from ..modules.fused_linear import FusedPart
 from ..modules.kv_rotation import check_rotation
 from ..modules.kv_scales import cache_keyword, kv_rotation_of, read_kv_scales
 from ..modules.quant_linear import QuantLinear
+from .decode_loop import decode, eos_stop
+from .sampling import SamplingConfig
 
 #: the model types (config.model_type) the loop runs
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
@@ -65,8 +68,6 @@ STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 def decoder_unavailable(model: nn.Module) -> str | None:
     """Why ``CpuDecoder(model)`` cannot run here (the C++ kernels did not build, or the model is not
     supported), or None."""
-    from ..kernels.cpu_extension import load_cpu_kernels
-
     kernels = load_cpu_kernels()
     return unsupported_reason(model) if kernels.available else kernels.reason
 
@@ -146,8 +147,6 @@ class CpuDecoder:
             raise UsageError(f"max_len must be a positive number of positions, got {max_len!r}")
         self.max_len = int(config.max_position_embeddings if max_len is None else max_len)
         self.cache_dtype = resolve_cache_dtype(model, cache_dtype)
-        from ..kernels.cpu_extension import ISA_NAMES, cpu_kernel_isa
-
         attn0 = inner.layers[0].self_attn
         head_dim = attn0.head_dim
         self.num_layers, self.kv_heads, self.head_dim = config.num_hidden_layers, config.num_key_value_heads, head_dim
@@ -281,10 +280,11 @@ class CpuDecoder:
             lengths = _left_padded_lengths(attention_mask, tuple(input_ids.shape))
             mask = attention_mask.to(torch.int64)
             kwargs = {"attention_mask": mask, "position_ids": (mask.cumsum(1) - 1).clamp(min=0)}
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # import time: transformers loads only where it is used
 
         with torch.inference_mode():
             if self.cache_dtype == "fp8":
+                # it imports transformers' cache classes: only for an fp8 cache
                 from ..modules.kv_cache import fp8_cache_for
 
                 cache = fp8_cache_for(self.model)
@@ -319,9 +319,6 @@ class CpuDecoder:
         ``quantkit.runtime.sampling.SamplingConfig``; ``generator``: its random state). With ``eos_token_id``,
         a sequence ends at one of those tokens (later positions get the first) and generation ends when
         all have, so n <= max_new_tokens; without, n = max_new_tokens. attention_mask: as ``prefill``."""
-        from .decode_loop import decode, eos_stop
-        from .sampling import SamplingConfig
-
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
             raise UsageError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
         eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])

@@ -208,7 +208,7 @@ class FastGenerate:
         if config.stop_strings:
             if tokenizer is None:
                 return "stop_strings without tokenizer= (transformers needs the tokenizer to match them)"
-            from transformers import StopStringCriteria
+            from transformers import StopStringCriteria  # import time: transformers loads only where it is used
 
             tests.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=config.stop_strings))
         if config.max_time is not None:
@@ -245,7 +245,7 @@ def _setting_reason(config) -> str | None:
 
 @functools.cache
 def _generate_signature() -> inspect.Signature:
-    from transformers import GenerationMixin
+    from transformers import GenerationMixin  # import time: transformers loads only where it is used
 
     return inspect.signature(GenerationMixin.generate)
 
