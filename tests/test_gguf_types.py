@@ -42,7 +42,7 @@ def test_for_width_follows_the_fallbacks():
 
 
 def test_the_records_load_no_torch():
-    """scheme.py reads the records, and the CLI's parser reads the schemes without torch."""
+    """core/scheme.py reads the records, and the CLI's parser reads the schemes without torch."""
     code = "import sys, quantkit.core.scheme; print('torch' in sys.modules or 'numpy' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
