@@ -30,7 +30,9 @@ from typing import Any
 
 import torch
 
+from .. import refmodels
 from ..core.errors import QuantizationError
+from ..refmodels import corpus, train_text_path
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst", ".py")
 JSON_SUFFIXES = (".jsonl", ".json")
@@ -129,8 +131,6 @@ def parse_source(source: str | os.PathLike, column: str = "text", what: str = "c
     """
     text = str(source)
     if text == "ref":
-        from ..refmodels import train_text_path
-
         return _Source("text", (str(train_text_path()),))
     if text.startswith("hub:"):
         parts = text[4:].split(":")
@@ -171,7 +171,7 @@ def load_texts(source: str | os.PathLike, column: str = "text", what: str = "cal
 
     what: what the text is for, in error messages ("calibration", "evaluation").
     """
-    import datasets
+    import datasets  # import time: datasets loads only for hub data
 
     spec = parse_source(source, column, what)
     progress_was = datasets.utils.logging.is_progress_bar_enabled()
@@ -204,7 +204,7 @@ def load_texts(source: str | os.PathLike, column: str = "text", what: str = "cal
 
 def _load_local(spec: _Source, what: str):
     """A `datasets` Dataset from local files; unreadable files (binary, not UTF-8, malformed) are named."""
-    import datasets
+    import datasets  # import time: datasets loads only for hub data
 
     try:
         if spec.builder == "text":
@@ -282,12 +282,8 @@ def default_source(model) -> str | None:
     origin = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
     if not origin:
         return None
-    from .. import refmodels
-
     roots = [Path(refmodels.__file__).parent / "weights"]
     try:
-        from ..refmodels import corpus
-
         roots.append(corpus.cache_root() / "refmodels")
     except (ImportError, AttributeError):
         pass
@@ -390,7 +386,7 @@ def describe_calibration(calibration_data: Any, model) -> dict:
 
 
 def _model_tokenizer(model):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # import time: transformers loads only where it is used
 
     origin = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
     if not origin:

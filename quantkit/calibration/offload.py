@@ -18,6 +18,7 @@ from torch import nn
 
 def _align_hooks(module: nn.Module) -> list:
     """accelerate AlignDevicesHooks attached to `module` itself (also inside a SequentialHook)."""
+    # import time: accelerate loads only for offloaded models
     from accelerate.hooks import AlignDevicesHook, SequentialHook
 
     hook = getattr(module, "_hf_hook", None)
@@ -42,6 +43,7 @@ def materialize_(module: nn.Module, device: torch.device | str) -> None:
     Offloaded tensors are read from their hook's weights map (copied, so later in-place edits such as
     AWQ's scale folding never write through to the offload storage). Modules without hooks are moved.
     """
+    # import time: accelerate loads only for offloaded models
     from accelerate.hooks import remove_hook_from_submodules
     from accelerate.utils import set_module_tensor_to_device
     from accelerate.utils.modeling import named_module_tensors

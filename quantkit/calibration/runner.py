@@ -39,11 +39,12 @@ from tqdm.auto import tqdm
 
 from ..core.errors import QuantizationError
 from ..core.finite import describe_nonfinite, nonfinite_tensors
-from ..modules.quant_experts import QuantExperts
-from ..gguf.grids import GridWeight
-from ..gguf.linear import quantized_linear
 from ..core.quantized_weight import QuantizedWeight
 from ..core.units import human_seconds
+from ..gguf.grids import GridWeight
+from ..gguf.linear import quantized_linear
+from ..kernels.cpu_flags import compute_dtype
+from ..modules.quant_experts import QuantExperts
 from ..modules.targets import output_head_name, set_submodule
 from .adapters import FamilyAdapter, LinearGroup, adapter_for
 from .offload import home_device, materialize_, materialize_model_, release_freed_memory
@@ -82,8 +83,6 @@ def calibration_dtype(model_dtype: torch.dtype, device: torch.device) -> torch.d
     matrix products (no AVX512-BF16 / AMX), where fp32 runs them several times faster and more exactly (a
     2-layer width-1024 GPTQ: 15.4 s in bf16 against 8.9 s in fp32 on a 2-core Xeon without native bf16).
     One block at a time is upcast, and it goes back to the model's dtype before its linears are replaced."""
-    from ..kernels.cpu_flags import compute_dtype
-
     return compute_dtype(model_dtype) if device.type == "cpu" and model_dtype == torch.bfloat16 else model_dtype
 
 

@@ -13,6 +13,7 @@ import torch
 from safetensors import safe_open
 
 from ..core.errors import CheckpointError
+from ..files.outputs import give_default_mode
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -33,8 +34,6 @@ def write_state_dict(state: dict[str, torch.Tensor], folder: Path, max_shard_byt
             size = 0
         shards[-1][name] = tensor.detach().contiguous().cpu()
         size += b
-    from ..files.outputs import give_default_mode
-
     if len(shards) == 1:
         save_safetensors_file(shards[0], folder / SINGLE_FILE)
         give_default_mode(folder / SINGLE_FILE)

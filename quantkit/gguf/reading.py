@@ -7,6 +7,7 @@ GGUF shapes are ggml's: ne0 (the row length: a linear's input features) first.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import struct
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..core.device import resolve_device
 from ..core.errors import CheckpointError, EvaluationError, first_names
 from ..core.finite import describe_nonfinite, nonfinite_tensors
 from ..formats.loading import SOURCE_DTYPE_ATTRIBUTE, _one_line, _quiet_loading_report, config_errors
@@ -126,7 +128,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFContents:
     """The file's metadata and tensor descriptions, checked: header (check_header), structure (the gguf
     package's reader), hyperparameters (check_hyperparameters) and tensors (check_tensors). No weight is read."""
     try:
-        import gguf
+        import gguf  # an optional dependency (quantkit[gguf])
     except ImportError:
         raise CheckpointError(f"{path}: reading GGUF files needs the `gguf` package (pip install 'quantkit[gguf]')") from None
     path = Path(os.path.expanduser(str(path)))
@@ -261,7 +263,7 @@ def check_tensors(architecture: str, hp: Hyperparameters, tensors: dict[str, GGU
     """CheckpointError naming them when tensors that `architecture` needs are missing, unexpected or of another
     shape than the metadata gives (architectures expected_tensors knows), or when a tensor's row length is no
     whole number of its type's blocks."""
-    import gguf
+    import gguf  # an optional dependency (quantkit[gguf])
 
     for name, t in tensors.items():
         block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t.type]][0]
@@ -298,9 +300,7 @@ def load_gguf_model(path: str | os.PathLike, *, dtype: torch.dtype | None = None
     otherwise). The model is the one llama.cpp runs: architecture `llama` is a Llama model whatever its name
     (llama.cpp runs Mistral files so, without a sliding window), heads of attention.key_length values.
     Records its GGUFOrigin on the model (gguf_origin). CheckpointError when transformers leaves a weight unread."""
-    from transformers import AutoModelForCausalLM, GgufConfig
-
-    from ..core.device import resolve_device
+    from transformers import AutoModelForCausalLM, GgufConfig  # import time: transformers loads only where it is used
 
     contents = read_gguf(path)
     path = contents.path
@@ -344,6 +344,7 @@ def _transformers_config(contents: GGUFContents):
     reading where they differ: architecture llama stays Llama (transformers makes a file named "mistral" a
     Mistral model with a sliding window the file does not have), and the head size is attention.key_length
     (transformers takes llama's from the rotary dimension and leaves qwen2 / qwen3 at their config defaults)."""
+    # import time: transformers loads only where it is used
     from transformers import AutoConfig
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES, load_gguf_checkpoint
 
@@ -367,8 +368,6 @@ def gguf_vocabulary_mismatch(fields: dict, tokenizer) -> str | None:
     """How a GGUF file's own vocabulary (`fields`: its metadata; tokenizer.ggml.tokens by id, and its BPE merges)
     differs from `tokenizer`'s (a transformers tokenizer); None when every id the tokenizer has is the file's
     token of that id (the file may pad its list beyond) and the merges agree."""
-    import json
-
     tokens = fields["tokenizer.ggml.tokens"]
     by_id = {i: t for t, i in tokenizer.get_vocab().items()}
     differ = sum(tokens[i] != t if i < len(tokens) else True for i, t in by_id.items())
@@ -403,7 +402,7 @@ def check_gguf_tokenizer(path: str | os.PathLike, tokenizer, baseline: str) -> s
 def load_gguf_tokenizer(path: str | os.PathLike):
     """The tokenizer a GGUF file carries (transformers' reading of its tokenizer.ggml.* metadata), the file
     checked first (read_gguf)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # import time: transformers loads only where it is used
 
     path = read_gguf(path).path
     try:

@@ -31,7 +31,7 @@ def load_processor(path: Path):
     """The sentencepiece.SentencePieceProcessor of the model file `path`. UsageError without the
     sentencepiece package, CheckpointError when the file is no SentencePiece model."""
     try:
-        from sentencepiece import SentencePieceProcessor
+        from sentencepiece import SentencePieceProcessor  # an optional dependency
     except ImportError:
         raise UsageError(f"{path} is a SentencePiece vocabulary: writing it to GGUF needs the sentencepiece "
                          f"package (pip install sentencepiece, or pip install 'quantkit[gguf]')") from None
@@ -50,7 +50,7 @@ def vocabulary(folder: Path, vocab_size: int) -> tuple[list[str], list[float], l
     added_tokens_decoder of tokenizer_config.json CONTROL when special (or looking it), else
     USER_DEFINED with U+2581 as a space; added tokens score -1000; ids past the pieces "[PAD{i}]",
     UNUSED, score -10000."""
-    import gguf
+    import gguf  # an optional dependency (quantkit[gguf])
 
     processor = load_processor(folder / "tokenizer.model")
     if processor.vocab_size() > vocab_size:
@@ -93,7 +93,7 @@ def set_vocab(writer, folder: Path, vocab_size: int, arch: str) -> None:
     """Write `folder`'s SentencePiece vocabulary as _set_vocab_sentencepiece does, with tokenizer_config.json's
     add_prefix_space as add_space_prefix for arch LLAMA (LlamaModel.set_vocab; its CodeLlama-only FIM ids are
     not written)."""
-    import gguf
+    import gguf  # an optional dependency (quantkit[gguf])
 
     if arch == "LLAMA" and (folder / "tokenizer_config.json").is_file():
         config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))

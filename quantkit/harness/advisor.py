@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import UsageError
+from ..quantization.recipe import load_recipe
 from .hardware import DeviceSpec
 from .results import QualityResult
 from .roofline import (
@@ -154,8 +155,6 @@ def quality_key(result: QualityResult, dtype_bytes: int = 2) -> tuple[int, int, 
         except ValueError:
             pass
     try:
-        from quantkit.quantization.recipe import load_recipe
-
         return scheme_key(scheme_from_recipe(load_recipe(result.name), dtype_bytes=dtype_bytes))
     except Exception:
         pass

@@ -15,10 +15,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..quantization import provenance
 from ..core.errors import UsageError
-from ..gguf.reading import gguf_origin
 from ..formats.loading import source_dtype
+from ..gguf.reading import gguf_origin
+from ..modules.fused_linear import FusedLinearGroup, FusedPart
+from ..modules.quant_linear import QuantLinear
+from ..quantization import provenance
 
 #: config fields that must agree: the architecture and every dimension of its weights
 SHAPE_FIELDS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -119,9 +121,6 @@ def check_same_source(model: nn.Module, baseline: nn.Module, which: str) -> None
 
 def _quantized_linears(model: nn.Module) -> int:
     """The number of quantized linears as the checkpoint has them (each part of a fused group counted)."""
-    from ..modules.fused_linear import FusedLinearGroup, FusedPart
-    from ..modules.quant_linear import QuantLinear
-
     fused = {id(m.fused) for m in model.modules() if isinstance(m, FusedLinearGroup)}
     return sum(isinstance(m, FusedPart) or (isinstance(m, QuantLinear) and id(m) not in fused)
                for m in model.modules())

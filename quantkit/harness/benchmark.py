@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from ..core.errors import UsageError
 
 GPU_DEFAULTS = {"prompt_lens": (128, 512, 1024, 2048, 4096), "context_lens": (128, 512, 1024, 2048, 4096),
                 "batch_sizes": (1, 4, 16, 64)}
@@ -25,8 +28,6 @@ def command_line(model: str, baseline: str | None, variants: list[str], device, 
                  compile: str | None, compile_backend: str, threads: int | None, json_out: str | None,
                  decode_loop: str = "transformers", allow_source_mismatch: bool = False, allow_other_baseline: bool = False) -> str:
     """The command that repeats this measurement (every setting spelled out)."""
-    import shlex
-
     def csv(values):
         return ",".join(str(v) for v in values)
 
@@ -105,11 +106,11 @@ def benchmark(
     the model it was quantized from (harness/baseline.py); `allow_other_baseline` lets it be another
     model of the same shapes.
     """
+    # import time: the CLI imports this module for its defaults while it builds its parser
     import torch
 
     from ..core.device import check_backend, check_cpu_threads, resolve_device
     from ..core.dtypes import parse_dtype
-    from ..core.errors import UsageError
     from ..files.inputs import input_paths
     from ..formats.loading import is_quantized_checkpoint, resolve_model_source
     from ..files.outputs import check_output_file, output_stream, write_output_file
@@ -145,7 +146,7 @@ def benchmark(
     )
     features = None
     if device.type == "cpu":
-        from .cpu_features import detect_cpu_features
+        from .cpu_features import detect_cpu_features  # import time: torch and the kernels, as above
 
         features = detect_cpu_features()
     if dtype == "auto":
@@ -243,8 +244,7 @@ def benchmark(
 def check_baseline(checkpoint, base, which: str, allow_other_baseline: bool) -> None:
     """UsageError unless `base` is the model the checkpoint `which` was quantized from, or (with
     allow_other_baseline) a model of its shapes: every variant is timed on the baseline's shapes."""
-    from ..core.errors import UsageError
-    from .baseline import check_same_source, shape_mismatches
+    from .baseline import check_same_source, shape_mismatches  # import time: torch, as benchmark's
 
     if not allow_other_baseline:
         check_same_source(checkpoint, base, which)

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import torch
 
+from ..calibration.data import load_texts, parse_source
 from ..core.errors import CheckpointError, EvaluationError
 from ..formats.loading import resolve_model_source
+from ..refmodels import heldout_text_path
 from .quality import model_context, token_windows
 
 #: Characters read at least (the whole of an ordinary evaluation file), and per token asked for.
@@ -35,11 +37,7 @@ def _text_prefix(data: str | None, limit: int | None) -> tuple[str, bool]:
     """At most `limit` characters (None: all) of the evaluation text, and whether that is all of it. Text
     files (and the held-out text) are read only that far; JSON/Parquet/hub sources are loaded whole by
     calibration.data, then cut."""
-    from ..calibration.data import load_texts, parse_source
-
     if data is None:
-        from ..refmodels import heldout_text_path
-
         files = (str(heldout_text_path()),)
     else:
         spec = parse_source(data, what="evaluation")
@@ -93,7 +91,7 @@ def read_eval_tokens(tokenizer, data: str | None, max_tokens: int | None = None)
 
 
 def load_tokenizer(source: str):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # import time: transformers loads only where it is used
 
     try:
         return AutoTokenizer.from_pretrained(resolve_model_source(source))

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..core.errors import EvaluationError
+from ..core.errors import EvaluationError, UsageError
+from .baseline import check_same_source
 from .results import QualityResult
 
 
@@ -56,9 +57,6 @@ def check_comparable(
 ) -> None:
     """UsageError unless every model shares the baseline's vocabulary and the token ids fit it, and (unless
     allow_other_baseline) the baseline is the model each was quantized from (harness/baseline.py)."""
-    from ..core.errors import UsageError
-    from .baseline import check_same_source
-
     def vocab(m: nn.Module) -> int | None:
         return getattr(getattr(m, "config", None), "vocab_size", None)
 

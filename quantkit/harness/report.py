@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .context_growth import growth_lines
+from .cpu_features import CpuFeatures
 from .formatting import fmt_intensity, fmt_perplexity_change
 from .hardware import DeviceSpec
 from .results import (SHAPE_KEYS, QualityResult, ranges_overlap, records, roofline_problem, shape_key, speedup_summary,
@@ -99,7 +100,7 @@ def render_report(bench: dict | None, quality: Sequence[QualityResult], out_dir:
     """Write report.md, report.json and the plots into ``out_dir``; returns the Markdown path.
 
     ``notes``: Markdown blocks put under the title, each followed by a blank line (a table is one block)."""
-    from . import plots
+    from . import plots  # import time: matplotlib loads only where a plot is drawn
 
     if bench is None and not quality:
         raise ValueError("nothing to report: give bench results, quality results, or both")
@@ -150,8 +151,6 @@ def _cpu_lines(bench: dict) -> list[str]:
                      "product reaches at its bandwidth, so bf16 matrix products were not emulated on that CPU "
                      "(emulated, they measure below 1.5 GFLOP/s).")
         return [text, ""]
-    from .cpu_features import CpuFeatures
-
     features = CpuFeatures.from_dict(dev["cpu_features"])
     timed = bench.get("dtypes") or dict.fromkeys(("prefill", "decode"), bench["model"]["dtype"])
     return [" ".join(features.sentences(timed)), ""]

@@ -37,6 +37,8 @@ from typing import Any, Mapping
 
 from ..core import dtypes
 from ..core.errors import CheckpointError
+from ..core.scheme import QuantScheme
+from ..formats.compressed_tensors import parse_quantization_config
 from ..modules.moe import moe_config_problem
 from .hardware import DeviceSpec
 
@@ -290,8 +292,6 @@ def scheme_from_quantization_config(config: Any, *, name: str | None = None) -> 
     dtype_bytes = dtypes.dtype_bytes(d.get("torch_dtype") or d.get("dtype") or "bfloat16")
     if d.get("quantization_config") is None:
         return scheme_from_weight_args(None, None, name=name, dtype_bytes=dtype_bytes)
-    from ..formats.compressed_tensors import parse_quantization_config
-
     qc = parse_quantization_config(d["quantization_config"], "quantization_config")
     weight_schemes = list(dict.fromkeys(scheme for _, scheme in qc.groups))
     if not weight_schemes:
@@ -395,8 +395,6 @@ def fitted_to(scheme: RooflineScheme, shape: ModelShape, indivisible: str = "sma
     inputs take groups of 64 under a group-128 recipe), recorded in `layers`."""
     if not scheme.quantized or scheme.group_size in (None, -1) or scheme.layers:
         return scheme
-    from ..core.scheme import QuantScheme
-
     asked = QuantScheme(num_bits=scheme.weight_bits, symmetric=scheme.symmetric, strategy="group",
                         group_size=scheme.group_size)
     kinds = list(shape.linears()) + [("expert." + k, i, o) for k, i, o in shape.expert_linears()]

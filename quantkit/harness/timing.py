@@ -31,6 +31,7 @@ import re
 import statistics
 import sys
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -40,6 +41,7 @@ from torch import nn
 
 from ..core.errors import UsageError
 from ..modules.kv_scales import attach_kv_scales, cache_keyword, read_kv_scales
+from ..runtime.cpu_decoder import CACHE_VALUE_BYTES, CpuDecoder
 from .hardware import DeviceSpec, capture_cuda_graph, cpu_name, synchronize
 from .roofline import ModelShape, decode_cost, kv_cache_bytes, moe_roofline_note, predict, prefill_cost
 from .variants import Variant, model_tensor_bytes
@@ -175,7 +177,7 @@ def make_decode_cache(variant: Variant, max_cache_len: int):
     static FP8 KV cache of that length when its recipe asks for one."""
     if variant.kv_cache is not None:
         return _quantized_kv_cache(variant, max_cache_len)
-    from transformers import StaticCache
+    from transformers import StaticCache  # import time: transformers loads only where it is used
 
     return StaticCache(config=variant.model.config, max_cache_len=max_cache_len)
 
@@ -192,8 +194,7 @@ def make_prefill_cache(variant: Variant, shape: ModelShape, batch: int, prompt_l
 
 def _quantized_kv_cache(variant: Variant, max_cache_len: int):
     """The static FP8 KV cache of ``variant``: ``max_cache_len`` positions preallocated."""
-    import warnings
-
+    # import time: it loads transformers' cache classes, needed only with an fp8 cache
     from quantkit.modules import kv_cache
 
     with warnings.catch_warnings():  # uncalibrated scales are fine for timing
@@ -253,7 +254,7 @@ def model_forward(model: nn.Module, settings: BenchSettings, phase: str) -> Call
 
 def graph_break_count() -> int:
     """Graph breaks dynamo has recorded in this process so far."""
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters  # import time: dynamo loads only where compiled code is timed
 
     return sum(counters["graph_break"].values())
 
@@ -392,8 +393,6 @@ def _cpu_decoder_run(variant: Variant, shape: ModelShape, batch: int, context_le
     """The decode step in quantkit.CpuDecoder's C++ loop: its own cache (the model's dtype, or fp8 for a
     variant whose model holds k/v scales) holds random K/V of ``context_len`` positions; each call
     decodes at position ``context_len`` (overwriting it)."""
-    from quantkit.runtime.cpu_decoder import CpuDecoder
-
     if device.type != "cpu":
         raise UsageError("the quantkit decode loop runs on the CPU: time decode on CUDA in transformers")
     if variant.kv_cache is not None and not read_kv_scales(variant.model)[0]:
@@ -418,8 +417,6 @@ def _cpu_decoder_run(variant: Variant, shape: ModelShape, batch: int, context_le
 
 
 def _loop_cache_value_bytes(cache_dtype: str) -> int:
-    from quantkit.runtime.cpu_decoder import CACHE_VALUE_BYTES
-
     return CACHE_VALUE_BYTES[cache_dtype]
 
 

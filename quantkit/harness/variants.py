@@ -20,9 +20,16 @@ from typing import Any
 import torch
 from torch import nn
 
+import quantkit
 from ..core import dtypes
 from ..core.errors import UsageError
 from ..formats.compressed_tensors import kv_cache_scheme_of
+from ..formats.loading import config_errors, is_quantized_checkpoint, load_float_model, resolve_model_source
+from ..gguf.reading import is_gguf_file
+from ..kernels.wna16 import describe_layouts
+from ..modules.fused_linear import fuse_projections
+from ..modules.quant_linear import QuantLinear
+from ..quantization.recipe import load_recipe
 from .roofline import RooflineScheme, scheme_from_quantization_config, scheme_from_weight_args
 
 
@@ -74,6 +81,7 @@ def load_source_model(
 
     strict: refuse a folder whose weights do not match its config.json (loading.load_float_model)."""
     if is_random_config(source):
+        # import time: transformers loads only where it is used
         from transformers import AutoConfig, AutoModelForCausalLM
 
         try:
@@ -82,8 +90,6 @@ def load_source_model(
             raise UsageError(f"{source} is not a JSON model config ({e})") from None
         if not isinstance(d, dict) or "model_type" not in d:
             raise UsageError(f"{source}: a random-model config needs a model_type (e.g. \"llama\")")
-        from quantkit.formats.loading import config_errors
-
         with config_errors(source):
             config = AutoConfig.for_model(**d)
         torch.manual_seed(seed)
@@ -94,8 +100,6 @@ def load_source_model(
             raise UsageError(f"{source}: cannot build a model of these sizes ({str(e).splitlines()[0]})") from None
         model.name_or_path = f"random:{Path(source).name}"
         return model.eval()
-    from quantkit.formats.loading import is_quantized_checkpoint, load_float_model, resolve_model_source
-
     _refuse_gguf(source, "the float model")
     resolved = resolve_model_source(source)
     if is_quantized_checkpoint(resolved):
@@ -116,9 +120,6 @@ def float_variant(model: nn.Module, name: str | None = None) -> Variant:
 def _prepare_kernels(model: nn.Module, backend: str) -> str | None:
     """Repack every QuantLinear for ``backend`` (q/k/v and gate/up fused on the CPU backend, as
     ``quantkit.load`` does); returns the concrete backend (None if none)."""
-    from quantkit.modules.fused_linear import fuse_projections
-    from quantkit.modules.quant_linear import QuantLinear
-
     chosen = None
     for m in model.modules():
         if isinstance(m, QuantLinear):
@@ -133,9 +134,6 @@ def _prepare_kernels(model: nn.Module, backend: str) -> str | None:
 
 def kernels_used(model: nn.Module) -> str:
     """The kernels the model's quantized linears run, e.g. "quantkit::wna16_cpu_q8dot (avx512-vnni) x 48"."""
-    from quantkit.kernels.wna16 import describe_layouts
-    from quantkit.modules.quant_linear import QuantLinear
-
     return describe_layouts([m.kernel_layout for m in model.modules() if isinstance(m, QuantLinear)])
 
 
@@ -149,8 +147,6 @@ def refuse_gguf_sources(model: str, baseline: str | None, variants) -> None:
 def _refuse_gguf(spec: str, role: str) -> None:
     """UsageError for a GGUF file as a benchmark's model or variant (`role`): transformers dequantizes its blocks
     into float weights, so its timings would be a float model's, not the file's."""
-    from quantkit.gguf.reading import is_gguf_file
-
     if any(is_gguf_file(part) for part in spec.split("+")):
         raise UsageError(
             f"{role} {spec}: a GGUF file loads as float weights (transformers dequantizes its blocks), so bench would "
@@ -160,8 +156,6 @@ def _refuse_gguf(spec: str, role: str) -> None:
 
 def _split_recipes(spec: str):
     """``"w4a16-rtn+kv-fp8"`` -> (the recipe quantizing weights or None, the KV-cache scheme or None)."""
-    from quantkit.quantization.recipe import load_recipe
-
     _refuse_gguf(spec, "variant")
     recipes = [load_recipe(part) for part in spec.split("+") if part]
     if not recipes:
@@ -184,8 +178,6 @@ def build_variant(
     A KV-cache recipe gives the variant an FP8 KV cache at benchmark time; its scales are left at
     1.0 (timing does not depend on them: use ``quantkit eval`` for the quality of calibrated scales).
     """
-    import quantkit
-
     device = torch.device(device)
     path = Path(os.path.expanduser(spec))
     if path.is_dir():
@@ -216,6 +208,7 @@ def build_variant(
 
 def _enable_fp8_attention(model: nn.Module, device: torch.device) -> str:
     """How attention reads the FP8 cache: "kernel" (fused dequant, CUDA) or "dequantize"."""
+    # import time: it loads transformers' cache classes, needed only with an fp8 cache
     from quantkit.modules import kv_cache
 
     mode = "kernel" if device.type == "cuda" else "dequantize"

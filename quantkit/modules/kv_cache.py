@@ -45,6 +45,7 @@ from transformers.cache_utils import (
 
 from ..core.errors import QuantizationError
 from ..core.primitives import dequantize_fp8, quantize_fp8
+from ..kernels.kv_cache_write import fp8_kv_cache_write, fp8_kv_cache_write_reference
 from .kv_rotation import check_rotation, hadamard_matrix, rotate
 from .kv_scales import KVScales, kv_rotation_of, num_cache_layers, read_kv_scales
 
@@ -330,8 +331,6 @@ class StaticFP8KVLayer(StaticLayer):
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write key/value states [B, Hkv, T_new, D] at the next positions; return what attention reads."""
-        from ..kernels.kv_cache_write import fp8_kv_cache_write, fp8_kv_cache_write_reference
-
         prefix = self._reads_written_prefix()  # decided before a first update initializes the layer
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -483,6 +482,7 @@ def _fp8_decode_attention(
     of an FP8KVCache in "kernel" mode); attention_mask: sdpa's bool mask [B, 1, Tq, T] or None.
     Returns ([B, Tq, Hq, D], None) as every transformers attention function does.
     """
+    # import time: transformers loads only where it is used
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if key.dtype != FP8_DTYPE:
@@ -515,6 +515,7 @@ def _fp8_decode_attention(
 
 def register_kernel_attention() -> str:
     """Register the "quantkit_fp8" attention (and its mask: sdpa's) with transformers; returns the name."""
+    # import time: transformers loads only where it is used
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..core.errors import QuantizationError
+from .kv_rotation import check_rotation
 
 #: layer index -> (k_scale, v_scale); fp32 tensors of shape [1] (per tensor) or [num_kv_heads].
 KVScales = dict[int, tuple[torch.Tensor, torch.Tensor]]
@@ -119,8 +120,6 @@ def attach_rotated_kv_scales(model: nn.Module, scales: KVScales, rotation: str, 
                              dtype: torch.dtype | None = None) -> None:
     """Register the rotated-basis scales as non-persistent buffers ``k_scale_rotated`` / ``v_scale_rotated``
     (same shapes and checks as attach_kv_scales) and record `rotation` on the model (kv_rotation_of)."""
-    from .kv_rotation import check_rotation
-
     if check_rotation(rotation) == "none":
         raise QuantizationError("rotated KV scales need a rotation: 'hadamard'")
     head_dim = getattr(next(iter(attention_modules(model).values()))[1], "head_dim", None)

@@ -10,6 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ..core.errors import CommandParser, parse_command_line, run_command
 from .registry import REFERENCE_MODELS, get_spec
 from .spec import TRAINING_RECORD
 from .store import build_atomically, cache_folder
@@ -35,7 +36,7 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
 
 def run_build(args: argparse.Namespace) -> int:
     """Build the model named by ``args`` (from ``add_build_arguments``); prints where it went."""
-    from ..core.device import check_cpu_threads
+    from ..core.device import check_cpu_threads  # import time: torch, only once a model is built
 
     spec = get_spec(args.name)
     if args.threads is not None:
@@ -50,13 +51,9 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..core.errors import CommandParser, parse_command_line
-
     parser = CommandParser(prog="python -m quantkit.refmodels",
                                      description="quantkit's built-in reference models")
     commands = parser.add_subparsers(dest="command", required=True)
     add_build_arguments(commands.add_parser("build", help="train a reference model into a folder"))
     args = parse_command_line(parser, argv)
-    from ..core.errors import run_command
-
     return run_command(f"{parser.prog} {args.command}", lambda: run_build(args))

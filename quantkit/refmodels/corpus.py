@@ -22,6 +22,8 @@ import tempfile
 import zlib
 from pathlib import Path
 
+from ..core.errors import NoSpaceError, UsageError
+
 MAX_FILE_BYTES = 200_000
 EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "__pycache__"})
 HELDOUT_MODULUS = 10
@@ -145,8 +147,6 @@ def _cached_split_path(split: str) -> Path:
     """The cached text file of `split`, written first if missing; UsageError naming the folder (and
     QUANTKIT_CACHE_DIR, the fix) when it cannot be written there (no permission, a name too long, ...),
     NoSpaceError when the disk is full."""
-    from ..core.errors import NoSpaceError, UsageError
-
     path = cache_root() / "corpus" / f"stdlib-{split}-{_python_tag()}-v{CORPUS_VERSION}.txt"
     try:
         if not path.is_file():

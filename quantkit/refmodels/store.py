@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..files.outputs import atomic_output_dir
 from . import corpus
 from .spec import TRAINING_RECORD, WEIGHTS_FILE, RefModelSpec
 
@@ -57,8 +58,6 @@ def build_atomically(spec: RefModelSpec, destination: Path, *, force: bool = Fal
     the same model there meanwhile, its folder is kept.
     ``heldout_max_bytes`` caps the held-out text scored for ``training.json`` (None: all of it).
     """
-    from ..files.outputs import atomic_output_dir
-
     destination = Path(destination)
     if not force and is_complete(destination, spec):
         return destination
