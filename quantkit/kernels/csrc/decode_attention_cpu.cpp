@@ -469,8 +469,8 @@ constexpr int value_tile_bf16dot(int np) { return np <= 2 ? 4 : np <= 3 ? 3 : np
 
 template <int DT, int NP>
 QK_AVX512BF16 void values_bf16dot(const Rows& rows, const float* p, int64_t G, int64_t ld, float* o, int64_t) {
-  thread_local std::vector<uint16_t> pb;
-  const int64_t ldb = rows.n + 1;  // room for an odd count's pair
+  thread_local std::vector<uint16_t> pb;  // the weights in bf16, [G, n]
+  const int64_t ldb = rows.n;
   pb.resize(G * ldb);
   for (int64_t g = 0; g < G; ++g) to_bf16(p + g * ld, rows.n, pb.data() + g * ldb);
   constexpr int TILE = value_tile_bf16dot(NP);
