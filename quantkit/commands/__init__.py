@@ -1,7 +1,9 @@
 """CLI subcommands: one module each, with register(subparsers) and run(args) -> int.
 
-Modules here import torch, transformers and the rest of quantkit inside ``run``, never at the top:
-building the parser (``quantkit --help``) must stay fast.
+Modules here import torch, transformers and the rest of quantkit inside ``run``: building the parser
+(``quantkit --help``) must stay fast. At the top they import only what loads no torch (core.errors,
+core.units, files.inputs, gguf.choices, refmodels); files.outputs stays inside ``run`` too, where the tests
+replace its free-space check.
 """
 
 import argparse

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from quantkit.core.errors import UsageError
 from quantkit.harness.benchmark import CPU_DEFAULTS, GPU_DEFAULTS
 
 from . import add_other_baseline_option, add_source_mismatch_option, int_at_least, positive_float
@@ -84,8 +85,6 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.harness.benchmark import benchmark
 
     if args.compile_backend is not None and not args.compile:
-        from quantkit.core.errors import UsageError
-
         raise UsageError(f"--compile-backend {args.compile_backend} takes effect only with --compile; add --compile "
                          f"(or drop --compile-backend)")
     benchmark(

@@ -13,6 +13,8 @@ import json
 import time
 from pathlib import Path
 
+from quantkit.core.errors import UsageError
+from quantkit.core.units import human_bytes
 from quantkit.files.inputs import input_paths
 
 from . import int_at_least
@@ -36,7 +38,6 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import quantkit
-    from quantkit.core.errors import UsageError
     from quantkit.harness.eval_text import eval_token_windows, eval_window
     from quantkit.harness.quality import evaluate_variants
     from quantkit.formats.loading import folder_size_bytes, load_float_model, resolve_model_source, source_dtype
@@ -174,7 +175,6 @@ def _markdown(name: str, source: str, rows: list[dict], baseline_bytes: int | No
     (and so the checkpoints' float tensors) are stored in; baseline_bytes: the source folder on disk."""
     from quantkit.core.dtypes import dtype_bytes
     from quantkit.harness.formatting import fmt_perplexity_change
-    from quantkit.core.units import human_bytes
 
     r0 = rows[0]
     lines = [

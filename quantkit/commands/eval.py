@@ -7,6 +7,7 @@ import json
 import sys
 import time
 
+from quantkit.core.errors import UsageError
 from quantkit.files.inputs import input_paths
 
 from . import add_model_options, add_other_baseline_option, int_at_least, torch_dtype
@@ -43,7 +44,6 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     import quantkit
     from quantkit.core.device import check_backend, resolve_device
-    from quantkit.core.errors import UsageError
     from quantkit.gguf.reading import check_gguf_tokenizer, is_gguf_file, load_gguf_tokenizer
     from quantkit.harness.eval_text import check_model_tokenizer, eval_window, load_tokenizer, read_eval_tokens
     from quantkit.files.outputs import check_output_file, output_stream, write_output_file

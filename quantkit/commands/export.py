@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 
+from quantkit.core.errors import UsageError
 from quantkit.files.inputs import input_paths
+from quantkit.gguf.choices import FLOAT_TYPES
 
 FORMATS = ("gguf",)
 
 
 def register(sub) -> None:
-    from quantkit.gguf.choices import FLOAT_TYPES
-
     p = sub.add_parser(
         "export", help="write a checkpoint in another format (GGUF, for llama.cpp)",
         description="Write CKPT (a quantkit checkpoint, or a float model folder / ref:NAME) as a GGUF file. "
@@ -45,7 +45,6 @@ def run(args: argparse.Namespace) -> int:
 
     import quantkit
     from quantkit.quantization import provenance
-    from quantkit.core.errors import UsageError
     from quantkit.gguf.writing import check_exportable, not_written_by_quantkit
     from quantkit.formats.loading import resolve_model_source
     from quantkit.files.outputs import atomic_output_file, check_free_space, check_writable

@@ -6,6 +6,8 @@ import argparse
 import sys
 import time
 
+from quantkit.core.errors import UsageError
+
 from . import add_model_options, int_at_least, nonnegative_float, positive_float, torch_dtype
 
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -56,7 +58,6 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import quantkit
-    from quantkit.core.errors import UsageError
     from quantkit.runtime.fast_generate import FastGenerate
     from quantkit.runtime.sampling import SamplingConfig
 
@@ -114,8 +115,6 @@ def prompt_ids(tokenizer, prompt: str, chat: bool):
     """The prompt's token ids, int64 [1, L]: the text with the tokenizer's special tokens, or (chat) in its
     chat template as a user message with the assistant's turn opened."""
     import torch
-
-    from quantkit.core.errors import UsageError
 
     if chat:
         if not getattr(tokenizer, "chat_template", None):

@@ -7,6 +7,9 @@ import math
 from collections import defaultdict
 from pathlib import Path
 
+from quantkit.core.errors import CheckpointError
+from quantkit.core.units import human_bytes
+
 
 def register(sub) -> None:
     p = sub.add_parser("inspect", help="show each layer's scheme and the sizes of a checkpoint")
@@ -23,7 +26,6 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.formats.safetensors_io import folder_tensors, read_state_dict
     from quantkit.formats.shapes import SCALE_TENSORS
     from quantkit.formats.loading import read_config_json, refuse_quantized_tensors, resolve_model_source
-    from quantkit.core.units import human_bytes
 
     folder = Path(resolve_model_source(args.path))
     config = read_config_json(folder)
@@ -82,7 +84,6 @@ def inspect_gguf(path: str) -> int:
     import gguf
 
     from quantkit.gguf.reading import FLOAT_TYPES, read_gguf
-    from quantkit.core.units import human_bytes
 
     contents = read_gguf(path)
     hp, fields = contents.hyperparameters, contents.fields
@@ -144,7 +145,6 @@ def _bits_text(bits: int, weights: int, linears: int) -> str:
 def _check_tensors(folder: Path, parsed, tensors: dict, values: dict) -> str:
     """Check the tensors against the model config.json describes (names, dtypes, shapes, scale values);
     raises CheckpointError on a problem. Returns what was checked, for the printout."""
-    from quantkit.core.errors import CheckpointError
     from quantkit.formats.shapes import check_checkpoint_tensors
     from quantkit.formats.loading import empty_quantized_model
 
@@ -197,8 +197,6 @@ def size_by_kind(layers: dict[str, dict[str, tuple]]) -> dict[str, int]:
 
 def size_summary_lines(sizes: dict[str, int]) -> list[str]:
     """The size summary ``inspect`` prints: bytes and share of the total of each kind present."""
-    from quantkit.core.units import human_bytes
-
     total = sum(sizes.values())
     lines = ["", f"  size by kind (tensor bytes in the safetensors files, {human_bytes(total)} in all):"]
     for kind, nbytes in sizes.items():

@@ -7,14 +7,14 @@ import argparse
 import time
 from pathlib import Path
 
+from quantkit.core.errors import UsageError
 from quantkit.files.inputs import input_paths
+from quantkit.gguf.choices import FLOAT_TYPES
 
 from . import add_model_options, torch_dtype
 
 
 def register(sub) -> None:
-    from quantkit.gguf.choices import FLOAT_TYPES
-
     p = sub.add_parser("quantize", help="quantize a model into a compressed-tensors checkpoint or a GGUF file",
                        description="Quantize MODEL (a local folder, a hub id, or ref:tiny / ref:small) with RECIPE "
                                    "into a compressed-tensors checkpoint folder, or, with --out FILE.gguf, into a "
@@ -80,8 +80,6 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.core.device import resolve_device
     from quantkit.files.outputs import check_free_space, check_writable, clean_stale, nearest_existing, output_state
     from quantkit.quantization.summaries import SizeOnDisk, dtype_name, quantization_summary, state_bytes
-
-    from quantkit.core.errors import UsageError
 
     gguf_out = str(args.out).lower().endswith(".gguf")
     inputs = input_paths(args.model, args.recipe, args.calib)

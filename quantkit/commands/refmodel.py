@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from quantkit.refmodels import add_build_arguments, run_build
+
 
 def register(sub) -> None:
-    from quantkit.refmodels import add_build_arguments, run_build
-
     p = sub.add_parser("refmodel", help="build the built-in reference models (ref:tiny, ref:small)")
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from quantkit.core.errors import UsageError
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -27,7 +29,6 @@ REPORT_FILES = ("report.md", "report.json")
 
 
 def run(args: argparse.Namespace) -> int:
-    from quantkit.core.errors import UsageError
     from quantkit.harness.report import REPORT_OUTPUTS, render_report
     from quantkit.harness.results import load_bench, load_quality
     from quantkit.files.outputs import publish_files
