@@ -9,6 +9,7 @@ calibration -> api -> harness -> commands (see ARCHITECTURE.md).
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,6 +181,14 @@ def test_every_module_stands_on_a_floor():
 
 def test_no_wrong_way_arrows():
     assert upward_imports(import_graph()) == []
+
+
+def test_every_package_ships():
+    """Each folder of the package is in pyproject.toml's `packages` (a wheel holds only those)."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(("quantkit", *p.parent.relative_to(ROOT / "quantkit").parts))
+               for p in (ROOT / "quantkit").rglob("__init__.py")}
+    assert sorted(folders - listed) == []
 
 
 def test_engine_adapters_are_loaded_by_their_engines_only():
