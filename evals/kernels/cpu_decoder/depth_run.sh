@@ -4,6 +4,8 @@
 # llama-bench at the same depths (Q4_0 / Q8_0 / BF16 files made from the same GGUF, f16 and q8_0 caches).
 #   FLOAT=smollm2-bf16-folder LLAMA=llama.cpp/build/bin GGUF=SmolLM2-135M-Instruct.Q4_1.gguf \
 #     bash evals/kernels/cpu_decoder/depth_run.sh OUT_DIR WORK_DIR
+# LLAMA: llama-bench and llama-quantize, e.g. built as CI builds llama.cpp:
+#   LLAMA_CPP_TARGETS="llama-bench llama-quantize" bash .ci/llama_cpp_build LLAMA_DIR
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=${1:-evals/kernels/cpu_decoder/depth}; WORK=${2:-/tmp/cpu_decoder}
