@@ -21,7 +21,7 @@ it, quantkit.gguf.mix.OUTPUT_TYPES).
 
 Every file carries quantkit's marker (`quantkit.written_by`, the key right after `general.architecture`), by
 which a forced write knows a file it may replace (`not_written_by_quantkit`), and how it was made
-(`quantkit.source`, `quantkit.quantization.recipe`, `quantkit.calibration`, `quantkit.command`) where the caller says.
+(`quantkit.source`, `quantkit.recipe`, `quantkit.calibration`, `quantkit.command`) where the caller says.
 Refused before anything is written: sliding-window attention (llama.cpp's llama, qwen2 and qwen3
 architectures attend to the whole context and read no window from the file).
 """
