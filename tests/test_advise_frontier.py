@@ -129,13 +129,19 @@ def test_a_good_file_reads_into_records(tmp_path):
     assert loaded.records[2] == FrontierRecord("Q3_K_M", "GPTQ", "q3_k_m-gptq", 3_400_000, 3.4, 0.0005, 90.0, 0.9, 1.0)
 
 
-def test_the_committed_frontier_is_what_advise_reads():
+@pytest.mark.parametrize("path", sorted(COMMITTED.parent.parent.glob("*/frontier.json")),
+                         ids=lambda p: p.parent.name)
+def test_the_committed_frontiers_are_what_advise_reads(path):
     """The script's own output (evals/quality/frontier/frontier.py) passes the loader, and names built-in recipes."""
     from quantkit.quantization.recipe import builtin_recipes
 
-    loaded = load_frontier(COMMITTED)
-    assert loaded.model == "ref:small" and {r.method for r in loaded.records} == {"RTN", "GPTQ"}
+    loaded = load_frontier(path)
+    assert loaded.model and {r.method for r in loaded.records} == {"RTN", "GPTQ"}
     assert {r.recipe for r in loaded.records} <= set(builtin_recipes())
+
+
+def test_the_ref_small_frontier_is_committed():
+    assert load_frontier(COMMITTED).model == "ref:small"
 
 
 # -- the choice ------------------------------------------------------------------------------------

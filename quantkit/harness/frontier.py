@@ -94,8 +94,9 @@ class SizeBudget:
 @dataclass(frozen=True)
 class SizeChoice:
     """What `choose_by_size` found. chosen: the fitting record of lowest KL (FrontierRecord or None when nothing
-    fits); fitting / too_large: the records within / over the budget, each by KL then size (tuples);
-    smallest: the smallest measured file (FrontierRecord); reason: one sentence (str)."""
+    fits); fitting: the records within the budget, lowest KL first (then the smaller file); too_large: those over
+    it, smallest file first (tuples); smallest: the smallest measured file (FrontierRecord); reason: one sentence
+    (str)."""
 
     budget: SizeBudget
     frontier: Frontier

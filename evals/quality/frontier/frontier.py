@@ -148,7 +148,7 @@ def measure(args, work: Path, kind: FrontierType, method: str, calib_opts: list[
     recipe = kind.recipe.format(method=method)
     out = work / f"{kind.name}-{method}.gguf"
     timing, scores = work / f"{out.stem}.seconds.json", work / f"{out.stem}.eval.json"
-    scored = work / f"{out.stem}.eval.sha256"  # the file the eval JSON is of
+    scored = work / f"{out.stem}.eval.sha256"  # the file the eval JSON is of (and the --dtype, unless auto)
     if not (out.is_file() and timing.is_file()):
         cmd = [*QUANTKIT_CLI, "quantize", args.model, "--recipe", recipe, "--out", str(out), "--force"]
         if kind.float_type != "auto":
@@ -157,17 +157,19 @@ def measure(args, work: Path, kind: FrontierType, method: str, calib_opts: list[
             cmd += calib_opts
         timing.write_text(json.dumps(run_logged(cmd, work / f"{out.stem}.quantize.log")))
     digest = sha256(out)
-    if not (scores.is_file() and scored.is_file() and scored.read_text().strip() == digest):
+    stamp = digest if args.eval_dtype == "auto" else f"{digest} {args.eval_dtype}"
+    if not (scores.is_file() and scored.is_file() and scored.read_text().strip() == stamp):
         run_logged([*QUANTKIT_CLI, "eval", str(out), "--baseline", args.model, "--window", str(EVAL_WINDOW),
-                    "--max-tokens", str(EVAL_TOKENS), "--json", str(scores), *data_opts],
+                    "--max-tokens", str(EVAL_TOKENS), "--dtype", args.eval_dtype, "--json", str(scores), *data_opts],
                    work / f"{out.stem}.eval.log")
-        scored.write_text(digest + "\n")
+        scored.write_text(stamp + "\n")
     result = json.loads(scores.read_text())
     seconds = json.loads(timing.read_text())
     record = {"type": kind.name, "method": METHODS[method], "recipe": recipe, "float_type": kind.float_type,
               **measure_file(out), "sha256": digest, "kl_divergence": result["kl_divergence"],
               "perplexity": result["perplexity"], "baseline_perplexity": result.get("baseline_perplexity"),
-              "top1_agreement": result.get("top1_agreement"), "quantize_seconds": round(seconds["cpu_seconds"], 1),
+              "top1_agreement": result.get("top1_agreement"), "eval_dtype": result.get("dtype"),
+              "quantize_seconds": round(seconds["cpu_seconds"], 1),
               "quantize_wall_seconds": round(seconds["wall_seconds"], 1)}
     log(f"{kind.name} {METHODS[method]}: {record['file_bytes']} bytes, {record['bits_per_weight']:.3f} bits/weight, "
         f"KL {record['kl_divergence']:.4g}, {record['quantize_seconds']:.0f} CPU seconds")
@@ -199,8 +201,14 @@ def markdown(frontier: dict) -> str:
             f"included (the JSON has the wall seconds too, which other work on the machine stretched). Calibration "
             f"(GPTQ): {frontier['calibration']}. Evaluation: "
             f"{frontier['evaluation']}; KL is KL(float || file) in nats per token, quantkit's eval of the GGUF "
-            f"file against the float model. {frontier['bits_per_weight_counted']}\n\n{table(frontier)}\n\n"
+            f"file against the float model, both computed in {eval_dtypes(frontier)}. "
+            f"{frontier['bits_per_weight_counted']}\n\n{table(frontier)}\n\n"
             f"![KL against bits per weight](frontier.png)\n")
+
+
+def eval_dtypes(frontier: dict) -> str:
+    """The compute dtype(s) the evals ran in, in words."""
+    return " / ".join(sorted({str(r.get("eval_dtype")) for r in frontier["records"]}))
 
 
 def plot(frontier: dict, out_png: Path) -> None:
@@ -247,6 +255,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="folder for frontier.json, frontier.md, frontier.png")
     parser.add_argument("--types", default="", help="comma-separated subset of: " + ", ".join(t.name for t in TYPES))
     parser.add_argument("--methods", default="rtn,gptq", help="comma-separated subset of: rtn, gptq")
+    parser.add_argument("--eval-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                        help="`quantkit eval --dtype`: auto computes in the float model's dtype (bfloat16 for a bf16 "
+                             "model, whose rounding then adds to every KL); float32 measures the quantization alone")
     args = parser.parse_args(argv)
     wanted = {t for t in args.types.split(",") if t}
     unknown = wanted - {t.name for t in TYPES}
