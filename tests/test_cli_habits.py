@@ -202,3 +202,15 @@ def test_python_api_writes_recipe_yaml_for_token_id_calibration(tmp_path):
     text = (path / "recipe.yaml").read_text()
     assert "# calibration: token ids: 2 samples x 160 tokens" in text
     assert quantkit.load_recipe(path / "recipe.yaml").kv_cache is not None
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    """`quantkit recipes | head -1`: once the pipe's reader has gone, quantkit stops quietly with 141 (what a
+    shell reports for SIGPIPE), not with a BrokenPipeError traceback. The reader goes before the command has
+    printed anything (Python's start alone takes longer), so every write meets a closed pipe."""
+    proc = subprocess.Popen([sys.executable, "-m", "quantkit", "recipes"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, bufsize=0)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

@@ -9,6 +9,7 @@ FileExistsError, OSError), so Python callers that caught those before still do.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -121,7 +122,8 @@ def run_command(prog: str, command: Callable[[], "int | None"]) -> int:
     return its exit status, printing each failure as one line `PROG: error: MESSAGE` on stderr.
 
     2: bad input (a QuantkitError; an existing output names the flags --out and --force); 1: a file
-    could not be read or written (an OSError naming it, or NoSpaceError); 130: interrupted. Any other
+    could not be read or written (an OSError naming it, or NoSpaceError); 130: interrupted; 141 (as a shell
+    reports SIGPIPE), silently: the reader of stdout went away (`quantkit recipes | head`). Any other
     exception is a bug of quantkit and keeps its traceback.
     """
     def fail(message: str, status: int = 2) -> int:
@@ -130,6 +132,10 @@ def run_command(prog: str, command: Callable[[], "int | None"]) -> int:
 
     try:
         return int(command() or 0)
+    except BrokenPipeError:  # the pipe's reader has closed: nothing more can be said on stdout
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that the interpreter's own flush at exit fails no more
+        return 141
     except OutputExistsError as e:
         return fail(f"output {e.path} already exists{e.detail}: choose another --out, or pass --force to replace it")
     except QuantkitError as e:
