@@ -53,7 +53,8 @@ def decode_attention_cpu_reference(q: torch.Tensor, k_blocks: list[torch.Tensor]
 
     bf16_query: the query rounded as the kernel's bf16 dot-product path rounds it (``bf16_rounded_query``);
     absolute_values: |v| in place of v, the weighted mean sum_t p_t |v_t| that bounds the error of that
-    path's bf16 softmax weights (each within a relative 2^-9 of its value: at most 2^-9 of this mean)."""
+    path's bf16 softmax weights (each within a relative 2^-8 of its value, bf16's unit roundoff: at most 2^-8 of
+    this mean)."""
     k = dequantize_blocks(k_blocks, k_scales, k_head_scale, keys=True)
     v = dequantize_blocks(v_blocks, v_scales, v_head_scale, keys=False)
     if absolute_values:
