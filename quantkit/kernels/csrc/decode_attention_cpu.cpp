@@ -344,8 +344,8 @@ QK_AVX512 float exp_sum_avx512(float* x, int64_t n, float* m, int shift) {
 // and the softmax weights are rounded to bf16 (round to nearest even) as GPU attention rounds them
 // before its matmuls. One vdpbf16ps does a query head's multiply-adds for 32 cached values, where the
 // fp32 path converts 16 (three integer ops for fp8) and runs one FMA per query head on them (SmolLM2's 3
-// query heads per kv head: 12 instructions per 32 fp8 keys before, 7 now; Zen 4 runs a 512-bit vdpbf16ps
-// at half a 512-bit FMA's rate, so the gain there is the conversions': evals/kv_cache/cpu_loop). Keys: the tile's rows e and e + 1 (32 contiguous values) interleaved to pairs
+// query heads per kv head: 12 instructions per 32 fp8 keys before, 7 now; measured on Zen 4: 1.1-1.2x,
+// evals/kv_cache/cpu_loop). Keys: the tile's rows e and e + 1 (32 contiguous values) interleaved to pairs
 // (one vpermw) against the query's pair (q[e], q[e + 1]); values: rows r and r + 1 interleaved (one
 // vpermt2w per 16 pairs) against the weights' pair (p[r], p[r + 1]); an odd last row in fp32.
 
