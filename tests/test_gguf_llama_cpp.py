@@ -188,7 +188,8 @@ def test_llama_cpp_runs_grid_files_as_quantkit_scores_them(tmp_path, model_name,
     assert kl < 2e-3 and top1 > 0.95 and kl < 0.25 * kl_float
 
 
-MIX_RECIPES = {"Q4_K_M": "w4a16-rtn-q4km", "Q4_K_S": "w4a16-rtn-q4ks", "Q3_K_L": "w3a16-rtn-q3kl",
+MIX_RECIPES = {"Q6_K": "w6a16-rtn-q6k", "Q5_K_M": "w5a16-rtn-q5km", "Q5_K_S": "w5a16-rtn-q5ks",
+               "Q4_K_M": "w4a16-rtn-q4km", "Q4_K_S": "w4a16-rtn-q4ks", "Q3_K_L": "w3a16-rtn-q3kl",
                "Q3_K_M": "w3a16-rtn-q3km", "Q3_K_S": "w3a16-rtn-q3ks", "Q2_K": "w2a16-rtn-q2k"}
 
 

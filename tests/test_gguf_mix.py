@@ -127,15 +127,16 @@ def test_grid_schemes_fallbacks_and_mix_validation():
     with pytest.raises(ValueError, match="whole blocks of 256"):
         grid_scheme("q6_k").fitted(320, "error", llama_cpp=True)
     base = {"weights": {"num_bits": 4, "symmetric": False, "strategy": "group", "group_size": 32, "grid": "q4_k"}}
-    with pytest.raises(ConfigError, match="mix must be one of q4_k_m, q4_k_s, q3_k_l, q3_k_m, q3_k_s, q2_k"):
-        quantkit.load_recipe({**base, "mix": "q5_k_m"})
+    with pytest.raises(ConfigError, match="mix must be one of q6_k, q5_k_m, q5_k_s, q4_k_m, q4_k_s, q3_k_l, q3_k_m, q3_k_s, q2_k"):
+        quantkit.load_recipe({**base, "mix": "iq4_xs"})
     with pytest.raises(ConfigError, match="needs weights on grid q4_k"):
         quantkit.load_recipe({"weights": {"num_bits": 4, "strategy": "group", "group_size": 32}, "mix": "q4_k_m"})
     with pytest.raises(ConfigError, match=r"around Q3_K: it needs weights on grid q3_k \(\{num_bits: 3, "
                                           r"symmetric: true, strategy: group, group_size: 16, grid: q3_k\}\)"):
         quantkit.load_recipe({**base, "mix": "q3_k_m"})
     for name, mix in (("w3a16-rtn-q3ks", "q3_k_s"), ("w3a16-gptq-q3km", "q3_k_m"), ("w3a16-rtn-q3kl", "q3_k_l"),
-                      ("w2a16-gptq-q2k", "q2_k")):
+                      ("w2a16-gptq-q2k", "q2_k"), ("w5a16-rtn-q5km", "q5_k_m"), ("w5a16-gptq-q5ks", "q5_k_s"),
+                      ("w6a16-gptq-q6k", "q6_k")):
         r = quantkit.load_recipe(name)
         assert r.mix == mix and r.weights == grid_scheme(mix[:4])
     recipe = quantkit.load_recipe("w4a16-gptq-q4km")
@@ -169,7 +170,7 @@ def _types(mix: str, model: MixModel) -> dict[str, list[str]]:
     return {r: [mix_grid(mix, f"model.layers.{i}.{p}", model) for i in range(model.n_layers)] for r, p in roles.items()}
 
 
-def test_the_q3_k_and_q2_k_mix_rules_are_llama_cpps():
+def test_the_q6_k_to_q2_k_mix_rules_are_llama_cpps():
     """llama_tensor_get_type_impl for a dense Llama of 32 layers (not Falcon, no experts), rule by rule."""
     n = 32
     plain = ("q", "k", "gate", "up")
@@ -185,6 +186,11 @@ def test_the_q3_k_and_q2_k_mix_rules_are_llama_cpps():
     assert t["v"] == t["down"] == t["o"] == ["q3_k"] * n and all(t[r] == ["q2_k"] * n for r in plain)
     assert _types("q2_k", MixModel(n, n_gqa=4))["v"] == ["q4_k"] * n  # n_gqa() >= 4
     assert _types("q4_k_m", MixModel(n))["o"] == ["q4_k"] * n  # the Q4 mixes leave attn_output alone
+    t = _types("q5_k_m", MixModel(n))  # Q4_K_M's rule on Q5_K
+    more = ["q6_k" if use_more_bits(i, n) else "q5_k" for i in range(n)]
+    assert t["v"] == t["down"] == more and t["o"] == ["q5_k"] * n and all(t[r] == ["q5_k"] * n for r in plain)
+    for mix, grid in (("q5_k_s", "q5_k"), ("q6_k", "q6_k")):  # no per-tensor rule
+        assert all(col == [grid] * n for col in _types(mix, MixModel(n)).values())
     for mix in ("q3_k_m", "q2_k"):
         assert mix_grid(mix, "lm_head", MixModel(n)) == "q6_k"
     assert MixModel.of(quantkit.load("ref:small").config) == MixModel(4, False, 2)  # 8 heads, 4 KV heads
@@ -208,13 +214,15 @@ def _expected_type(mix: str, name: str, k: int) -> str:
     return GRID_TYPES[grid].name
 
 
-RTN_MIX_RECIPES = {"q4_k_m": "w4a16-rtn-q4km", "q4_k_s": "w4a16-rtn-q4ks", "q3_k_m": "w3a16-rtn-q3km",
+RTN_MIX_RECIPES = {"q6_k": "w6a16-rtn-q6k", "q5_k_m": "w5a16-rtn-q5km", "q5_k_s": "w5a16-rtn-q5ks",
+                   "q4_k_m": "w4a16-rtn-q4km", "q4_k_s": "w4a16-rtn-q4ks", "q3_k_m": "w3a16-rtn-q3km",
                    "q3_k_l": "w3a16-rtn-q3kl", "q2_k": "w2a16-rtn-q2k"}
 
 
 @pytest.mark.parametrize("hidden,intermediate,mix", [(256, 512, "q4_k_m"), (320, 768, "q4_k_m"), (320, 768, "q4_k_s"),
                                                      (256, 512, "q3_k_m"), (320, 768, "q3_k_l"), (256, 768, "q2_k"),
-                                                     (320, 512, "q2_k")])
+                                                     (320, 512, "q2_k"), (256, 512, "q5_k_m"), (320, 768, "q5_k_s"),
+                                                     (256, 512, "q6_k")])
 def test_a_mix_recipe_writes_llama_quantizes_types_read_back_bit_for_bit(tmp_path, capsys, hidden, intermediate, mix):
     """8 layers: Q4_K_M puts Q6_K on v_proj / down_proj of layers 0, 3, 6, 7 (use_more_bits(i, 8): i < 1, i >= 7, (i - 1) % 3 == 2); 320-wide
     inputs fall back as llama-quantize does (Q2_K, Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0); the

@@ -2,10 +2,14 @@
 Llama, Mistral, Qwen2 or Qwen3 model gets, and which type its embedding and output head are written in.
 
 The rules are llama.cpp's (src/llama-quant.cpp, llama_tensor_get_type_impl, for a dense model of these
-architectures, not Falcon): every linear takes the mix's default type (MIX_GRIDS: Q4_K, Q3_K or Q2_K), except
+architectures, not Falcon): every linear takes the mix's default type (MIX_GRIDS: Q6_K, Q5_K, Q4_K, Q3_K or
+Q2_K), except
 
 | mix | attn_v (v_proj) | ffn_down (down_proj) | attn_output (o_proj) |
 |---|---|---|---|
+| Q6_K | - | - | - |
+| Q5_K_M | Q6_K where use_more_bits(i, n) | Q6_K where use_more_bits(i, n) | - |
+| Q5_K_S | - | - | - |
 | Q4_K_M | Q6_K where use_more_bits(i, n) | Q6_K where use_more_bits(i, n) | - |
 | Q4_K_S | Q5_K in the first 4 layers | Q5_K in the first eighth | - |
 | Q3_K_L | Q5_K | Q5_K | Q5_K |
@@ -31,7 +35,8 @@ from dataclasses import dataclass
 from ..core.scheme import QuantScheme, grid_scheme
 
 #: each mix and its default grid (llama-quantize's default type for the file type), which a recipe's weights take
-MIX_GRIDS = {"q4_k_m": "q4_k", "q4_k_s": "q4_k", "q3_k_l": "q3_k", "q3_k_m": "q3_k", "q3_k_s": "q3_k", "q2_k": "q2_k"}
+MIX_GRIDS = {"q6_k": "q6_k", "q5_k_m": "q5_k", "q5_k_s": "q5_k", "q4_k_m": "q4_k", "q4_k_s": "q4_k",
+             "q3_k_l": "q3_k", "q3_k_m": "q3_k", "q3_k_s": "q3_k", "q2_k": "q2_k"}
 MIXES = tuple(MIX_GRIDS)
 #: the GGUF file type llama.cpp names each mix by
 FILE_TYPES = {mix: mix.upper() for mix in MIXES}
@@ -74,7 +79,7 @@ def _role(name: str) -> str | None:
 def _rule(mix: str, role: str, i: int, model: MixModel) -> str | None:
     """The grid llama_tensor_get_type_impl gives the `role` linear of layer i under `mix`; None: the default."""
     n = model.n_layers
-    if mix == "q4_k_m":
+    if mix in ("q4_k_m", "q5_k_m"):
         return "q6_k" if role != "attn_output" and use_more_bits(i, n) else None
     if mix == "q4_k_s":
         return "q5_k" if (role == "attn_v" and i < 4) or (role == "ffn_down" and i < n // 8) else None
@@ -85,7 +90,7 @@ def _rule(mix: str, role: str, i: int, model: MixModel) -> str | None:
         return "q5_k" if first else "q4_k"
     if mix == "q2_k":
         return "q4_k" if role == "attn_v" and model.n_gqa >= 4 else "q3_k"
-    return None  # q3_k_s
+    return None  # q3_k_s, q5_k_s, q6_k
 
 
 def mix_grid(mix: str, name: str, model: MixModel) -> str:
