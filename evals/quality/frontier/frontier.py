@@ -73,6 +73,9 @@ TYPES = (
     FrontierType("Q4_K_S", "w4a16-{method}-q4ks", "auto"),
     FrontierType("Q4_K", "w4a16-{method}-q4k", "q6_k"),  # every linear Q4_K (llama-quantize --pure)
     FrontierType("Q4_1", "w4a16-{method}-asym-g32", "q6_k"),
+    FrontierType("Q5_K_S", "w5a16-{method}-q5ks", "auto"),
+    FrontierType("Q5_K_M", "w5a16-{method}-q5km", "auto"),
+    FrontierType("Q6_K", "w6a16-{method}-q6k", "auto"),
 )
 
 
