@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quantkit.core.errors import UsageError
-from quantkit.harness.byte_sizes import UNITS, format_bytes, parse_byte_size
+from quantkit.core.units import UNITS, format_bytes, parse_byte_size
 from quantkit.harness.frontier import (Frontier, FrontierRecord, SizeBudget, choose_by_size, format_size_choice,
                                        load_frontier, parse_frontier)
 

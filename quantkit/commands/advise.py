@@ -14,7 +14,7 @@ from pathlib import Path
 from quantkit.core.errors import QuantkitError, UsageError
 from quantkit.files.inputs import input_paths
 from quantkit.files.outputs import check_output_file, output_stream, write_output_file
-from quantkit.harness.byte_sizes import EXAMPLES, UNIT_NAMES, parse_byte_size
+from quantkit.core.units import EXAMPLES, UNIT_NAMES, parse_byte_size
 from quantkit.harness.frontier import MAKE_IT, SizeBudget, choose_by_size, format_size_choice, load_frontier
 
 from . import int_at_least, nonnegative_float, positive_float

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..core.errors import UsageError
 from ..files.inputs import read_input_text
-from .byte_sizes import format_bytes
+from ..core.units import format_bytes
 
 FORMAT = "quantkit-frontier"
 #: The largest frontier file read (one of ten types and two methods is a few KiB).
