@@ -58,6 +58,11 @@ def main(out: Path) -> None:
           f"{bench['device'].get('threads', '?')} threads. Command: `bash evals/kernels/cpu_decoder/depth_run.sh`.\n")
     print("quantkit (`quantkit.json`): decode tokens/s (batch / step time), in brackets the speedup over "
           f"{base} with its bf16 cache at the same batch and context.\n")
+    print("What each variant ran (from `quantkit.json`): its decode loop and KV cache dtype, and its linears' kernel.\n")
+    for v in bench["variants"]:
+        modes = sorted({r["mode"] for r in decode if r["variant"] == v["name"]})
+        print(f"- {v['name']}: {'; '.join(modes)}; linears: {v.get('kernels') or 'the float model (at::linear)'}")
+    print()
     print("| variant | batch | " + " | ".join(f"context {c}" for c in contexts) + " |")
     print("|---|---:|" + "---:|" * len(contexts))
     for name in names:
