@@ -118,6 +118,9 @@ def test_bad_json_is_named(tmp_path):
     (frontier_data([{**RECORDS[0], "float_type": "q8_0; rm -rf"}]), "records[0].float_type is 'q8_0; rm -rf'"),
     (frontier_data(["Q4_K_M"]), "records[0] is 'Q4_K_M'"),
     (frontier_data([RECORDS[0], RECORDS[0]]), "Q2_K RTN is measured twice"),
+    (frontier_data([{**RECORDS[0], "quantizer": ""}]), "records[0].quantizer is ''"),
+    (frontier_data([{**RECORDS[0], "quantizer": "llama.cpp; rm"}]), "records[0].quantizer is 'llama.cpp; rm'"),
+    (frontier_data([{**RECORDS[0], "quantizer": "llama.cpp"}]), "at least one file quantkit writes"),
 ])
 def test_each_wrong_key_or_type_is_named(tmp_path, data, says):
     assert says in one_line_error(write(tmp_path, data))
@@ -138,10 +141,37 @@ def test_the_committed_frontiers_are_what_advise_reads(path):
     loaded = load_frontier(path)
     assert loaded.model and {r.method for r in loaded.records} == {"RTN", "GPTQ"}
     assert {r.recipe for r in loaded.records} <= set(builtin_recipes())
+    assert {r.quantizer for r in loaded.records} == {"quantkit"}
+    assert all(r.quantizer != "quantkit" and r.recipe.startswith("llama-quantize ") for r in loaded.others)
 
 
 def test_the_ref_small_frontier_is_committed():
-    assert load_frontier(COMMITTED).model == "ref:small"
+    loaded = load_frontier(COMMITTED)
+    assert loaded.model == "ref:small"
+    assert {r.method for r in loaded.others} == {"llama.cpp", "llama.cpp+imatrix"}  # llama-quantize beside quantkit
+    assert {r.type for r in loaded.others} == {r.type for r in loaded.records}
+
+
+LLAMA = [{**record("Q3_K_M", "llama.cpp+imatrix", 3_400_000, 0.0001), "recipe": "llama-quantize --imatrix Q3_K_M",
+          "quantizer": "llama.cpp"},
+         {**record("Q2_K", "llama.cpp", 3_000_000, 0.002), "recipe": "llama-quantize Q2_K", "quantizer": "llama.cpp"}]
+
+
+def test_other_quantizers_are_read_apart_and_never_recommended(tmp_path):
+    """llama-quantize's own files (measured for comparison) are read, but the choice is among quantkit's: a
+    llama.cpp file of lower KL within the budget is not recommended."""
+    loaded = load_frontier(write(tmp_path, frontier_data(RECORDS + LLAMA)))
+    assert [r.label for r in loaded.records] == [r.label for r in frontier().records]
+    assert [(r.label, r.quantizer) for r in loaded.others] == [("Q3_K_M llama.cpp+imatrix", "llama.cpp"),
+                                                               ("Q2_K llama.cpp", "llama.cpp")]
+    choice = choose_by_size(loaded, SizeBudget(max_bytes=3_500_000))
+    assert choice.chosen.label == "Q3_K_M GPTQ"  # not the llama.cpp file of KL 0.0001
+    assert all(r.quantizer == "quantkit" for r in choice.fitting + choice.too_large)
+    assert choose_by_size(loaded, SizeBudget(max_bytes=3_000_000)).chosen.label == "Q2_K GPTQ"
+    lines = format_size_choice(choice)
+    assert lines[-1].startswith("not candidates: 2 files of llama.cpp")
+    assert not any("llama-quantize" in line for line in lines)
+    assert choice.to_dict()["not_candidates"] == ["Q3_K_M llama.cpp+imatrix (llama.cpp)", "Q2_K llama.cpp (llama.cpp)"]
 
 
 # -- the choice ------------------------------------------------------------------------------------
@@ -261,6 +291,16 @@ def test_advise_refuses_the_frontier_of_another_model(tmp_path, capsys):
 
     folder = resolve_model_source("ref:tiny")  # the same model by its folder
     assert main(["advise", folder, "--max-size", "60MB", "--frontier", str(path)]) == 0
+
+
+def test_advise_recommends_only_what_quantkit_writes(tmp_path, capsys):
+    from quantkit.commands.cli import main
+
+    path = write(tmp_path, frontier_data(RECORDS + LLAMA))
+    assert main(["advise", "ref:small", "--max-size", "3.5MB", "--frontier", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "recommendation: Q3_K_M GPTQ" in text and "make it: quantkit quantize ref:small --recipe q3_k_m-gptq" in text
+    assert "not candidates: 2 files of llama.cpp" in text
 
 
 def test_advise_through_the_installed_command(tmp_path):

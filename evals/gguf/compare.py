@@ -37,6 +37,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import llama_tools  # noqa: E402 (llama.cpp's command lines, shared with evals/quality/frontier/frontier.py)
+
 REPO = Path(__file__).resolve().parents[2]
 QUANTKIT_CLI = str(Path(sys.executable).parent / "quantkit")  # the command line of this environment
 CALIB_TOKENS = 4096
@@ -74,7 +77,7 @@ QUANTKIT = (
     ("quantkit GPTQ, head GPTQ tied", "Q4_K_S", "w4a16-gptq-q4ks", {"head": "tied"}),
 )
 LLAMA_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K_S", "Q4_K_M", "Q3_K_M", "Q2_K")
-IMATRIX_TYPES = ("Q4_0", "Q4_1", "Q4_K_S", "Q4_K_M", "Q3_K_M", "Q2_K")  # llama.cpp's Q8_0 ignores an importance matrix
+IMATRIX_TYPES = tuple(t for t in LLAMA_TYPES if t not in llama_tools.IGNORES_IMATRIX)
 MIX_TYPES = ("Q4_K_M", "Q4_K_S", "Q3_K_M", "Q2_K")
 
 
@@ -138,16 +141,11 @@ def llama_cpp_files(args, work: Path, folder: Path, calib_text: Path) -> dict[st
     files = {}
     src_gguf = work / "float.gguf"
     if not src_gguf.is_file():
-        if args.model.startswith("smollm2"):
-            sh([sys.executable, str(Path(args.llama_src) / "convert_hf_to_gguf.py"), str(folder), "--outfile",
-                str(src_gguf), "--outtype", "bf16"], work / "convert.log")
-        else:
-            sh([QUANTKIT_CLI, "export", str(folder), "--format", "gguf", "--out", str(src_gguf),
-                "--float-type", "f32"], work / "convert.log")
+        llama_src = args.llama_src if args.model.startswith("smollm2") else None  # ref:small: quantkit's export
+        sh(llama_tools.float_gguf_command(folder, src_gguf, llama_src), work / "convert.log")
     imatrix = work / "imatrix.gguf"
     if not imatrix.is_file():
-        sh([str(bins / "llama-imatrix"), "-m", str(src_gguf), "-f", str(calib_text), "-o", str(imatrix), "-c", "512",
-            "--chunks", "8", "-t", "2"], work / "imatrix.log")
+        sh(llama_tools.imatrix_command(bins, src_gguf, calib_text, imatrix), work / "imatrix.log")
     for kind in LLAMA_TYPES:
         if args.types and kind not in args.types:
             continue
@@ -157,33 +155,18 @@ def llama_cpp_files(args, work: Path, folder: Path, calib_text: Path) -> dict[st
             name = f"llama.cpp {kind}" + (", importance matrix" if with_imatrix else "")
             out = work / f"llama-{kind}{'-imatrix' if with_imatrix else ''}.gguf"
             if not out.is_file():
-                sh([str(bins / "llama-quantize")] + (["--imatrix", str(imatrix)] if with_imatrix else []) +
-                   [str(src_gguf), str(out), kind, "2"], work / f"{out.stem}.log")
+                sh(llama_tools.quantize_command(bins, src_gguf, out, kind, imatrix if with_imatrix else None),
+                   work / f"{out.stem}.log")
             files[name] = (kind, out)
-    # Q4_K laid out as quantkit's export is: every linear Q4_K (--pure: no mix), Q4_1 where the inputs are no
-    # whole super-block (quantkit's fallback; llama-quantize's own is Q5_0), the embedding Q8_0 / Q6_K as
-    # quantkit's --embedding rows: the same types tensor by tensor
-    overrides = same_layout_overrides(folder)
+    # Q4_K laid out as quantkit's export is (llama_tools.quantkit_layout_q4k_command): the same types tensor by tensor
     for with_imatrix in (False, True) if not args.types or "Q4_K" in args.types else ():
         name = "llama.cpp Q4_K in quantkit's layout" + (", importance matrix" if with_imatrix else "")
         out = work / f"llama-Q4_K-quantkit-layout{'-imatrix' if with_imatrix else ''}.gguf"
         if not out.is_file():
-            sh([str(bins / "llama-quantize"), "--pure", "--token-embedding-type", args.embedding] +
-               [a for t in overrides for a in ("--tensor-type", f"{t}=q4_1")] +
-               (["--imatrix", str(imatrix)] if with_imatrix else []) + [str(src_gguf), str(out), "Q4_K_S", "2"],
-               work / f"{out.stem}.log")
+            sh(llama_tools.quantkit_layout_q4k_command(bins, src_gguf, out, folder, args.embedding,
+                                                       imatrix if with_imatrix else None), work / f"{out.stem}.log")
         files[name] = ("Q4_K", out)
     return files
-
-
-def same_layout_overrides(folder: Path) -> list[str]:
-    """GGUF tensor kinds whose inputs are no whole Q4_K super-block (256) in this model."""
-    config = json.loads((folder / "config.json").read_text())
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    heads = config["num_attention_heads"] * (config.get("head_dim") or hidden // config["num_attention_heads"])
-    inputs = {"attn_q": hidden, "attn_k": hidden, "attn_v": hidden, "attn_output": heads, "ffn_gate": hidden,
-              "ffn_up": hidden, "ffn_down": inter}
-    return [kind for kind, k in inputs.items() if k % 256]
 
 
 def quantkit_files(args, work: Path, folder: Path, calib_ids: torch.Tensor) -> dict[str, tuple[str, Path, float]]:

@@ -2,9 +2,11 @@
 
 A frontier file (`frontier.json`, written by evals/quality/frontier/frontier.py) holds one record per
 (llama.cpp type, quantkit method): the recipe, the file's real size in bytes and bits per weight, and quantkit's
-KL of the file against the float model. `load_frontier` reads and checks it at the edge (one UsageError line
-naming the problem and the fix); `choose_by_size` names the record with the lowest measured KL whose measured
-size fits a `SizeBudget`.
+KL of the file against the float model. It may hold records of other quantizers too (`"quantizer":
+"llama.cpp"`: llama-quantize's own files, measured the same way for comparison); those are read but never
+recommended, as quantkit does not write them. `load_frontier` reads and checks it at the edge (one UsageError
+line naming the problem and the fix); `choose_by_size` names the quantkit record with the lowest measured KL
+whose measured size fits a `SizeBudget`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from ..files.inputs import read_input_text
 from ..core.units import format_bytes
 
 FORMAT = "quantkit-frontier"
+#: The quantizer of the records `choose_by_size` recommends (a record without the key is quantkit's).
+QUANTKIT = "quantkit"
 #: The largest frontier file read (one of ten types and two methods is a few KiB).
 MAX_FRONTIER_BYTES = 4 << 20
 MAKE_IT = "make one with `python evals/quality/frontier/frontier.py --model MODEL --work DIR --out DIR`"
@@ -33,7 +37,9 @@ class FrontierRecord:
     recipe that wrote it (str); file_bytes: the file's size (int > 0); bits_per_weight: 8 * file_bytes / the
     file's parameters (float > 0); kl_divergence: KL(float || file), nats per token (float >= 0);
     perplexity, top1_agreement, quantize_seconds: as measured (float or None where the file has none);
-    float_type: the `--float-type` the file was written with (str; "auto" where the file does not say)."""
+    float_type: the `--float-type` the file was written with (str; "auto" where the file does not say);
+    quantizer: what wrote the file (str): "quantkit" (the recipe is a built-in recipe), or another tool
+    ("llama.cpp": the recipe is its command line), measured for comparison."""
 
     type: str
     method: str
@@ -45,6 +51,7 @@ class FrontierRecord:
     top1_agreement: float | None = None
     quantize_seconds: float | None = None
     float_type: str = "auto"
+    quantizer: str = QUANTKIT
 
     @property
     def label(self) -> str:
@@ -61,11 +68,14 @@ class FrontierRecord:
 @dataclass(frozen=True)
 class Frontier:
     """The records of one frontier file. model: the float model they were measured on (str, or None when the
-    file does not name it); records: tuple[FrontierRecord, ...], at least one; source: the file (str)."""
+    file does not name it); records: the files quantkit writes (tuple[FrontierRecord, ...], at least one: the
+    candidates); source: the file (str); others: the records of other quantizers (tuple[FrontierRecord, ...]),
+    never candidates."""
 
     model: str | None
     records: tuple[FrontierRecord, ...]
     source: str
+    others: tuple[FrontierRecord, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -111,7 +121,8 @@ class SizeChoice:
         return {"model": self.frontier.model, "frontier": self.frontier.source,
                 "budget": {"max_bytes": self.budget.max_bytes, "max_bits_per_weight": self.budget.max_bits_per_weight},
                 "recommended": None if self.chosen is None else asdict(self.chosen), "reason": self.reason,
-                "fitting": [asdict(r) for r in self.fitting], "too_large": [asdict(r) for r in self.too_large]}
+                "fitting": [asdict(r) for r in self.fitting], "too_large": [asdict(r) for r in self.too_large],
+                "not_candidates": [f"{r.label} ({r.quantizer})" for r in self.frontier.others]}
 
 
 def _rank(record: FrontierRecord) -> tuple:
@@ -120,8 +131,9 @@ def _rank(record: FrontierRecord) -> tuple:
 
 
 def choose_by_size(frontier: Frontier, budget: SizeBudget) -> SizeChoice:
-    """The record of lowest measured KL whose measured file fits `budget` (ties: the smaller file, then by name),
-    with every record sorted into fitting and too large (SizeChoice)."""
+    """The quantkit record of lowest measured KL whose measured file fits `budget` (ties: the smaller file, then
+    by name), with every quantkit record sorted into fitting and too large (SizeChoice); the records of other
+    quantizers (frontier.others) are no candidates."""
     fitting = tuple(sorted((r for r in frontier.records if budget.fits(r)), key=_rank))
     too_large = tuple(sorted((r for r in frontier.records if not budget.fits(r)),
                              key=lambda r: (r.file_bytes, r.bits_per_weight, *_rank(r))))
@@ -161,6 +173,11 @@ def format_size_choice(choice: SizeChoice) -> list[str]:
             lines.append(f"make it: {choice.chosen.quantize_command(choice.frontier.model)}")
     else:
         lines.append(f"recommendation: none: {choice.reason}")
+    others = choice.frontier.others
+    if others:
+        tools = ", ".join(sorted({r.quantizer for r in others}))
+        lines.append(f"not candidates: {len(others)} files of {tools} measured beside them (quantkit does not write "
+                     f"those; see the frontier's table)")
     return lines
 
 
@@ -201,7 +218,11 @@ def parse_frontier(data: Any, source: str) -> Frontier:
         if (r.type, r.method) in seen:
             raise UsageError(f"{source}: {r.label} is measured twice; keep one record per type and method")
         seen.add((r.type, r.method))
-    return Frontier(model, parsed, source)
+    ours = tuple(r for r in parsed if r.quantizer == QUANTKIT)
+    if not ours:
+        raise _bad(source, "records", f"{len(parsed)} records of " + ", ".join(sorted({r.quantizer for r in parsed})),
+                   f"at least one file quantkit writes (\"quantizer\": \"{QUANTKIT}\", or no quantizer key)")
+    return Frontier(model, ours, source, tuple(r for r in parsed if r.quantizer != QUANTKIT))
 
 
 def _record(source: str, i: int, r: Any) -> FrontierRecord:
@@ -227,7 +248,16 @@ def _record(source: str, i: int, r: Any) -> FrontierRecord:
         top1_agreement=_number(source, f"{where}.top1_agreement", r.get("top1_agreement"), 0.0, 1.0, optional=True),
         quantize_seconds=_number(source, f"{where}.quantize_seconds", r.get("quantize_seconds"), 0.0, optional=True),
         float_type=_float_type(source, f"{where}.float_type", r.get("float_type", "auto")),
+        quantizer=_quantizer(source, f"{where}.quantizer", r.get("quantizer", QUANTKIT)),
     )
+
+
+def _quantizer(source: str, where: str, value: Any) -> str:
+    """What wrote the record's file: a short name of letters, digits and . _ + - ("quantkit", "llama.cpp")."""
+    if not isinstance(value, str) or not value or len(value) > 32 or not all(
+            c.isascii() and (c.isalnum() or c in "._+-") for c in value):
+        raise _bad(source, where, value, "a quantizer's name such as quantkit or llama.cpp")
+    return value
 
 
 def _float_type(source: str, where: str, value: Any) -> str:

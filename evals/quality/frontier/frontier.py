@@ -1,4 +1,5 @@
-"""The quality frontier: KL against bits per weight, one GGUF file per (llama.cpp type, quantkit method).
+"""The quality frontier: KL against bits per weight, one GGUF file per (llama.cpp type, method): quantkit's
+methods, and llama.cpp's own quantizer beside them.
 
 For one float model and one calibration / evaluation text pair, every built-in recipe that writes one of
 llama.cpp's types from Q2_K to Q8_0 with round-to-nearest or GPTQ (TYPES below) is run through the command line
@@ -15,13 +16,30 @@ and each file is measured as it lies on disk (the `gguf` package reads its tenso
 - linear_bits_per_weight: 8 * the data bytes of the decoder blocks' 2-D tensors (the linears the recipe
   quantizes, `blk.N.*.weight` with two dimensions) / their elements: the quantized weights alone.
 
-Writes OUT/frontier.json (the records `quantkit advise --frontier` reads), OUT/frontier.md (the table) and
-OUT/frontier.png (KL, log scale, against bits per weight, one line per method). Steps are cached under --work:
-a file and its eval JSON that exist are not made again (delete them to remeasure). Run it on a quiet machine
-for the quantize seconds to mean anything; every command runs with one thread (OMP_NUM_THREADS=1).
+With --llama-bin (a folder holding llama.cpp's llama-quantize and llama-imatrix), llama.cpp's own quantizer
+writes the same types from the same float model, scored by the same eval (methods `llama` and
+`llama-imatrix`, evals/gguf/llama_tools.py's command lines):
+
+    quantkit export MODEL --format gguf --float-type f32 --out WORK/float.gguf
+    llama-imatrix -m WORK/float.gguf -f WORK/calibration-stream.txt -c 512 --chunks 8 -o WORK/imatrix.gguf
+    llama-quantize [--imatrix WORK/imatrix.gguf] WORK/float.gguf WORK/TYPE-llama[-imatrix].gguf TYPE 1
+
+(Q4_K: `llama-quantize --pure --token-embedding-type q6_k ... Q4_K_S`, every linear Q4_K as quantkit's file;
+Q8_0 takes no importance matrix, so it has no llama-imatrix row). The calibration text is the token stream
+`quantize --calib` cuts its 16 windows of 256 from (the same shuffled pieces, seed 0), decoded.
+
+Writes OUT/frontier.json (the records `quantkit advise --frontier` reads; it recommends only the quantkit
+records, `quantizer` "quantkit"), OUT/frontier.md (the table, and with llama.cpp rows the KL ratio per type)
+and OUT/frontier.png (KL, log scale, against bits per weight, one line per method). Steps are cached under
+--work: a file and its eval JSON that exist are not made again (delete them to remeasure). --merge keeps the
+records of OUT/frontier.json that this run does not measure (a run of some types or methods adds to the
+frontier instead of replacing it). Run it on a quiet machine for the quantize seconds to mean anything; every
+command runs with one thread (OMP_NUM_THREADS=1).
 
     python evals/quality/frontier/frontier.py --model ref:small --work /tmp/frontier-small \
         --out evals/quality/frontier/ref-small
+    python evals/quality/frontier/frontier.py --model ref:small --work /tmp/frontier-small \
+        --out evals/quality/frontier/ref-small --methods llama,llama-imatrix --llama-bin /tmp/llama --merge
     python evals/quality/frontier/frontier.py --model /tmp/smollm2-float --texts smollm2 \
         --work /tmp/frontier-smollm2 --out evals/quality/frontier/smollm2-135m
 """
@@ -45,7 +63,11 @@ REPO = HERE.parents[2]
 QUANTKIT_CLI = [sys.executable, "-m", "quantkit"]  # the command line, in this environment
 CALIB_SAMPLES, CALIB_SEQ_LEN = 16, 256  # 4096 calibration tokens, as evals/gguf/
 EVAL_WINDOW, EVAL_TOKENS = 512, 4096  # 8 windows of 512 tokens, as evals/gguf/
-METHODS = {"rtn": "RTN", "gptq": "GPTQ"}
+METHODS = {"rtn": "RTN", "gptq": "GPTQ", "llama": "llama.cpp", "llama-imatrix": "llama.cpp+imatrix"}
+QUANTKIT_METHODS = ("rtn", "gptq")  # the rest: llama.cpp's llama-quantize (needs --llama-bin)
+
+sys.path.insert(0, str(REPO / "evals" / "gguf"))
+import llama_tools  # noqa: E402 (llama.cpp's command lines, shared with evals/gguf/compare.py)
 
 
 @dataclass(frozen=True)
@@ -101,11 +123,12 @@ def run_logged(cmd: list[str], logfile: Path) -> dict:
     return {"wall_seconds": wall, "cpu_seconds": cpu}
 
 
-def texts(args, work: Path) -> tuple[list[str], list[str], str, str]:
-    """(quantize's calibration options, eval's data options, calibration in words, evaluation in words)."""
+def texts(args, work: Path) -> tuple[str, list[str], list[str], str, str]:
+    """(the calibration source, quantize's calibration options, eval's data options, calibration in words,
+    evaluation in words)."""
     calib_size = ["--calib-samples", str(CALIB_SAMPLES), "--calib-seq-len", str(CALIB_SEQ_LEN)]
     if args.texts == "ref":
-        return (["--calib", "ref", *calib_size], [],
+        return ("ref", ["--calib", "ref", *calib_size], [],
                 "the reference models' training text (--calib ref), 16 windows of 256 tokens",
                 "the reference models' held-out text (eval's default), 8 windows of 512 tokens")
     sys.path.insert(0, str(REPO / "evals" / "quality"))
@@ -115,7 +138,7 @@ def texts(args, work: Path) -> tuple[list[str], list[str], str, str]:
     calib, evaluation = work / "calibration.txt", work / "evaluation.txt"
     if not evaluation.is_file():
         smollm2.write_texts(work)
-    return (["--calib", str(calib), *calib_size], ["--data", str(evaluation)],
+    return (str(calib), ["--calib", str(calib), *calib_size], ["--data", str(evaluation)],
             "the Python documentation topics (pydoc_data.topics), 16 windows of 256 tokens",
             "Debian's licence texts (" + ", ".join(smollm2.EVAL_FILES) + "), 8 windows of 512 tokens")
 
@@ -145,20 +168,79 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def measure(args, work: Path, kind: FrontierType, method: str, calib_opts: list[str], data_opts: list[str]) -> dict:
+class LlamaCpp:
+    """llama.cpp's quantizer for one float model: the float GGUF and the importance matrix (made once, cached
+    under work), then one llama-quantize command per (type, with or without the matrix)."""
+
+    def __init__(self, args, work: Path, calib_source: str):
+        from quantkit.refmodels import resolve_model_name
+
+        self.bins = Path(args.llama_bin)
+        self.folder = resolve_model_name(args.model) if args.model.startswith("ref:") else args.model
+        self.float_gguf, self.imatrix = work / "float.gguf", work / "imatrix.gguf"
+        if not self.float_gguf.is_file():
+            run_logged(llama_tools.float_gguf_command(self.folder, self.float_gguf), work / "float.gguf.log")
+        if not self.imatrix.is_file():
+            text = calibration_stream(self.folder, calib_source, work / "calibration-stream.txt")
+            run_logged(llama_tools.imatrix_command(self.bins, self.float_gguf, text, self.imatrix, threads=1),
+                       work / "imatrix.log")
+
+    def command(self, kind: FrontierType, method: str, out: Path) -> tuple[list[str], str]:
+        """(the llama-quantize command that writes `kind` to `out`, the same without its paths and thread count:
+        how the table names it)."""
+        imatrix = self.imatrix if method == "llama-imatrix" else None
+        if kind.name in llama_tools.FILE_TYPES:
+            cmd = llama_tools.quantize_command(self.bins, self.float_gguf, out, kind.name, imatrix, threads=1)
+        elif kind.name == "Q4_K":  # every linear Q4_K, the embedding as quantkit's Q4_K file
+            cmd = llama_tools.quantkit_layout_q4k_command(self.bins, self.float_gguf, out, self.folder,
+                                                          kind.float_type, imatrix, threads=1)
+        else:
+            raise SystemExit(f"llama-quantize has no file type {kind.name}")
+        paths = {str(self.float_gguf), str(out), str(self.imatrix)}
+        shown = ["llama-quantize"] + [a for a in cmd[1:-1] if a not in paths]
+        return cmd, " ".join(shown)
+
+
+def calibration_stream(folder: str, source: str, out: Path) -> Path:
+    """The text llama-imatrix reads: the token stream `quantkit quantize --calib SOURCE --calib-samples 16
+    --calib-seq-len 256` cuts its windows from (the same shuffled pieces, seed 0: its first 16 x 255 tokens are
+    the windows' own, less their BOS), 64 tokens more than the 4096 that 8 chunks of 512 take, decoded."""
+    if not out.is_file():
+        from quantkit.calibration.data import load_texts, sample_token_windows
+        from quantkit.harness.eval_text import load_tokenizer
+
+        tokenizer = load_tokenizer(folder)
+        stream = sample_token_windows(load_texts(source), tokenizer, 1, CALIB_SAMPLES * CALIB_SEQ_LEN + 64)[0]
+        if tokenizer.bos_token_id is not None and int(stream[0]) == tokenizer.bos_token_id:
+            stream = stream[1:]
+        out.write_text(tokenizer.decode(stream.tolist()))
+    return out
+
+
+def measure(args, work: Path, kind: FrontierType, method: str, calib_opts: list[str], data_opts: list[str],
+            llama: LlamaCpp | None = None) -> dict:
     """Quantize (unless the file and its timing exist), evaluate (unless the file evaluated is this one, by its
-    SHA-256) and measure one (type, method): its frontier record (dict)."""
-    recipe = kind.recipe.format(method=method)
+    SHA-256) and measure one (type, method): its frontier record (dict). quantkit's methods run `quantkit
+    quantize`; llama's, `llama-quantize` (through `llama`)."""
     out = work / f"{kind.name}-{method}.gguf"
     timing, scores = work / f"{out.stem}.seconds.json", work / f"{out.stem}.eval.json"
     scored = work / f"{out.stem}.eval.sha256"  # the file the eval JSON is of (and the --dtype, unless auto)
-    if not (out.is_file() and timing.is_file()):
+    if method in QUANTKIT_METHODS:
+        recipe = kind.recipe.format(method=method)
         cmd = [*QUANTKIT_CLI, "quantize", args.model, "--recipe", recipe, "--out", str(out), "--force"]
         if kind.float_type != "auto":
             cmd += ["--float-type", kind.float_type]
         if method != "rtn":
             cmd += calib_opts
+        fields = {"quantizer": "quantkit", "recipe": recipe, "float_type": kind.float_type}
+    else:
+        cmd, shown = llama.command(kind, method, out)
+        fields = {"quantizer": "llama.cpp", "recipe": shown}
+    if not (out.is_file() and timing.is_file()):
         timing.write_text(json.dumps(run_logged(cmd, work / f"{out.stem}.quantize.log")))
+    if method not in QUANTKIT_METHODS:  # the version llama-quantize printed
+        quantize_log = (work / f"{out.stem}.quantize.log").read_text(errors="replace")
+        fields["llama_cpp_build"] = llama_tools.build_of(quantize_log)
     digest = sha256(out)
     stamp = digest if args.eval_dtype == "auto" else f"{digest} {args.eval_dtype}"
     if not (scores.is_file() and scored.is_file() and scored.read_text().strip() == stamp):
@@ -168,7 +250,7 @@ def measure(args, work: Path, kind: FrontierType, method: str, calib_opts: list[
         scored.write_text(stamp + "\n")
     result = json.loads(scores.read_text())
     seconds = json.loads(timing.read_text())
-    record = {"type": kind.name, "method": METHODS[method], "recipe": recipe, "float_type": kind.float_type,
+    record = {"type": kind.name, "method": METHODS[method], **fields,
               **measure_file(out), "sha256": digest, "kl_divergence": result["kl_divergence"],
               "perplexity": result["perplexity"], "baseline_perplexity": result.get("baseline_perplexity"),
               "top1_agreement": result.get("top1_agreement"), "eval_dtype": result.get("dtype"),
@@ -185,10 +267,26 @@ def cpu_name() -> str:
     return name()
 
 
+def by_type(records: list[dict]) -> list[dict]:
+    """The records grouped by type (the types in order of their smallest file's bits per weight), each type's
+    in METHODS' order."""
+    smallest: dict[str, float] = {}
+    for r in records:
+        smallest[r["type"]] = min(smallest.get(r["type"], r["bits_per_weight"]), r["bits_per_weight"])
+    order = list(METHODS.values())
+    return sorted(records, key=lambda r: (smallest[r["type"]], r["type"], order.index(r["method"])
+                                          if r["method"] in order else len(order), r["method"]))
+
+
+def is_quantkit(record: dict) -> bool:
+    """Whether quantkit wrote the record's file (records written before the `quantizer` key are quantkit's)."""
+    return record.get("quantizer", "quantkit") == "quantkit"
+
+
 def table(frontier: dict) -> str:
     rows = ["| type | method | recipe | MiB | bytes | bits/weight (file) | bits/weight (linears) | KL | top-1 | "
             "perplexity (float) | quantize seconds |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in sorted(frontier["records"], key=lambda r: (r["bits_per_weight"], r["method"])):
+    for r in by_type(frontier["records"]):
         base = f" ({r['baseline_perplexity']:.2f})" if r.get("baseline_perplexity") else ""
         rows.append(f"| {r['type']} | {r['method']} | `{r['recipe']}` | {r['file_bytes'] / 2**20:.2f} | "
                     f"{r['file_bytes']} | {r['bits_per_weight']:.3f} | {r['linear_bits_per_weight']:.3f} | "
@@ -197,15 +295,53 @@ def table(frontier: dict) -> str:
     return "\n".join(rows)
 
 
+def ratio_table(frontier: dict) -> str:
+    """Per type with quantkit and llama.cpp records: quantkit's lowest KL against llama.cpp's, with and without
+    the importance matrix ("" where the frontier has no llama.cpp record)."""
+    types = dict.fromkeys(r["type"] for r in by_type(frontier["records"]))
+    rows = ["| type | quantkit best (MiB) | llama.cpp (MiB) | llama.cpp+imatrix (MiB) | quantkit best / "
+            "llama.cpp+imatrix | quantkit best / llama.cpp's best |", "|---|---:|---:|---:|---:|---:|"]
+    for kind in types:
+        ours = [r for r in frontier["records"] if r["type"] == kind and is_quantkit(r)]
+        theirs = {r["method"]: r for r in frontier["records"] if r["type"] == kind and not is_quantkit(r)}
+        if not ours or not theirs:
+            continue
+        best = min(ours, key=lambda r: r["kl_divergence"])
+        plain, imatrix = theirs.get(METHODS["llama"]), theirs.get(METHODS["llama-imatrix"])
+        their_best = min(theirs.values(), key=lambda r: r["kl_divergence"])
+
+        def cell(r: dict | None) -> str:
+            return "-" if r is None else f"{r['kl_divergence']:.3g} ({r['file_bytes'] / 2**20:.2f})"
+
+        versus_imatrix = f"{best['kl_divergence'] / imatrix['kl_divergence']:.2f}x" if imatrix else "-"
+        rows.append(f"| {kind} | {best['kl_divergence']:.3g} ({best['method']}, {best['file_bytes'] / 2**20:.2f}) | "
+                    f"{cell(plain)} | {cell(imatrix)} | {versus_imatrix} | "
+                    f"{best['kl_divergence'] / their_best['kl_divergence']:.2f}x ({their_best['method']}) |")
+    return "\n".join(rows) if len(rows) > 2 else ""
+
+
 def markdown(frontier: dict) -> str:
+    commands = " then (merged) ".join(f"`{c}`" for c in frontier["commands"])
+    llama = [r for r in frontier["records"] if not is_quantkit(r)]
+    llama_words = ""
+    if llama:
+        builds = ", ".join(sorted({str(r.get("llama_cpp_build")) for r in llama}))
+        llama_words = (f" llama.cpp rows: `llama-quantize` (llama.cpp {builds}) of the float model as `quantkit "
+                       f"export --float-type f32` writes it, with one thread, its quantize seconds the CPU seconds of "
+                       f"that process; llama.cpp+imatrix: with `--imatrix` of `llama-imatrix` on the calibration "
+                       f"tokens GPTQ takes (8 chunks of 512; its own seconds not counted). Q8_0 takes no importance "
+                       f"matrix.")
+    ratios = ratio_table(frontier)
+    ratios = (f"\n\nquantkit's lowest KL at each type (RTN or GPTQ) over llama.cpp's, file sizes in MiB in "
+              f"parentheses:\n\n{ratios}") if ratios else ""
     return (f"# Quality frontier: {frontier['model']}\n\n"
-            f"Made by `{frontier['command']}` on {frontier['cpu']}, one thread per command. Quantize seconds: the CPU "
+            f"Made by {commands} on {frontier['cpu']}, one thread per command. Quantize seconds: the CPU "
             f"seconds (user + system) of the `quantkit quantize` process, Python's start and the model's loading "
             f"included (the JSON has the wall seconds too, which other work on the machine stretched). Calibration "
             f"(GPTQ): {frontier['calibration']}. Evaluation: "
             f"{frontier['evaluation']}; KL is KL(float || file) in nats per token, quantkit's eval of the GGUF "
             f"file against the float model, both computed in {eval_dtypes(frontier)}. "
-            f"{frontier['bits_per_weight_counted']}\n\n{table(frontier)}\n\n"
+            f"{frontier['bits_per_weight_counted']}{llama_words}\n\n{table(frontier)}{ratios}\n\n"
             f"![KL against bits per weight](frontier.png)\n")
 
 
@@ -220,15 +356,19 @@ def plot(frontier: dict, out_png: Path) -> None:
 
     from quantkit.harness.plots import DPI, STYLE, variant_colors
 
-    methods = sorted({r["method"] for r in frontier["records"]})
+    methods = list(dict.fromkeys(r["method"] for r in by_type(frontier["records"])))
+    methods.sort(key=lambda m: list(METHODS.values()).index(m) if m in METHODS.values() else len(METHODS))
     colors = variant_colors([], methods)
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=(8, 5))
         for method in methods:
-            points = sorted((r["bits_per_weight"], r["kl_divergence"], r["type"])
+            points = sorted((r["bits_per_weight"], r["kl_divergence"], r["type"], is_quantkit(r))
                             for r in frontier["records"] if r["method"] == method)
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=colors[method], label=method)
-        # the types along the top, once for both methods (points a few hundredths of a bit apart share a name)
+            ours = all(p[3] for p in points)  # llama.cpp's lines dashed, its points hollow
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o" if ours else "s",
+                    markersize=6 if ours else 8, linestyle="-" if ours else "--", zorder=3 if ours else 2,
+                    markerfacecolor=colors[method] if ours else "none", color=colors[method], label=method)
+        # the types along the top, once for every method (points a few hundredths of a bit apart share a name)
         clusters: list[list[tuple[float, str]]] = []
         for x, name in sorted({(r["bits_per_weight"], r["type"]) for r in frontier["records"]}):
             if clusters and x - clusters[-1][-1][0] < 0.06:
@@ -249,6 +389,23 @@ def plot(frontier: dict, out_png: Path) -> None:
         plt.close(fig)
 
 
+def merged(frontier: dict, previous_path: Path) -> dict:
+    """`frontier` with the records of the frontier at `previous_path` that it does not measure (by type and
+    method) kept as they are, and that frontier's commands before its own."""
+    previous = json.loads(previous_path.read_text())
+    if previous.get("model") != frontier["model"]:
+        raise SystemExit(f"--merge: {previous_path} is of {previous.get('model')}, not {frontier['model']}")
+    measured = {(r["type"], r["method"]) for r in frontier["records"]}
+    kept = [r for r in previous["records"] if (r["type"], r["method"]) not in measured]
+    commands = previous.get("commands") or [previous["command"]]
+    cpus = " / ".join(c for c in dict.fromkeys([*previous.get("cpu", "").split(" / "), frontier["cpu"]]) if c)
+    for key in ("calibration", "evaluation"):
+        if previous.get(key) != frontier[key]:
+            raise SystemExit(f"--merge: {previous_path} has another {key} ({previous.get(key)!r})")
+    return {**frontier, "commands": list(dict.fromkeys([*commands, *frontier["commands"]])), "cpu": cpus,
+            "records": kept + frontier["records"]}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="ref:small", help="float model: ref:NAME or a local folder")
@@ -257,7 +414,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, required=True, help="folder for the GGUF files, logs and eval JSON")
     parser.add_argument("--out", type=Path, required=True, help="folder for frontier.json, frontier.md, frontier.png")
     parser.add_argument("--types", default="", help="comma-separated subset of: " + ", ".join(t.name for t in TYPES))
-    parser.add_argument("--methods", default="rtn,gptq", help="comma-separated subset of: rtn, gptq")
+    parser.add_argument("--methods", default="rtn,gptq",
+                        help="comma-separated subset of: " + ", ".join(METHODS) + " (llama, llama-imatrix: "
+                             "llama.cpp's llama-quantize without and with an importance matrix; need --llama-bin)")
+    parser.add_argument("--llama-bin", default=None,
+                        help="folder with llama.cpp's llama-quantize and llama-imatrix (.ci/llama_cpp_build)")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the records of OUT/frontier.json that this run does not measure")
     parser.add_argument("--eval-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                         help="`quantkit eval --dtype`: auto computes in the float model's dtype (bfloat16 for a bf16 "
                              "model, whose rounding then adds to every KL); float32 measures the quantization alone")
@@ -267,21 +430,30 @@ def main(argv: list[str] | None = None) -> None:
     methods = [m for m in args.methods.split(",") if m]
     if unknown or not set(methods) <= set(METHODS):
         parser.error(f"unknown types {sorted(unknown)} or methods {methods}")
+    if set(methods) - set(QUANTKIT_METHODS) and args.llama_bin is None:
+        parser.error("methods llama and llama-imatrix need --llama-bin DIR (llama-quantize and llama-imatrix)")
+    if args.merge and not (args.out / "frontier.json").is_file():
+        parser.error(f"--merge: no {args.out / 'frontier.json'} to merge into")
     args.work.mkdir(parents=True, exist_ok=True)
-    calib_opts, data_opts, calib_words, eval_words = texts(args, args.work)
-    records = [measure(args, args.work, kind, method, calib_opts, data_opts)
-               for kind in TYPES if not wanted or kind.name in wanted for method in methods]
+    calib_source, calib_opts, data_opts, calib_words, eval_words = texts(args, args.work)
+    llama = LlamaCpp(args, args.work, calib_source) if set(methods) - set(QUANTKIT_METHODS) else None
+    records = [measure(args, args.work, kind, method, calib_opts, data_opts, llama)
+               for kind in TYPES if not wanted or kind.name in wanted for method in methods
+               if not (method == "llama-imatrix" and kind.name in llama_tools.IGNORES_IMATRIX)]
     from quantkit.files.outputs import atomic_write_text
 
     frontier = {
         "format": "quantkit-frontier", "version": 1, "model": args.model,
-        "command": "python evals/quality/frontier/frontier.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "commands": ["python evals/quality/frontier/frontier.py " + " ".join(argv if argv is not None
+                                                                              else sys.argv[1:])],
         "cpu": cpu_name(), "python": platform.python_version(), "calibration": calib_words, "evaluation": eval_words,
         "bits_per_weight_counted": "bits/weight (file) = 8 x the file's bytes (metadata and tokenizer included) / "
                                    "every element of every tensor in it; bits/weight (linears) = 8 x the data bytes "
                                    "of the decoder blocks' 2-D tensors / their elements.",
         "records": records,
     }
+    if args.merge:
+        frontier = merged(frontier, args.out / "frontier.json")
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out / "frontier.json", json.dumps(frontier, indent=1) + "\n")
     atomic_write_text(args.out / "frontier.md", markdown(frontier))
