@@ -12,8 +12,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .algorithms import rtn_quantize
-from .algorithms.rtn import RTNOptions
+from .algorithms.registry import ALGORITHMS
 from .calibration import calibration_batches, quantize_blockwise
 from .calibration.data import describe_calibration
 from .calibration.kv_scales import check_kv_cache_model, quantize_kv_cache
@@ -33,8 +32,6 @@ from .formats.loading import (
 )
 from .formats.safetensors_io import folder_tensors, read_state_dict, stored_float_dtype, write_state_dict
 from .formats.shapes import check_checkpoint_tensors
-from .gguf.grids import GridWeight
-from .gguf.linear import GgufLinear, quantized_linear
 from .gguf.reading import gguf_origin, is_gguf_file, load_gguf_model
 from .kernels.wna16 import BACKENDS
 from .modules.fused_linear import fuse_projections, is_fused, unfused_state_dict
@@ -49,11 +46,12 @@ from .modules.moe import (
     unfuse_experts,
 )
 from .modules.quant_linear import QuantLinear
+from .modules.quantized_layer import COMPRESSED_TENSORS, GGUF, holds_format, is_quantized_layer, to_layer
 from .modules.targets import set_submodule
 from .quantization import provenance
 from .quantization.recipe import Recipe, load_recipe
 from .quantization.summaries import refit_notes
-from .quantization.weight_census import QUANTIZED_LINEARS, unquantizable_weights
+from .quantization.weight_census import unquantizable_weights
 from .runtime.fast_generate import install as install_fast_generate
 
 
@@ -163,7 +161,7 @@ def quantize(
                 f"recipe {recipe.name} quantizes onto a GGUF grid ({recipe.weights.grid}), written only as GGUF, "
                 f"which quantkit writes for dense Llama, Mistral, Qwen2 and Qwen3 models; this is a mixture-of-"
                 f"experts model: use a checkpoint recipe (e.g. w4a16-gptq-asym)")
-        if any(isinstance(m, QUANTIZED_LINEARS) for m in model.modules()):
+        if any(is_quantized_layer(m) for m in model.modules()):
             raise QuantizationError(
                 "the model's weights are already quantized; quantize the float model (quantkit.load of a "
                 "float folder, or transformers' from_pretrained) instead"
@@ -171,24 +169,22 @@ def quantize(
         names = _moe_aware_targets(model, recipe, leave_float)
         schemes = _layer_schemes(model, names, recipe)
         _warn_refitted(schemes, model, recipe)
-        if recipe.algorithm.needs_calibration:
+        algorithm = ALGORITHMS[recipe.algorithm.name]
+        if algorithm.needs_calibration:
             names = quantize_blockwise(
                 model, recipe, names, calibration_data, tokenizer=tokenizer, device=device, progress=progress,
                 scale_dtype=scale_dtype, schemes=schemes, spill=spill,
             )
             if names:
-                warnings.warn(
-                    f"{', '.join(names)}: outside the decoder blocks, quantized with RTN (no calibration)", stacklevel=2
-                )
+                warnings.warn(f"{', '.join(names)}: outside the decoder blocks, quantized with "
+                              f"{algorithm.leftovers.upper()} (no calibration)", stacklevel=2)
+        # the recipe's algorithm with its options, or (calibrated) its leftovers' algorithm with that one's defaults
+        quantize_linear = algorithm.linear_quantizer(recipe.algorithm.options)
         for name in tqdm(names, desc=f"quantize {recipe.name}", unit="layer", disable=not progress or not names):
             linear = model.get_submodule(name)
-            # the recipe's own RTN options where its algorithm is RTN; calibrated algorithms' leftovers get RTN's defaults
-            options = recipe.algorithm.options if isinstance(recipe.algorithm.options, RTNOptions) else RTNOptions()
-            stored = scale_dtype or source_dtype(model)
-            qweight = rtn_quantize(linear.weight.detach(), schemes[name], options, scale_dtype=stored)
-            if not isinstance(qweight, GridWeight):  # GGUF grids' fields are fp16 (6-bit) whatever the model dtype
-                qweight.scale = _round_scale(qweight.scale, stored)  # what the output will hold
-            layer = quantized_linear(qweight, linear.bias, dtype=linear.weight.dtype)
+            stored = scale_dtype or source_dtype(model)  # the scales come rounded to what the output will hold
+            qweight = quantize_linear(linear.weight.detach(), schemes[name], stored)
+            layer = to_layer(qweight, linear.bias, dtype=linear.weight.dtype)
             set_submodule(model, name, layer)
             if spill is not None:
                 spill.keep(layer)
@@ -226,14 +222,14 @@ def save(
     A disk too full for the checkpoint is found before anything is written (NoSpaceError, an OSError).
     """
     dtype = source_dtype(model) if dtype is None else checkpoint_dtype(dtype)
-    quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    quantized = [m for m in model.modules() if holds_format(m, COMPRESSED_TENSORS)]
     origin = gguf_origin(model)
     if origin is not None and not quantized:
         raise QuantizationError(
             f"this model is the GGUF file {origin.path} dequantized to float weights (quantkit.load of a .gguf file): a "
             f"checkpoint of it would hold no quantized layer and no tokenizer; keep the GGUF file as it is, or "
             f"quantize and save the float model it was made from")
-    if any(isinstance(m, GgufLinear) for m in model.modules()):
+    if any(holds_format(m, GGUF) for m in model.modules()):
         raise QuantizationError(
             "this model's weights are on a GGUF grid (llama.cpp's block types: float group minimums or scales on "
             "llama.cpp's 6- and 8-bit grids), which a compressed-tensors checkpoint cannot hold: write it as GGUF (quantkit quantize ... --out FILE.gguf, "
@@ -298,11 +294,6 @@ def _untie_quantized_lm_head(model) -> None:
     head = model.get_output_embeddings()
     if getattr(model.config, "tie_word_embeddings", False) and head is not None and not isinstance(head, nn.Linear):
         model.config.tie_word_embeddings = False
-
-
-def _round_scale(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """fp32 scales rounded to `dtype` (kept above its smallest normal number), back in fp32."""
-    return scale.clamp(min=torch.finfo(dtype).tiny).to(dtype).float()
 
 
 def _in_dtype(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -27,8 +27,9 @@ FLOORS = (
      "quantkit.gguf.grids"),
     # input and output files; the built-in reference models (their store writes through files.outputs)
     ("quantkit.files", "quantkit.refmodels"),
-    # the torch modules quantkit puts in a model, and the surgery that puts them there; the pure algorithms
-    ("quantkit.modules", "quantkit.algorithms"),
+    # the torch modules quantkit puts in a model (the GGUF-block layer among them), and the surgery that puts them
+    # there; the pure algorithms
+    ("quantkit.modules", "quantkit.gguf.linear", "quantkit.algorithms"),
     # the C++ decode loop, sampling and the CPU model's generate
     ("quantkit.runtime",),
     # what is on disk: compressed-tensors and safetensors, model folders, everything GGUF above its grids

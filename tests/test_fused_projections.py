@@ -65,7 +65,7 @@ def test_fusion_skips_parts_with_different_schemes():
     def layer(bits):
         scheme = QuantScheme(num_bits=bits, symmetric=True, strategy="channel")
         q = torch.randint(-8, 8, (32, 64), dtype=torch.int8)
-        return QuantLinear.from_quantized(QuantizedWeight(q, torch.rand(32, 1) + 0.1, None, scheme))
+        return QuantLinear.from_weight(QuantizedWeight(q, torch.rand(32, 1) + 0.1, None, scheme))
 
     parent = torch.nn.Module()
     parent.gate_proj, parent.up_proj = layer(4), layer(8)

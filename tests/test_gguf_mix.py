@@ -55,7 +55,7 @@ def test_each_grid_dequantizes_as_the_gguf_package_reads_its_blocks(grid, n, k, 
     for observer in ("minmax", "mse"):
         kw = rtn_quantize(w, scheme, RTNOptions(observer=observer))
         assert int(kw.u.max()) <= levels
-        blocks = GgufLinear.from_grid_weight(kw).weight_blocks
+        blocks = GgufLinear.from_weight(kw).weight_blocks
         assert blocks.shape == (n, k // spec.block * gguf.GGML_QUANT_SIZES[getattr(T, spec.name)][1])
         theirs = gguf.quants.dequantize(blocks.numpy(), getattr(T, spec.name))  # llama.cpp's own Python
         assert np.array_equal(theirs, kw.dequantize().numpy()), observer

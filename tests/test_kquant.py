@@ -48,7 +48,7 @@ def test_fields_lie_on_the_grid_and_dequantize_as_ggml(n, k, seed, scheme):
     assert int(kw.u.max()) <= 15
     if scheme is Q4K:
         assert int(kw.sc.max()) <= 63 and int(kw.mn.max()) <= 63 and (kw.dmin >= 0).all()
-    blocks = GgufLinear.from_grid_weight(kw).weight_blocks
+    blocks = GgufLinear.from_weight(kw).weight_blocks
     theirs = gguf.quants.dequantize(blocks.numpy(), T.Q4_K if scheme is Q4K else T.Q4_1)  # llama.cpp's own Python
     assert np.array_equal(theirs, kw.dequantize().numpy())
     # round to nearest: every weight on its group's nearest level (within the clamp to 0..15)
@@ -181,7 +181,7 @@ def test_what_cannot_be_written_is_refused_or_announced(tmp_path, capsys):
 def test_kquant_linear_forward_is_its_dequantized_weight():
     kw = rtn_quantize(_weight(48, 512, 8), Q4K)
     bias = torch.randn(48)
-    layer = GgufLinear.from_grid_weight(kw, bias)
+    layer = GgufLinear.from_weight(kw, bias)
     x = torch.randn(5, 512)
     torch.testing.assert_close(layer(x), x @ kw.dequantize().T + bias)
     assert not isinstance(layer, QuantLinear)

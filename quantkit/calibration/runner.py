@@ -39,12 +39,11 @@ from tqdm.auto import tqdm
 
 from ..core.errors import QuantizationError
 from ..core.finite import describe_nonfinite, nonfinite_tensors
-from ..core.quantized_weight import QuantizedWeight
+from ..core.quantized_weight import Quantized
 from ..core.units import human_seconds
-from ..gguf.grids import GridWeight
-from ..gguf.linear import quantized_linear
 from ..kernels.cpu_flags import compute_dtype
 from ..modules.quant_experts import QuantExperts
+from ..modules.quantized_layer import to_layer
 from ..modules.targets import output_head_name, set_submodule
 from .adapters import FamilyAdapter, LinearGroup, adapter_for
 from .offload import home_device, materialize_, materialize_model_, release_freed_memory
@@ -126,7 +125,8 @@ class BlockContext:
     inputs: per calibration batch, the block's input hidden states [B, T, H] (in calibration_dtype).
     kwargs: per batch, the other arguments the model passes to this block (mask, rotary, positions).
     steps: the sub-layer steps in call order (only those with targeted linears are listed).
-    quantized: block-relative linear name -> QuantizedWeight, filled by `set_quantized`.
+    quantized: block-relative linear name -> its quantized weight (core.quantized_weight.Quantized), filled by
+      `set_quantized`.
     """
 
     index: int
@@ -137,7 +137,7 @@ class BlockContext:
     inputs: list[torch.Tensor]
     kwargs: list[dict[str, Any]]
     device: torch.device
-    quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
+    quantized: dict[str, Quantized] = field(default_factory=dict)
     status: Callable[[str], None] = lambda _msg: None
 
     @property
@@ -197,15 +197,12 @@ class BlockContext:
                 h.remove()
         return outputs
 
-    def set_quantized(self, name: str, qweight: QuantizedWeight | GridWeight) -> None:
-        """Record a linear's quantized weight and make the block compute with it from now on."""
+    def set_quantized(self, name: str, qweight: Quantized) -> None:
+        """Record a linear's quantized weight and make the block compute with it from now on (as its layer
+        in the model dtype will hold it)."""
         linear = self.module(name)
         dtype = linear.weight.dtype
-        if isinstance(qweight, GridWeight):  # fp16 and 6-bit fields: exact whatever the model dtype
-            weight = qweight.dequantize()
-        else:
-            scale = qweight.scale.to(dtype).float()
-            weight = QuantizedWeight(qweight.q, scale, qweight.zero_point, qweight.scheme).dequantize()
+        weight = qweight.fields_rounded_to(dtype).dequantize()
         linear.weight.data = weight.to(device=linear.weight.device, dtype=dtype)
         self.quantized[name] = qweight
 
@@ -287,7 +284,7 @@ def _quantize_head(model: nn.Module, outside: list[str], last_outputs: list[torc
         check_finite(h, f"the input of {name} (calibration batch {b})")
         inputs.append(h)
     qweight = quantizer.quantize_head(name, linear, inputs)
-    set_submodule(model, name, quantized_linear(qweight, linear.bias, dtype=linear.weight.dtype))
+    set_submodule(model, name, to_layer(qweight, linear.bias, dtype=linear.weight.dtype))
     return [n for n in outside if n != name]
 
 
@@ -390,7 +387,7 @@ def run_blockwise(
             _recast(block, compute, model_dtype, upcast)  # before the quantized layers go in: they hold their own
             for local, qweight in ctx.quantized.items():
                 linear = block.get_submodule(local)
-                layer = quantized_linear(qweight, linear.bias, dtype=model_dtype)
+                layer = to_layer(qweight, linear.bias, dtype=model_dtype)
                 block.set_submodule(local, layer)
             block.to(home)
             if spill is not None:

@@ -1,8 +1,10 @@
-"""QuantizedWeight: the output of every weight-quantization algorithm (unpacked, in memory)."""
+"""The quantized-weight protocol (`Quantized`) and QuantizedWeight, the integer weight most algorithms return
+(unpacked, in memory)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -10,12 +12,44 @@ from .primitives import dequantize
 from .scheme import QuantScheme
 
 
+class Quantized(Protocol):
+    """What every quantized weight type implements (QuantizedWeight here; each GGUF grid's weight,
+    quantkit.gguf.grids.GridWeight), so that the code around the algorithms asks the weight instead of
+    switching on its type:
+
+        scheme                   the QuantScheme it was quantized on
+        shape                    (N, K)
+        dequantize()             fp32 [N, K]
+        fields_rounded_to(dtype) the weight as a layer computing in `dtype` holds it (its float fields
+                                 rounded to `dtype`, or the weight itself where its layer keeps fields of its
+                                 own type, as GGUF blocks keep fp16 and 6-bit ones)
+        LAYER                    "module:Class" of the layer that holds it (a quantkit.modules.quantized_layer
+                                 .QuantizedLayer, built by `to_layer` there); named, not imported: the layers
+                                 stand on a floor above this one
+
+    A new weight type implements these and names its layer; an algorithm returns it, and the calibration
+    runner and quantkit.quantize put it in the model with `to_layer`.
+    """
+
+    LAYER: ClassVar[str]
+    scheme: QuantScheme
+
+    @property
+    def shape(self) -> tuple[int, int]: ...
+
+    def dequantize(self) -> torch.Tensor: ...
+
+    def fields_rounded_to(self, dtype: torch.dtype) -> "Quantized": ...
+
+
 @dataclass
 class QuantizedWeight:
-    """Integer weight with its quantization parameters.
+    """Integer weight with its quantization parameters (a core.quantized_weight.Quantized: held by a QuantLinear).
 
     q: int8 [N, K] in [scheme.qmin, scheme.qmax]; scale: fp32 [N, G]; zero_point: int32 [N, G] or None.
     """
+
+    LAYER: ClassVar[str] = "quantkit.modules.quant_linear:QuantLinear"
 
     q: torch.Tensor
     scale: torch.Tensor
@@ -30,6 +64,14 @@ class QuantizedWeight:
         if (self.zero_point is None) != self.scheme.symmetric:
             raise ValueError("zero_point must be given exactly when the scheme is asymmetric")
 
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.q.shape)
+
     def dequantize(self) -> torch.Tensor:
         """fp32 [N, K]."""
         return dequantize(self.q, self.scale, self.zero_point, self.scheme)
+
+    def fields_rounded_to(self, dtype: torch.dtype) -> "QuantizedWeight":
+        """The scales rounded to `dtype` (a QuantLinear holds them in its model dtype), back in fp32."""
+        return replace(self, scale=self.scale.to(dtype).float())

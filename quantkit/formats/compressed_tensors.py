@@ -14,8 +14,8 @@ from typing import Any
 from torch import nn
 
 from ..core.errors import CheckpointError
-from ..modules.quant_linear import QuantLinear
 from ..modules.moe import model_type, router_names, to_disk_name
+from ..modules.quantized_layer import COMPRESSED_TENSORS, holds_format
 from ..core.scheme import QuantScheme
 from ..modules.targets import check_patterns, matches
 
@@ -45,16 +45,16 @@ class QuantizationConfig:
 
 
 def build_quantization_config(model: nn.Module, kv_cache: QuantScheme | None = None) -> dict[str, Any]:
-    """The quantization_config dict for a model whose quantized linears are QuantLinear modules (MoE
-    experts: the per-expert linears of quantkit.modules.QuantExperts); float linears and MoE routers
-    are listed under `ignore` by name."""
+    """The quantization_config dict for a model whose quantized linears hold compressed-tensors tensors
+    (QuantLinear; MoE experts: the per-expert linears of quantkit.modules.QuantExperts); float linears and MoE
+    routers are listed under `ignore` by name."""
     by_scheme: dict[QuantScheme, list[str]] = {}
     unquantized: list[str] = []
     mtype = model_type(model)
     routers = set(router_names(model))
     for name, module in model.named_modules():
         disk = to_disk_name(name, mtype)  # names as the checkpoint's tensors and engines' modules have them
-        if isinstance(module, QuantLinear):
+        if holds_format(module, COMPRESSED_TENSORS):
             by_scheme.setdefault(module.scheme, []).append(disk)
         elif isinstance(module, nn.Linear) or name in routers:
             unquantized.append(disk)

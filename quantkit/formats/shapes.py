@@ -15,8 +15,9 @@ from torch import nn
 
 from ..core.errors import CheckpointError
 from ..modules.kv_scales import SCALE_NAMES, attention_modules
-from ..modules.quant_linear import CHECKPOINT_TENSORS, QuantLinear
 from ..modules.moe import from_disk_name, model_type
+from ..modules.quant_linear import CHECKPOINT_TENSORS
+from ..modules.quantized_layer import COMPRESSED_TENSORS, holds_format
 from .safetensors_io import FLOAT_DTYPES, TORCH_DTYPES, TensorHeader
 
 #: tensors whose values are scales: finite, positive, normal numbers of the dtype they are stored in
@@ -146,7 +147,7 @@ def shape_mismatches(
         if want is not None and tuple(shape) != want:
             problems.append(f"{name}: expected shape {list(want)}, found {list(shape)}")
     for name, module in model.named_modules():
-        if isinstance(module, QuantLinear):
+        if holds_format(module, COMPRESSED_TENSORS):  # its weight_shape values
             key = f"{name}.weight_shape"
             values = weight_shapes.get(key)
             want = [module.out_features, module.in_features]

@@ -93,8 +93,10 @@ class _OnGrid:
     per group of GROUP or per block of BLOCK inputs of a row), and a scheme. OFFSET: for a symmetric grid, the
     level of 0 (y = scale * (u - OFFSET)); None for a grid with a float minimum (y = scale * u - minimum).
     Each grid's class names its ggml type's record (TYPE, quantkit/gguf/types.py), which gives it GGUF_TYPE,
-    BLOCK, GROUP, LEVELS and OFFSET."""
+    BLOCK, GROUP, LEVELS and OFFSET. A quantized weight (quantkit.core.quantized_weight.Quantized) that a
+    GgufLinear holds as its GGUF blocks, whose fp16 and 6-bit fields are the same whatever the model dtype."""
 
+    LAYER = "quantkit.gguf.linear:GgufLinear"
     FIELDS: tuple[str, ...] = ()
     TYPE: GgmlType
     UNPACK: Callable[[torch.Tensor], tuple[torch.Tensor, ...]]  # blocks.py's reading: bytes -> (values, *FIELDS)
@@ -117,6 +119,10 @@ class _OnGrid:
 
     def fields(self) -> tuple[torch.Tensor, ...]:
         return tuple(getattr(self, name) for name in self.FIELDS)
+
+    def fields_rounded_to(self, dtype: torch.dtype) -> "_OnGrid":
+        """The weight itself: its blocks keep their fp16 and 6-bit fields in every model dtype."""
+        return self
 
     def _check(self, fields) -> None:
         n, k = self.u.shape

@@ -6,13 +6,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..modules.quant_linear import QuantLinear
 from ..core.scheme import QuantScheme
+from ..modules.quantized_layer import GGUF, QuantizedLayer
 from .grids import GRID_WEIGHTS, GridWeight
 from .types import GRID_TYPES
 
 
-class GgufLinear(nn.Module):
+class GgufLinear(QuantizedLayer):
     """y = x @ W.T + b with W on a GGUF grid (quantkit.gguf.grids), stored as the blocks a GGUF file holds.
 
     Buffers: weight_blocks uint8 [N, K / block * block bytes] (quantkit/gguf/blocks.py's layout of
@@ -22,6 +22,7 @@ class GgufLinear(nn.Module):
     vLLM's WNA16 path) cannot hold their float group minimums.
     """
 
+    FORMAT = GGUF
     PACKED_WEIGHT = "weight_blocks"  # the tensor that holds the weight itself (what a weight census counts)
 
     def __init__(self, in_features: int, out_features: int, scheme: QuantScheme, *, bias: bool = False,
@@ -40,8 +41,8 @@ class GgufLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device), requires_grad=False) if bias else None
 
     @classmethod
-    def from_grid_weight(cls, qweight: GridWeight, bias: torch.Tensor | None = None,
-                         dtype: torch.dtype = torch.float32) -> "GgufLinear":
+    def from_weight(cls, qweight: GridWeight, bias: torch.Tensor | None = None,
+                    dtype: torch.dtype = torch.float32) -> "GgufLinear":
         """Pack a grids.GridWeight (levels [N, K] and its fields) into a new layer on its device."""
         n, k = qweight.shape
         layer = cls(k, n, qweight.scheme, bias=bias is not None, dtype=dtype, device=qweight.u.device)
@@ -70,10 +71,3 @@ class GgufLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, scheme={self.scheme.describe()}, "
                 f"bias={self.bias is not None}")
-
-
-def quantized_linear(qweight, bias: torch.Tensor | None, dtype: torch.dtype) -> nn.Module:
-    """The layer an algorithm's result becomes: a GgufLinear for a GGUF-grid weight, else a QuantLinear."""
-    if isinstance(qweight, GridWeight):
-        return GgufLinear.from_grid_weight(qweight, bias, dtype=dtype)
-    return QuantLinear.from_quantized(qweight, bias, dtype=dtype)

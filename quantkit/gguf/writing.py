@@ -50,10 +50,10 @@ from ..kernels.packing import unpack_int32, unpack_zero_point
 from ..formats.loading import source_dtype
 from ..modules.kv_scales import read_kv_scales
 from ..modules.quant_linear import QuantLinear
+from ..modules.quantized_layer import GGUF, holds_format, is_quantized_layer
 from ..modules.targets import matches, output_head_name
 from . import blocks, reference_quants
 from .choices import FLOAT_TYPES, RECIPES_FOR
-from .linear import GgufLinear
 from .mix import FILE_TYPES, OUTPUT_TYPES
 from .pretokenizers import CHECK_TEXT, PRE_TOKENIZERS
 from .sentencepiece import load_processor, set_vocab
@@ -527,7 +527,7 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
     fallbacks: dict[tuple[str, str, str], list[str]] = {}  # (asked, written, why) -> gguf names
     kinds: dict[str, int] = {}
     shift_max, shift_sq, shift_n = None, 0.0, 0
-    quantized = {n for n, m in model.named_modules() if isinstance(m, (QuantLinear, GgufLinear))}
+    quantized = {n for n, m in model.named_modules() if is_quantized_layer(m)}
     head = output_head_name(model)
     embedding = next((n for n, m in model.named_modules() if m is model.get_input_embeddings()), None)
     if tie_output or head in quantized:  # with a quantized head, say whether --tie-output applies
@@ -545,7 +545,7 @@ def export_gguf(model: nn.Module, folder: str | os.PathLike, out: Path, *, float
         if gname is None:
             raise UsageError(f"{module_name}: no GGUF tensor name for it in llama.cpp's {arch} layout")
         rows = order(module_name, module.out_features)
-        if isinstance(module, GgufLinear):  # its blocks as they are; a row permutation moves whole rows
+        if holds_format(module, GGUF):  # its blocks as they are; a row permutation moves whole rows
             kind, data, measures = module.gguf_type, module.weight_blocks if rows is None else module.weight_blocks[rows], {}
         else:
             kind, data, measures = gguf_weight(module, module_name, row_order=rows, round_scales=round_scales)

@@ -19,7 +19,7 @@ from ..core.errors import UsageError
 from ..formats.loading import source_dtype
 from ..gguf.reading import gguf_origin
 from ..modules.fused_linear import FusedLinearGroup, FusedPart
-from ..modules.quant_linear import QuantLinear
+from ..modules.quantized_layer import is_quantized_layer
 from ..quantization import provenance
 
 #: config fields that must agree: the architecture and every dimension of its weights
@@ -122,7 +122,7 @@ def check_same_source(model: nn.Module, baseline: nn.Module, which: str) -> None
 def _quantized_linears(model: nn.Module) -> int:
     """The number of quantized linears as the checkpoint has them (each part of a fused group counted)."""
     fused = {id(m.fused) for m in model.modules() if isinstance(m, FusedLinearGroup)}
-    return sum(isinstance(m, FusedPart) or (isinstance(m, QuantLinear) and id(m) not in fused)
+    return sum(isinstance(m, FusedPart) or (is_quantized_layer(m) and id(m) not in fused)
                for m in model.modules())
 
 

@@ -10,11 +10,12 @@ from quantkit import kernels
 from ..kernels.packing import pack_int32, pack_zero_point, packed_words
 from ..core.quantized_weight import QuantizedWeight
 from ..core.scheme import QuantScheme
+from .quantized_layer import COMPRESSED_TENSORS, QuantizedLayer
 
 CHECKPOINT_TENSORS = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point")
 
 
-class QuantLinear(nn.Module):
+class QuantLinear(QuantizedLayer):
     """y = x @ dequant(W).T + b with W stored packed (compressed-tensors "pack-quantized").
 
     Persistent buffers (exactly what a checkpoint stores for this layer):
@@ -24,6 +25,7 @@ class QuantLinear(nn.Module):
     are non-persistent buffers, so `.to(device)` moves them and checkpoints never see them.
     """
 
+    FORMAT = COMPRESSED_TENSORS
     PACKED_WEIGHT = "weight_packed"  # the tensor that holds the weight itself (what a weight census counts)
 
     def __init__(
@@ -58,7 +60,7 @@ class QuantLinear(nn.Module):
 
     # -- construction -------------------------------------------------------------------------------
     @classmethod
-    def from_quantized(
+    def from_weight(
         cls, qweight: QuantizedWeight, bias: torch.Tensor | None = None, dtype: torch.dtype = torch.float32
     ) -> "QuantLinear":
         """Pack a QuantizedWeight (q [N, K], scale/zero_point [N, G]) into a new layer on q's device."""

@@ -10,7 +10,8 @@ from torch import nn
 
 from ..core.scheme import QuantScheme
 from ..core.units import human_bytes
-from .weight_census import QUANTIZED_LINEARS, weight_census
+from ..modules.quantized_layer import is_quantized_layer
+from .weight_census import weight_census
 
 
 def state_bytes(model: nn.Module) -> int:
@@ -31,7 +32,7 @@ def quantized_bits_per_weight(model: nn.Module, scale_dtype: torch.dtype | None 
     """
     bits = weights = 0
     for m in model.modules():
-        if isinstance(m, QUANTIZED_LINEARS):
+        if is_quantized_layer(m):
             bits += m.stored_bits(scale_dtype)
             weights += m.in_features * m.out_features
     return (bits / weights if weights else float("nan")), weights
@@ -66,7 +67,7 @@ def scheme_lines(model: nn.Module) -> list[str]:
     """'int4 g64 sym: 180 linears (q_proj, ...)' per weight scheme of the model's quantized linears."""
     by_scheme: dict[str, list[str]] = {}
     for name, m in model.named_modules():
-        if isinstance(m, QUANTIZED_LINEARS):
+        if is_quantized_layer(m):
             ragged = " ragged" if not m.scheme.divides(m.in_features) else ""
             by_scheme.setdefault(m.scheme.describe() + ragged, []).append(name)
     return [f"{scheme}: {len(names)} linears ({layer_kinds(names)})" for scheme, names in by_scheme.items()]
@@ -96,7 +97,7 @@ def quantization_summary(model, recipe, source, out: Path, before: SizeOnDisk, a
     the quantized output head (GGUF tie_output), so the float embedding is not counted."""
     census = weight_census(model).tied_to_head() if embedding_is_head else weight_census(model)
     bpw, n = quantized_bits_per_weight(model, scale_dtype or getattr(torch, after.dtype))
-    layers = sum(isinstance(m, QUANTIZED_LINEARS) for m in model.modules())
+    layers = sum(is_quantized_layer(m) for m in model.modules())
     ratio = f", {before.bytes / after.bytes:.2f}x smaller" if before.bytes and after.bytes else ""
     quantized = (f"{layers} ({n / 1e6:.2f}M weights, {bpw:.3f} bits/weight stored)" if layers
                  else "none (weights kept as they are)")

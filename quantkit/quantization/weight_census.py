@@ -1,6 +1,6 @@
 """Which of a model's weights quantize leaves in full precision, by kind, and which it cannot reach.
 
-``weight_census`` counts every weight (tied tensors once) as quantized (a QuantLinear's) or float by
+``weight_census`` counts every weight (tied tensors once) as quantized (a quantized layer's) or float by
 kind: embeddings, lm_head, routers (MoE), norms and biases (1-D), float linears (ignored by the recipe),
 other. ``unquantizable_weights`` names the matrices a recipe's targets look as if they meant but that
 quantkit would leave float without being told: 2-D+ parameters of modules that are not nn.Linear,
@@ -14,13 +14,9 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..gguf.linear import GgufLinear
-from ..modules.quant_experts import QuantExperts
-from ..modules.quant_linear import QuantLinear
-
-#: the layers that hold a quantized weight (each names the tensor that holds the weight itself: PACKED_WEIGHT)
-QUANTIZED_LINEARS = (QuantLinear, GgufLinear)
 from ..modules.moe import router_names
+from ..modules.quant_experts import QuantExperts
+from ..modules.quantized_layer import QuantizedLayer, is_quantized_layer
 from ..modules.targets import matches
 
 #: matrices smaller than this many weights are never reported (e.g. a learned 2-D position bias)
@@ -70,7 +66,7 @@ def _owned_parameters(model: nn.Module):
     seen = set()
     for mname, module in model.named_modules():
         tensors = list(module.named_parameters(recurse=False))
-        if isinstance(module, QUANTIZED_LINEARS):
+        if is_quantized_layer(module):  # the tensor that holds the weight itself, and the bias
             packed = module.PACKED_WEIGHT
             tensors = [(packed, getattr(module, packed))] + ([("bias", module.bias)] if module.bias is not None else [])
         for pname, t in tensors:
@@ -85,7 +81,7 @@ def weight_census(model: nn.Module) -> WeightCensus:
     routers = set(router_names(model))
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     for mname, module, pname, t in _owned_parameters(model):
-        if isinstance(module, QUANTIZED_LINEARS) and pname == module.PACKED_WEIGHT:
+        if is_quantized_layer(module) and pname == module.PACKED_WEIGHT:
             census.quantized += module.in_features * module.out_features
             continue
         n = t.numel()
@@ -117,7 +113,7 @@ def unquantizable_weights(model: nn.Module, ignore: Iterable[str]) -> list[str]:
     found = []
     for mname, module, pname, t in _owned_parameters(model):
         if (t.dim() < 2 or t.numel() < LARGE_MATRIX or module is head or mname in routers
-                or isinstance(module, (nn.Linear, nn.Embedding, *QUANTIZED_LINEARS, QuantExperts))):
+                or isinstance(module, (nn.Linear, nn.Embedding, QuantizedLayer, QuantExperts))):
             continue
         full = f"{mname}.{pname}" if mname else pname
         if any(matches(mname, module, p) or matches(full, module, p) for p in ignore):

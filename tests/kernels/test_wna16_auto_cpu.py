@@ -72,7 +72,7 @@ def test_an_fp32_quant_linear_on_auto_matches_its_dequantized_float_linear(symme
     q = torch.randint(-8, 8, (n, k), generator=gen).to(torch.int8)
     scale = torch.rand(n, groups, generator=gen) * 0.02 + 0.005
     zero = None if symmetric else torch.randint(-8, 8, (n, groups), generator=gen).to(torch.int32)
-    layer = QuantLinear.from_quantized(QuantizedWeight(q, scale, zero, scheme), torch.randn(n, generator=gen))
+    layer = QuantLinear.from_weight(QuantizedWeight(q, scale, zero, scheme), torch.randn(n, generator=gen))
     assert layer.prepare("auto") == "torch"
     w = layer.dequantized_weight()  # fp32 [N, K], exact
     for shape in ((1, 1, k), (2, 3, k), (1, 150, k)):

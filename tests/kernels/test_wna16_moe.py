@@ -26,7 +26,7 @@ def _experts(num_experts: int, bits: int, symmetric: bool, seed: int, group: int
         layers = []
         for n, k in ((I, H), (I, H), (H, I)):
             w = torch.randn(n, k, generator=g) * 0.1
-            layers.append(QuantLinear.from_quantized(rtn_quantize(w, scheme)))
+            layers.append(QuantLinear.from_weight(rtn_quantize(w, scheme)))
         experts.append(layers)
     return experts, scheme
 
