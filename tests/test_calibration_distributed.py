@@ -12,6 +12,7 @@ import torch
 from pathlib import Path
 
 import quantkit
+from quantkit.algorithms.gptq import HessianSum
 from quantkit.calibration import distributed
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -65,8 +66,9 @@ def test_awq_is_refused_under_torchrun(tmp_path):
 def test_one_process_shares_nothing_and_adds_nothing():
     batches = [torch.arange(12).reshape(3, 4)]
     assert distributed.share(batches) is batches
-    h = torch.eye(3)
-    assert distributed.add_hessians(h, 5) == (h, 5)
+    acc = HessianSum().add(torch.randn(2, 3, 4))
+    before = acc.sum.clone()
+    assert distributed.add_hessians(acc) is acc and acc.count == 6 and torch.equal(acc.sum, before)
     assert distributed.row_share(7) == (0, 7)
     assert distributed.refuse_unsupported("anything") is None
 
@@ -74,18 +76,18 @@ def test_one_process_shares_nothing_and_adds_nothing():
 def _rank_checks(rank: int, size: int, port: int, out) -> None:
     import torch.distributed as dist
 
-    from quantkit.algorithms.gptq import hessian_update
+    from quantkit.algorithms.gptq import HessianSum
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
     try:
         windows = torch.arange(7 * 5).reshape(7, 5)
         mine = distributed.share(list(windows.split(2)))
         assert torch.equal(torch.cat(mine), windows[rank::size])
-        x = torch.randn(40, 6, generator=torch.Generator().manual_seed(3))
-        rows = x[: 17] if rank == 0 else x[17:]  # unequal shares
-        h, count = distributed.add_hessians(*hessian_update(None, 0, rows))
-        whole, total = hessian_update(None, 0, x)
-        assert count == total == 40 and torch.allclose(h, whole, rtol=1e-5, atol=1e-6)
+        x = torch.randn(9, 5, 600, generator=torch.Generator().manual_seed(3))  # 9 windows of 5 tokens
+        mine = x[:4] if rank == 0 else x[4:]  # unequal shares
+        acc = distributed.add_hessians(HessianSum().add(mine))
+        whole = HessianSum().add(x)
+        assert acc.count == whole.count == 45 and torch.equal(acc.hessian(), whole.hessian())  # bit for bit
         start, stop = distributed.row_share(11)
         part = torch.arange(11 * 3).reshape(11, 3)[start:stop]
         assert torch.equal(distributed.gather_rows(part, 11), torch.arange(11 * 3).reshape(11, 3))

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import quantkit
-from quantkit.algorithms.gptq import hessian_update
+from quantkit.algorithms.gptq import HessianSum
 from quantkit.calibration import gptq_processor, run_blockwise
 from quantkit.core.errors import QuantizationError
 from quantkit.modules.quant_linear import QuantLinear
@@ -68,17 +68,17 @@ def _spy_on_gptq(monkeypatch):
 
 def _hessian_of_input(model, batches, name):
     """H of the input of module `name` over the calibration batches, from a plain model forward."""
-    acc = {"h": None, "n": 0}
+    acc = HessianSum()
 
     def hook(module, args, output):
-        acc["h"], acc["n"] = hessian_update(acc["h"], acc["n"], args[0])
+        acc.add(args[0])
 
     handle = model.get_submodule(name).register_forward_hook(hook)
     with torch.no_grad():
         for ids in batches:
             model(ids)
     handle.remove()
-    return acc["h"]
+    return acc.hessian()
 
 
 def test_sublayers_are_quantized_in_order_and_see_quantized_outputs(monkeypatch):

@@ -17,7 +17,7 @@ gguf = pytest.importorskip("gguf")
 
 import quantkit  # noqa: E402
 from quantkit.gguf import reference_quants as ref  # noqa: E402
-from quantkit.algorithms.gptq import GPTQOptions, gptq_quantize, hessian_update  # noqa: E402
+from quantkit.algorithms.gptq import GPTQOptions, gptq_quantize, hessian_of  # noqa: E402
 from quantkit.algorithms.rtn import RTNOptions, rtn_quantize  # noqa: E402
 from quantkit.commands.cli import main  # noqa: E402
 from quantkit.core.config_utils import ConfigError  # noqa: E402
@@ -97,7 +97,7 @@ def test_gptq_onto_each_grid_beats_round_to_nearest(grid):
     w = _weight(32, k, 5)
     mix = torch.randn(k, k, generator=g) / k**0.5
     x = (torch.randn(4096, k, generator=g) @ mix) * torch.rand(k, generator=g).mul(3).add(0.1)
-    h, _ = hessian_update(None, 0, x)
+    h = hessian_of(x)
     scheme = grid_scheme(grid)
 
     def out_err(wq):
@@ -290,7 +290,7 @@ def test_q1_grids_search_their_fields_with_an_importance(grid):
     w = _weight(48, k, 12)
     x = (torch.randn(4096, k, generator=g) @ (torch.randn(k, k, generator=g) / k**0.5)) \
         * torch.rand(k, generator=g).mul(3).add(0.1)
-    h, _ = hessian_update(None, 0, x)
+    h = hessian_of(x)
     importance = torch.diag(h)
     scheme = grid_scheme(grid)
     cls = type(rtn_quantize(w, scheme, RTNOptions()))

@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from quantkit.algorithms.gptq import CholeskyWarning, GPTQOptions, gptq_quantize, hessian_update
+from quantkit.algorithms.gptq import CholeskyWarning, GPTQOptions, HessianSum, gptq_quantize, hessian_of
 from quantkit.algorithms.rtn import rtn_quantize
 from quantkit.core.primitives import compute_qparams, dequantize, mse_clip_ratio, quantize
 from quantkit.core.scheme import QuantScheme
@@ -83,8 +83,8 @@ def test_matches_unblocked_textbook_recursion(scheme, shape, block_size, act_ord
     n, k = shape
     seed = 1000 * k + 10 * block_size + act_order
     x = correlated_inputs(4 * k, k, seed, torch.float64)
-    h, _ = hessian_update(None, 0, x)
-    h = h.double()  # hessian_update accumulates in fp32; compare both algorithms on the same H
+    h = hessian_of(x)
+    h = h.double()  # the Hessian is fp32; compare both algorithms on the same H
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
     options = GPTQOptions(damp_percent=0.01, block_size=block_size, act_order=act_order)
     ours = gptq_quantize(w, h, scheme, options)
@@ -101,7 +101,7 @@ def test_half_range_scale_rule_is_an_option(act_order):
     """symmetric_scale="half_range" gives absmax / ((qmax - qmin) / 2) scales (llm-compressor's convention)."""
     k = 64
     x = correlated_inputs(4 * k, k, 7, torch.float64)
-    h, _ = hessian_update(None, 0, x)
+    h = hessian_of(x)
     w = torch.randn(16, k, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
     default = gptq_quantize(w, h.double(), W4_G32, GPTQOptions(act_order=act_order))
     half = gptq_quantize(w, h.double(), W4_G32, GPTQOptions(act_order=act_order, symmetric_scale="half_range"))
@@ -113,13 +113,21 @@ def test_half_range_scale_rule_is_an_option(act_order):
         GPTQOptions(symmetric_scale="absmax/7.5")
 
 
-def test_hessian_is_a_running_mean_independent_of_batching():
-    x = torch.randn(300, 64, dtype=torch.float64)
-    h, n = None, 0
-    for part in x.split([7, 100, 1, 192]):
-        h, n = hessian_update(h, n, part.float())
-    assert n == 300 and h.dtype == torch.float32
-    torch.testing.assert_close(h.double(), 2 * x.T @ x / 300, rtol=1e-5, atol=1e-5)
+def test_hessian_is_the_mean_of_xtx_whatever_the_batching_of_the_windows():
+    """2 XᵀX / n, and bit for bit the same fp32 matrix for any batching or order of the same windows (what
+    makes processes that share the windows agree with one process), symmetric."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(12, 40, 1100, generator=g) * torch.rand(1100, generator=g)  # 12 windows of 40 tokens; K > PANEL
+    whole = hessian_of(x)
+    assert whole.dtype == torch.float32 and torch.equal(whole, whole.T)
+    flat = x.double().reshape(-1, 1100)
+    torch.testing.assert_close(whole.double(), 2 * flat.T @ flat / 480, rtol=1e-5, atol=1e-6)
+    acc = HessianSum()
+    for part in (x[7:], x[:2], x[2:3], x[3:7]):
+        acc.add(part)
+    assert acc.count == 480 and torch.equal(acc.hessian(), whole)
+    # rows without windows are one unit: any [M, K] input works, with its own rounding
+    torch.testing.assert_close(hessian_of(flat.float()), whole, rtol=1e-5, atol=1e-6)
 
 
 def output_error(x, w, wq):
@@ -133,7 +141,7 @@ def test_lower_output_error_than_rtn(scheme, act_order):
     seed = 7 + scheme.num_bits + 2 * act_order + 4 * scheme.symmetric
     x = correlated_inputs(1024, k, seed)
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05
-    h, _ = hessian_update(None, 0, x)
+    h = hessian_of(x)
     gptq = gptq_quantize(w, h, scheme, GPTQOptions(act_order=act_order)).dequantize()
     rtn = rtn_quantize(w, scheme).dequantize()
     err_gptq, err_rtn = output_error(x, w, gptq), output_error(x, w, rtn)
@@ -144,7 +152,7 @@ def test_dead_inputs_are_zeroed_and_harmless():
     k, n = 128, 64
     x = correlated_inputs(512, k, 3)
     x[:, [5, 77]] = 0.0  # two inputs never active during calibration
-    h, _ = hessian_update(None, 0, x)
+    h = hessian_of(x)
     w = torch.randn(n, k)
     q = gptq_quantize(w, h, W4_G128, GPTQOptions(act_order=True))
     deq = q.dequantize()
@@ -156,7 +164,7 @@ def test_dead_inputs_are_zeroed_and_harmless():
 def test_damping_is_raised_until_cholesky_succeeds():
     k, n = 64, 32
     x = correlated_inputs(16, k, 5)  # 16 tokens for 64 inputs: H has rank 16
-    h, _ = hessian_update(None, 0, x)
+    h = hessian_of(x)
     h_bad = h - 0.05 * torch.diag(h).mean() * torch.eye(k)  # slightly indefinite (as rounding errors make it)
     w = torch.randn(n, k)
     with pytest.warns(CholeskyWarning, match="damp_percent=0.01; retrying with 0.1"):
@@ -183,7 +191,7 @@ def test_bad_hessians_give_clear_errors():
 
 def test_scales_are_rounded_to_the_storage_dtype():
     x = correlated_inputs(256, 128, 11)
-    h, _ = hessian_update(None, 0, x)
+    h = hessian_of(x)
     w = torch.randn(64, 128)
     q = gptq_quantize(w, h, W4_G128, scale_dtype=torch.bfloat16)
     assert torch.equal(q.scale, q.scale.to(torch.bfloat16).float())
@@ -217,7 +225,7 @@ def test_mse_observer_lowers_output_error(act_order):
     k, n = 256, 128
     x = correlated_inputs(1024, k, 31 + act_order)
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(32)) * 0.05
-    h, _ = hessian_update(None, 0, x)
+    h = hessian_of(x)
     minmax = gptq_quantize(w, h, W4_G32, GPTQOptions(act_order=act_order)).dequantize()
     mse = gptq_quantize(w, h, W4_G32, GPTQOptions(act_order=act_order, observer="mse")).dequantize()
     assert output_error(x, w, mse) < 0.95 * output_error(x, w, minmax)
@@ -231,14 +239,14 @@ def test_mse_observer_lowers_output_error(act_order):
 @pytest.mark.parametrize("shape", [(24, 64), (40, 96)])
 def test_one_factor_serves_every_linear_of_an_input(act_order, shape):
     """The runner factors a step's Hessian once for its linears (q/k/v, gate/up): each linear quantizes
-    exactly as it does from the Hessian itself, and factoring leaves the Hessian as it was unless handed over."""
+    exactly as it does from the Hessian itself, and factoring leaves the Hessian as it was."""
     from quantkit.algorithms.gptq import factor_hessian
 
     n, k = shape
     g = torch.Generator().manual_seed(k + act_order)
     x = torch.randn(256, k, generator=g)
     x[:, 3] = 0.0  # a dead input
-    h, _ = hessian_update(None, 0, x)
+    h = hessian_of(x)
     kept = h.clone()
     options = GPTQOptions(act_order=act_order)
     scheme = QuantScheme(num_bits=4, group_size=32, symmetric=False, strategy="group")
@@ -250,4 +258,23 @@ def test_one_factor_serves_every_linear_of_an_input(act_order, shape):
         assert torch.equal(a.q, b.q) and torch.equal(a.scale, b.scale) and torch.equal(a.zero_point, b.zero_point)
         assert a.scheme == b.scheme
     handed = factor_hessian(h, options, overwrite=True)
-    assert torch.equal(handed.u, factor.u) and not torch.equal(h, kept)  # damped (and permuted) in place
+    assert torch.equal(handed.u, factor.u) and torch.equal(h, kept)  # handed over: freed early, never modified
+
+
+@pytest.mark.parametrize("act_order", [True, False])
+def test_factor_is_the_upper_cholesky_factor_of_the_damped_inverse(act_order):
+    """U (visit order) is upper triangular with UᵀU = (H + damp mean(diag H) I)^-1, dead inputs' diagonal set to 1."""
+    from quantkit.algorithms.gptq import factor_hessian
+
+    k = 80
+    x = correlated_inputs(4 * k, k, 21, torch.float64)
+    x[:, 5] = 0.0
+    h = hessian_of(x).double()
+    factor = factor_hessian(h, GPTQOptions(act_order=act_order, damp_percent=0.05), dtype=torch.float64)
+    assert torch.equal(factor.u, factor.u.triu()) and bool(factor.dead[5]) and int(factor.dead.sum()) == 1
+    expected = h.clone()
+    expected[5, 5] = 1.0
+    order = factor.perm if act_order else torch.arange(k)
+    expected = expected[order][:, order]
+    expected += 0.05 * expected.diagonal().mean() * torch.eye(k, dtype=torch.float64)
+    torch.testing.assert_close(factor.u.T @ factor.u, torch.linalg.inv(expected), rtol=1e-9, atol=1e-9)

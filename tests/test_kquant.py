@@ -14,7 +14,7 @@ gguf = pytest.importorskip("gguf")
 
 import quantkit  # noqa: E402
 from quantkit.gguf import grids  # noqa: E402
-from quantkit.algorithms.gptq import GPTQOptions, gptq_quantize, hessian_update  # noqa: E402
+from quantkit.algorithms.gptq import GPTQOptions, gptq_quantize, hessian_of  # noqa: E402
 from quantkit.algorithms.rtn import RTNOptions, rtn_quantize  # noqa: E402
 from quantkit.commands.cli import main  # noqa: E402
 from quantkit.core.errors import QuantizationError  # noqa: E402
@@ -77,7 +77,7 @@ def test_gptq_onto_the_grid_beats_round_to_nearest():
     w = _weight(32, k, 5)
     mix = torch.randn(k, k, generator=g) / k**0.5
     x = (torch.randn(4096, k, generator=g) @ mix) * torch.rand(k, generator=g).mul(3).add(0.1)  # correlated inputs
-    h, _ = hessian_update(None, 0, x)
+    h = hessian_of(x)
 
     def out_err(wq):
         return (x @ (wq - w).T).pow(2).mean().item()

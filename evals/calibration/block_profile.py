@@ -5,8 +5,8 @@
 Each phase is the cumulative time of the functions that do it, measured by wrapping them (one process,
 one block; the calibration forwards are what remains of the block's time):
 - range search: the "mse" observer's search of each group's range (primitives.mse_clip_ratio);
-- Hessians: accumulating X^T X from the captured inputs (algorithms.gptq.hessian_update);
-- inversion: the damped Cholesky inverse of each step's Hessian (algorithms.gptq._damped_cholesky_inverse,
+- Hessians: accumulating X^T X from the captured inputs (algorithms.gptq.HessianSum);
+- inversion: the factor of each step's damped inverse Hessian (algorithms.gptq._damped_inverse_factor,
   once per step since the step's linears share one factor_hessian);
 - column walk: the rest of gptq_quantize (quantize a column, spread its error over the ones left).
 """
@@ -54,9 +54,9 @@ def main() -> None:
     totals: dict[str, float] = {}
     # wrapped where they are looked up: gptq's own module globals, and the processor's import of gptq
     gptq.mse_clip_ratio = _timed(totals, "range search", primitives.mse_clip_ratio)
-    gptq.hessian_update = _timed(totals, "Hessians", gptq.hessian_update)
-    gptq_processor.hessian_update = gptq.hessian_update
-    gptq._damped_cholesky_inverse = _timed(totals, "inversion", gptq._damped_cholesky_inverse)
+    gptq.HessianSum.add = _timed(totals, "Hessians", gptq.HessianSum.add)
+    gptq.HessianSum.hessian = _timed(totals, "Hessians", gptq.HessianSum.hessian)
+    gptq._damped_inverse_factor = _timed(totals, "inversion", gptq._damped_inverse_factor)
     gptq_processor.gptq_quantize = _timed(totals, "gptq_quantize", gptq.gptq_quantize)
     start = time.perf_counter()
     quantkit.quantize(model, "w4a16-gptq", calibration, progress=False)

@@ -2,10 +2,13 @@
 same CPU threads: the time of the quantization call alone (no load, no save), per decoder block.
 
     python evals/calibration/gptq_time.py MODEL_DIR --samples 16 --seq-len 256 \
-        [--llmcompressor-python VENV/bin/python] [--threads 2] [--json OUT.json]
+        [--llmcompressor-python VENV/bin/python] [--llmcompressor-dtypes float32,bfloat16] [--threads 2] [--json OUT.json]
 
 The windows are quantkit's calibration sampling of the reference text (CalibrationConfig(source="ref")),
-written once and given to llm-compressor as token ids (evals/calibration/llmcompressor_gptq.py).
+written once and given to llm-compressor as token ids (evals/calibration/llmcompressor_gptq.py), which
+loads and calibrates the model in each of --llmcompressor-dtypes (default float32). quantkit's calibration
+passes run in the model's dtype, or in fp32 on a CPU without native bf16 (calibration.runner.calibration_dtype):
+the row names the dtype.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--llmcompressor-python")
+    p.add_argument("--llmcompressor-dtypes", default="float32", help="comma-separated: float32, bfloat16")
     p.add_argument("--json")
     args = p.parse_args(argv)
     import torch
@@ -36,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     import quantkit
     from quantkit.calibration import CalibrationConfig
     from quantkit.calibration.data import calibration_batches
+    from quantkit.calibration.runner import calibration_dtype
     from quantkit.formats.loading import load_float_model
 
     torch.set_num_threads(args.threads)
@@ -52,16 +57,19 @@ def main(argv: list[str] | None = None) -> int:
             model = load_float_model(args.model)
             start = time.perf_counter()
             quantkit.quantize(model, recipe, [windows], progress=False)
-            rows.append({"tool": f"quantkit {quantkit.__version__} {what}", "seconds": time.perf_counter() - start})
+            seconds = time.perf_counter() - start
+            passes = str(calibration_dtype(model.dtype, torch.device("cpu"))).removeprefix("torch.")
+            rows.append({"tool": f"quantkit {quantkit.__version__} {what}, passes in {passes}", "seconds": seconds})
     if args.llmcompressor_python:
-        with tempfile.TemporaryDirectory() as tmp:
-            save_file({"input_ids": windows.contiguous()}, f"{tmp}/calib.safetensors")
-            subprocess.run([args.llmcompressor_python, str(HERE / "llmcompressor_gptq.py"), args.model,
-                            f"{tmp}/calib.safetensors", f"{tmp}/out"], check=True,
-                           env={**__import__("os").environ, "OMP_NUM_THREADS": str(args.threads)})
-            timing = json.loads(Path(f"{tmp}/out/timing.json").read_text())
-        rows.append({"tool": f"llm-compressor {timing['llmcompressor']} GPTQ (W4A16 preset: minmax, actorder static)",
-                     "seconds": timing["seconds"]})
+        for dtype in args.llmcompressor_dtypes.split(","):
+            with tempfile.TemporaryDirectory() as tmp:
+                save_file({"input_ids": windows.contiguous()}, f"{tmp}/calib.safetensors")
+                subprocess.run([args.llmcompressor_python, str(HERE / "llmcompressor_gptq.py"), args.model,
+                                f"{tmp}/calib.safetensors", f"{tmp}/out", "W4A16", "memoryless_minmax", dtype], check=True,
+                               env={**__import__("os").environ, "OMP_NUM_THREADS": str(args.threads)})
+                timing = json.loads(Path(f"{tmp}/out/timing.json").read_text())
+            rows.append({"tool": f"llm-compressor {timing['llmcompressor']} GPTQ (W4A16 preset: minmax, actorder static), "
+                                 f"model in {dtype}", "seconds": timing["seconds"]})
     print(f"{blocks} blocks, {args.samples} x {args.seq_len} tokens, {args.threads} threads\n")
     print("| tool | seconds | per block | vs quantkit |\n|---|---:|---:|---:|")
     for r in rows:

@@ -4,13 +4,14 @@ Runs in an environment where `llmcompressor` is installed (it pins transformers 
 of quantkit's environment):
 
     python -m venv --system-site-packages VENV && VENV/bin/pip install llmcompressor==0.14.0.1 torch==2.13.0
-    VENV/bin/python evals/calibration/llmcompressor_gptq.py MODEL_DIR CALIB.safetensors OUT_DIR [SCHEME [OBSERVER]]
+    VENV/bin/python evals/calibration/llmcompressor_gptq.py MODEL_DIR CALIB.safetensors OUT_DIR [SCHEME [OBSERVER [DTYPE]]]
 
 CALIB.safetensors holds `input_ids` int64 [N, L] (written by compare.py, the exact windows quantkit
 calibrates on). SCHEME: an llm-compressor preset (default W4A16), or a quantkit checkpoint folder whose
 config groups (per-layer group sizes) llm-compressor should use. OBSERVER: how llm-compressor picks the
 weights' ranges with those config groups (default memoryless_minmax, its default; memoryless_mse: its
-MSE grid search). Writes a compressed-tensors checkpoint to OUT_DIR and OUT_DIR/timing.json.
+MSE grid search). DTYPE: the dtype the model is loaded and calibrated in (default float32;
+bfloat16: the model's own). Writes a compressed-tensors checkpoint to OUT_DIR and OUT_DIR/timing.json.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import time
 from pathlib import Path
 
 
-def main(model_dir: str, calib_file: str, out_dir: str, scheme: str = "W4A16", observer: str = "memoryless_minmax") -> int:
+def main(model_dir: str, calib_file: str, out_dir: str, scheme: str = "W4A16", observer: str = "memoryless_minmax",
+         dtype: str = "float32") -> int:
     import torch
     from datasets import Dataset
     from llmcompressor import oneshot
@@ -36,7 +38,7 @@ def main(model_dir: str, calib_file: str, out_dir: str, scheme: str = "W4A16", o
     ids = load_file(calib_file)["input_ids"]  # [N, L]
     n, length = ids.shape
     data = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist()})
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
     groups = _config_groups(Path(scheme), observer) if Path(scheme).is_dir() else None
     chosen = {"config_groups": groups} if groups else {"targets": "Linear", "scheme": scheme}
     recipe = GPTQModifier(**chosen, ignore=["lm_head"], block_size=128, dampening_frac=0.01, actorder="static")
@@ -56,7 +58,7 @@ def main(model_dir: str, calib_file: str, out_dir: str, scheme: str = "W4A16", o
         "seconds": seconds, "llmcompressor": llmcompressor.__version__,
         "scheme": f"config groups of {scheme}" if groups else scheme, "actorder": "static",
         "observer": observer if groups else "the preset's",
-        "dampening_frac": 0.01, "block_size": 128, "samples": n, "seq_len": length,
+        "dampening_frac": 0.01, "block_size": 128, "samples": n, "seq_len": length, "dtype": dtype,
     }, indent=2) + "\n")
     return 0
 

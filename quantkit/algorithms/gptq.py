@@ -2,8 +2,8 @@
 
 Two verbs, both pure functions over tensors (the calibration runner schedules them):
 
-- ``hessian_update(h, count, x)``: accumulate H = 2 XᵀX / n over calibration inputs, as a running
-  mean in fp32 (the same matrix whatever the batching);
+- ``HessianSum``: accumulate H = 2 XᵀX / n over calibration inputs, window by window into an fp64 sum
+  (the same matrix whatever the batching and the number of processes);
 - ``factor_hessian(h, options)``: what the column walk needs of H (the Cholesky factor of its damped
   inverse, in visit order), once for all the linears that share an input;
 - ``gptq_quantize(weight, hessian or factor, scheme, options)``: the quantized weight.
@@ -32,6 +32,7 @@ inside a lazy block; we read the updated ones, so results do not depend on ``blo
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 import math
 import warnings
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from ..gguf import grids
+from ..kernels import cpu_extension
 from ..core.primitives import check_range_options, compute_qparams, mse_clip_ratio
 from ..core.quantized_weight import QuantizedWeight
 from ..core.scheme import QuantScheme
@@ -88,48 +90,105 @@ class GPTQOptions:
 # -- verb 1: statistics -------------------------------------------------------------------------
 
 
-def hessian_update(h: torch.Tensor | None, count: int, x: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Fold inputs x into the running mean H = 2 XᵀX / n.
+class HessianSum:
+    """S = sum of XᵀX over a linear's calibration inputs, and H = 2 S / n, the same matrix whatever the
+    batching of the windows and however many processes share them (calibration.distributed).
 
-    h: fp32 [K, K] or None (start); count: rows seen so far; x: [..., K] inputs of the linear.
-    returns: (fp32 [K, K], new count). Accumulates in fp32 whatever x's dtype.
+    Each window's XᵀX is computed on its own in fp32 (by panels of PANEL rows, the lower triangle only: H is
+    symmetric, so half the products) and added into an fp64 sum: sums of fp32 terms in fp64 are exact or
+    within 2^-53, so the order in which windows arrive or processes add their shares does not change the
+    fp32 H. (A running fp32 mean rounds differently for every batching, and GPTQ's rounding decisions
+    follow those roundings: two batchings of the same windows gave checkpoints differing in a third of
+    their words.) Memory: the fp64 sum, twice an fp32 H, until ``hessian()`` hands H over.
+
+    add(x): x [W, T, K] (W windows of T tokens; more leading dimensions are windows too) or [M, K] (taken
+    as one unit). sum: fp64 [K, K] (lower triangle valid) or None; count: rows seen.
     """
-    x = x.reshape(-1, x.shape[-1]).float()  # [M, K]
-    m, k = x.shape
-    if h is None:
-        h = torch.zeros(k, k, dtype=torch.float32, device=x.device)
-    if m == 0:
-        return h, count
-    total = count + m
-    h.mul_(count / total)
-    x = x * math.sqrt(2.0 / total)
-    h.addmm_(x.t(), x)
-    return h, total
+
+    PANEL = 512
+
+    def __init__(self) -> None:
+        self.sum: torch.Tensor | None = None
+        self.count = 0
+
+    def start(self, k: int, device: torch.device | str | None = None) -> "HessianSum":
+        """An all-zero sum of width k, if none yet (a process whose windows never reached this linear)."""
+        if self.sum is None:
+            self.sum = torch.zeros(k, k, dtype=torch.float64, device=device)
+        return self
+
+    def add(self, x: torch.Tensor) -> "HessianSum":
+        k = x.shape[-1]
+        windows = x.reshape(-1, x.shape[-2], k) if x.dim() >= 3 else x.unsqueeze(0)  # [W, T, K]
+        self.start(k, x.device)
+        if windows.numel() == 0:
+            return self
+        panel = torch.empty(min(self.PANEL, k), k, dtype=torch.float64, device=x.device)  # [P, K]
+        for window in windows:
+            window = window.float()  # [T, K]
+            for r0 in range(0, k, self.PANEL):
+                r1 = min(r0 + self.PANEL, k)
+                part = panel[:r1 - r0, :r1]
+                part.copy_(window[:, r0:r1].t() @ window[:, :r1])  # rows r0..r1-1 up to the diagonal block
+                self.sum[r0:r1, :r1] += part
+        self.count += windows.shape[0] * windows.shape[1]
+        return self
+
+    def hessian(self) -> torch.Tensor | None:
+        """H = 2 S / n, fp32 [K, K] symmetric (None before any input); the sum is freed."""
+        if self.sum is None:
+            return None
+        s, self.sum = self.sum, None
+        k = s.shape[0]
+        h = torch.empty(k, k, dtype=torch.float32, device=s.device)
+        factor = 2.0 / max(self.count, 1)
+        for r0 in range(0, k, self.PANEL):  # by panels: no second [K, K] temporary
+            r1 = min(r0 + self.PANEL, k)
+            h[r0:r1, :r1] = s[r0:r1, :r1] * factor
+            h[:r0, r0:r1] = h[r0:r1, :r0].t()
+            diagonal = h[r0:r1, r0:r1]
+            diagonal.copy_(diagonal.tril() + diagonal.tril(-1).t())
+        return h
+
+
+def hessian_of(x: torch.Tensor) -> torch.Tensor:
+    """H = 2 XᵀX / n of inputs x [W, T, K] or [M, K] (HessianSum): fp32 [K, K]."""
+    return HessianSum().add(x).hessian()
 
 
 # -- verb 2: quantize ---------------------------------------------------------------------------
 
 
-def _damped_cholesky_inverse(h: torch.Tensor, damp_percent: float, where: str) -> tuple[torch.Tensor, float]:
-    """Upper Cholesky factor U of (H + damp*I)^-1 (so that Uᵀ U = H^-1), raising damping on failure.
+def _damped_inverse_factor(reversed_h: Callable[[], torch.Tensor], release: Callable[[], None], damp_percent: float,
+                           where: str) -> tuple[torch.Tensor, float]:
+    """Upper triangular U with Uᵀ U = (H + damp*I)^-1, raising damping while the factorisation fails.
 
-    h: [K, K] symmetric PSD, damped *in place* (the caller's working copy). At most three [K, K]
-    matrices are alive at once. returns (U [K, K], damp_percent actually used).
+    reversed_h(): a fresh copy of J H J ([K, K], H with its rows and columns in reverse order), factored in
+    place; release(): called once the factorisation succeeded (the caller may free H then). If
+    J H J = L Lᵀ (lower Cholesky), then H = V Vᵀ with V = J L J upper, and H^-1 = (V^-1)ᵀ V^-1, so
+    U = V^-1 = J L^-1 J: one Cholesky factorisation and one triangular solve, where inverting H and factoring
+    the inverse takes two factorisations and an inverse (measured 1.25x the time at K = 5632), and two
+    [K, K] matrices alive at once, not three. returns (U [K, K], damp_percent actually used).
     """
-    diag = h.diagonal()
-    undamped = diag.clone()  # [K]
-    mean_diag = torch.mean(undamped).item()
     damp = damp_percent
     for attempt in range(MAX_DAMP_RETRIES + 1):
-        diag.copy_(undamped + damp * mean_diag)
-        l, info = torch.linalg.cholesky_ex(h)
+        f = reversed_h()
+        diag = f.diagonal()
+        diag.add_(damp * torch.mean(diag).item())
+        info = torch.empty((), dtype=torch.int32, device=f.device)
+        torch.linalg.cholesky_ex(f, out=(f, info))  # f: L, lower
         if int(info) == 0:
-            hinv = torch.cholesky_inverse(l)
-            del l
-            u, info = torch.linalg.cholesky_ex(hinv, upper=True)
-            del hinv
-            if int(info) == 0 and torch.isfinite(u).all():
-                return u, damp
+            release()
+            inverse = torch.eye(f.shape[0], dtype=f.dtype, device=f.device)
+            torch.linalg.solve_triangular(f, inverse, upper=False, out=inverse)  # L^-1
+            del f
+            u = torch.flip(inverse, (0, 1))
+            del inverse
+            if not torch.isfinite(u).all():
+                raise RuntimeError(f"{where}: the inverse Hessian overflows at damp_percent={damp:g}: raise damp_percent "
+                                   f"in the recipe's gptq options, or quantize this layer with RTN (ignore it)")
+            return u, damp
+        del f
         if attempt < MAX_DAMP_RETRIES:
             warnings.warn(
                 f"{where}: Hessian not positive definite with damp_percent={damp:g}; retrying with {damp * 10:g}",
@@ -170,6 +229,57 @@ def _qparams(w: torch.Tensor, energy: torch.Tensor, scheme: QuantScheme, scale_d
 
 
 
+#: the C++ walk's rounding modes (kernels/csrc/gptq_walk.cpp's Mode)
+_INT_SYMMETRIC, _INT_ZERO_POINT, _GRID_OFFSET, _GRID_MINIMUM = range(4)
+
+
+def _column_walk(scheme: QuantScheme, grid, scales_t: torch.Tensor, zeros_t: torch.Tensor | None,
+                 minimums_t: torch.Tensor | None, column_group: torch.Tensor):
+    """The column walk inside one lazy block: walk(w1, u1, q1, err1, i1, a, b) quantizes the block's columns
+    a..b-1 (block rows of w1 [B, N], the weights transposed, starting at column i1), writes their levels to
+    q1 [B, N] and their scaled errors to err1 [B, N], and pushes each error onto the block's later columns.
+
+    scales_t / zeros_t / minimums_t: [G, N], read when a column is reached; column_group: [K] the group of
+    each column in visit order. On CPU in fp32 the C++ kernel (gptq_walk) runs it, bit for bit the pure-PyTorch
+    loop (_walk_columns_reference), which runs elsewhere."""
+    on_cpu = scales_t.dtype == torch.float32 and scales_t.device.type == "cpu"
+    if on_cpu and cpu_extension.load_cpu_kernels().available:  # built on first use, cached
+        if grid is not None:
+            mode = _GRID_OFFSET if grid.OFFSET is not None else _GRID_MINIMUM
+            qmin, qmax, offset = 0.0, float(grid.LEVELS), float(grid.OFFSET or 0)
+        else:
+            mode = _INT_ZERO_POINT if zeros_t is not None else _INT_SYMMETRIC
+            qmin, qmax, offset = float(scheme.qmin), float(scheme.qmax), 0.0
+        groups = column_group.to(torch.int64)
+
+        def kernel(w1, u1, q1, err1, i1, a, b):
+            torch.ops.quantkit.gptq_walk(w1, u1, q1, err1, scales_t, zeros_t, minimums_t,
+                                         groups[i1:i1 + w1.shape[0]], a, b, mode, qmin, qmax, offset)
+
+        return kernel
+
+    def reference(w1, u1, q1, err1, i1, a, b):
+        _walk_columns_reference(w1, u1, q1, err1, scheme, grid, scales_t, zeros_t, minimums_t,
+                                column_group[i1:i1 + w1.shape[0]].tolist(), a, b)
+
+    return reference
+
+
+def _walk_columns_reference(w1, u1, q1, err1, scheme, grid, scales_t, zeros_t, minimums_t, groups, a, b) -> None:
+    """Pure PyTorch: columns a..b-1 of one block (see _column_walk; groups: the block's columns' groups)."""
+    for i in range(a, b):
+        g = groups[i]
+        if grid is not None:
+            q = grid.quantize_onto(w1[i], scales_t[g].float(), minimums_t[g].float()).to(w1.dtype)
+            deq = q * scales_t[g] - minimums_t[g]
+        else:
+            q, deq = _quantize_column(w1[i], scales_t[g], zeros_t[g] if zeros_t is not None else None, scheme)
+        q1[i] = q
+        err = (w1[i] - deq) / u1[i, i]  # [N]
+        w1[i + 1:] -= u1[i, i + 1:].unsqueeze(1) * err.unsqueeze(0)
+        err1[i] = err
+
+
 @dataclass
 class HessianFactor:
     """What GPTQ needs of a layer's Hessian, computed once for all the linears that read the same input
@@ -189,29 +299,33 @@ class HessianFactor:
 def factor_hessian(hessian: torch.Tensor, options: GPTQOptions = GPTQOptions(), *, name: str = "weight",
                    dtype: torch.dtype = torch.float32, device: torch.device | None = None,
                    overwrite: bool = False) -> HessianFactor:
-    """The HessianFactor of `hessian` [K, K] (hessian_update), in `dtype` on `device` (default: the Hessian's).
+    """The HessianFactor of `hessian` [K, K] (HessianSum.hessian), in `dtype` on `device` (default: the Hessian's).
 
-    overwrite: the caller hands the matrix over (it is damped and permuted in place, and must not be used
-    afterwards): one [K, K] copy less, which at a 14336-wide down_proj is 0.8 GB. At most three [K, K]
-    matrices are alive at once.
+    overwrite: the caller hands the matrix over (it keeps no reference), so that it is freed as soon as the
+    factorisation succeeded: at a 14336-wide down_proj one [K, K] matrix (0.8 GB) less while U is computed.
+    `hessian` is never modified. At most two [K, K] matrices are alive at once besides a Hessian not handed over.
     """
     k = hessian.shape[0]
     if hessian.dim() != 2 or hessian.shape[1] != k:
         raise ValueError(f"{name}: the Hessian must be square [K, K], got shape {tuple(hessian.shape)}")
     if not torch.isfinite(hessian).all():
         raise ValueError(f"{name}: the Hessian has NaN/Inf entries: the calibration activations overflowed")
-    h = hessian.detach().to(dtype=dtype, device=device or hessian.device)
-    if not overwrite and h.data_ptr() == hessian.data_ptr():
-        h = h.clone()
+    h = [hessian.detach().to(dtype=dtype, device=device or hessian.device)]
     del hessian
-    dead = torch.diag(h) == 0
-    h[dead, dead] = 1.0
-    energy = torch.diag(h).clone()  # [K], original order
+    diagonal = h[0].diagonal()
+    dead = diagonal == 0
+    energy = torch.where(dead, torch.ones_like(diagonal), diagonal)  # [K], original order; dead inputs get 1
+    del diagonal  # a view: it would keep the Hessian alive
     perm = torch.argsort(energy, descending=True) if options.act_order else None
-    if perm is not None:
-        h = h[perm]
-        h = h[:, perm]
-    u = _damped_cholesky_inverse(h, options.damp_percent, name)[0]  # [K, K] upper
+    backwards = perm.flip(0) if perm is not None else torch.arange(k - 1, -1, -1, device=energy.device)
+
+    def reversed_h() -> torch.Tensor:
+        f = h[0][backwards[:, None], backwards]  # [K, K]: visit order, reversed
+        f.diagonal()[dead[backwards]] = 1.0
+        return f
+
+    u = _damped_inverse_factor(reversed_h, h.clear if overwrite else lambda: None, options.damp_percent, name)[0]
+    # u: [K, K] upper, rows and columns in visit order
     return HessianFactor(u, dead, energy, perm)
 
 
@@ -226,7 +340,7 @@ def gptq_quantize(
 ) -> QuantizedWeight | grids.GridWeight:
     """GPTQ-quantize one linear weight.
 
-    weight: float [N, K] (out, in); hessian: [K, K] = 2 XᵀX / n of the layer's inputs (hessian_update), or
+    weight: float [N, K] (out, in); hessian: [K, K] = 2 XᵀX / n of the layer's inputs (HessianSum.hessian), or
     its HessianFactor (factor_hessian with the same options), shared by the linears of one input.
     scale_dtype: dtype the scales are stored in (the model dtype); scales are rounded to it before use.
     Math runs in fp32 (fp64 if weight and hessian are fp64). Inputs are not modified.
@@ -274,57 +388,52 @@ def gptq_quantize(
     else:  # each group's parameters from its updated columns, when the walk reaches the group
         one_group = dataclasses.replace(scheme, strategy="channel", group_size=None, actorder=None)
 
-    if perm is not None:
-        w = w[:, perm]
     column_group = (perm if perm is not None else torch.arange(k, device=w.device)) // group_size  # [K]
 
     block = options.block_size
     if not static and block % group_size:
         block = max(group_size, (block // group_size) * group_size)
     # The walk runs on transposed copies ([K, N] weights, [G, N] scales): each column is a contiguous row.
-    wt = w.t().contiguous()  # [K, N] (visit order)
+    wt = w.t().contiguous()  # [K, N]
     del w
+    if perm is not None:
+        wt = wt[perm]  # visit order: whole rows move
     q_t = torch.zeros(k, n, dtype=dtype, device=wt.device)  # [K, N] (visit order)
     scales_t = scales.t().contiguous()  # [G, N]
     zeros_t = zeros.t().contiguous() if zeros is not None else None
     minimums_t = minimums.t().contiguous() if grid is not None else None
-    groups_of = column_group.tolist()
+    walk = _column_walk(scheme, grid, scales_t, zeros_t, minimums_t, column_group)
     for i1 in range(0, k, block):
         i2 = min(i1 + block, k)
         w1 = wt[i1:i2].clone()  # [B, N]
         err1 = torch.zeros_like(w1)
         u1 = u[i1:i2, i1:i2]  # [B, B]
-        for i in range(i2 - i1):
-            col = i1 + i
-            g = groups_of[col]
-            if not static and col % group_size == 0:
-                s, z = _qparams(w1[i:i + group_size].t(), energy[col:col + group_size], one_group, scale_dtype, options)
+        # the walk stops where a group starts whose parameters come from its updated columns
+        starts = [i for i in range(i2 - i1) if not static and (i1 + i) % group_size == 0]
+        for a, b in zip([0] + starts, starts + [i2 - i1]):
+            if a == b:
+                continue
+            if a in starts:
+                g = int(column_group[i1 + a])
+                s, z = _qparams(w1[a:a + group_size].t(), energy[i1 + a:i1 + a + group_size], one_group, scale_dtype,
+                                options)
                 scales_t[g] = s[:, 0]
                 if zeros_t is not None:
                     zeros_t[g] = z[:, 0]
-            if grid is not None:
-                q = grid.quantize_onto(w1[i], scales_t[g].float(), minimums_t[g].float()).to(dtype)
-                deq = q * scales_t[g] - minimums_t[g]
-            else:
-                q, deq = _quantize_column(w1[i], scales_t[g], zeros_t[g] if zeros_t is not None else None, scheme)
-            q_t[col] = q
-            err = (w1[i] - deq) / u1[i, i]  # [N]
-            w1[i:] -= u1[i, i:].unsqueeze(1) * err.unsqueeze(0)
-            err1[i] = err
-        wt[i2:] -= (err1.t() @ u[i1:i2, i2:]).t()
-    q_int = q_t.t()  # [N, K] (visit order)
+            walk(w1, u1, q_t[i1:i2], err1, i1, a, b)
+        wt[i2:] -= u[i1:i2, i2:].t() @ err1  # [K - i2, N]
+    if perm is not None:
+        q_t = q_t[torch.argsort(perm)]  # back to the original order
+    q_int = q_t.to(torch.uint8 if grid is not None else torch.int8).t().contiguous()  # [N, K]
     scales = scales_t.t()
     zeros = zeros_t.t() if zeros_t is not None else None
-
-    if perm is not None:
-        q_int = q_int[:, torch.argsort(perm)]
     if grid is not None:
-        return grid(q_int.to(torch.uint8), *fields, scheme=scheme)
+        return grid(q_int, *fields, scheme=scheme)
     if perm is not None and scheme.strategy == "group":
         # recorded as compressed-tensors does; per-channel stays null (compressed-tensors < 0.16 refuses it there)
         scheme = dataclasses.replace(scheme, actorder="weight")
     return QuantizedWeight(
-        q=q_int.to(torch.int8),
+        q=q_int,
         scale=scales.float(),
         zero_point=zeros.to(torch.int32) if zeros is not None else None,
         scheme=scheme,

@@ -3,9 +3,9 @@
 Every rank loads the model (memory-mapped: the ranks of one machine share the page cache), takes its
 share of the calibration windows and walks the blocks in step with the others:
 
-- statistics: each rank accumulates its Hessians over its own windows; the sums are added across ranks
-  (all_reduce), so every rank holds the Hessian of all the windows, equal to one process's up to the
-  order of the additions;
+- statistics: each rank accumulates its Hessians over its own windows; the fp64 sums are added across
+  ranks (all_reduce), so every rank holds the Hessian of all the windows, the same fp32 matrix as one
+  process's (algorithms.gptq.HessianSum: each window's XᵀX in fp32, summed in fp64);
 - the column walk: GPTQ's rows are independent once the Hessian is factored, so each rank walks a
   contiguous share of a linear's output rows and the quantized rows are gathered (all_gather): every
   rank ends with the same quantized model;
@@ -23,6 +23,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from ..algorithms.gptq import HessianSum
 from ..core.errors import QuantizationError
 
 
@@ -67,18 +68,17 @@ def share(batches: list[torch.Tensor]) -> list[torch.Tensor]:
     return list(windows[rank::size].split(batches[0].shape[0]))
 
 
-def add_hessians(h: torch.Tensor | None, count: int) -> tuple[torch.Tensor | None, int]:
-    """The running mean H over `count` rows of this rank's inputs -> the mean over every rank's rows."""
+def add_hessians(acc: HessianSum) -> HessianSum:
+    """This rank's HessianSum -> the sum over every rank's windows (in place; returned): the fp64 sums and
+    the row counts are added, so the Hessian is one process's up to the order of exact-or-nearly additions."""
     if world()[1] == 1:
-        return h, count
-    total = torch.tensor([count], dtype=torch.float64)
+        return acc
+    total = torch.tensor([acc.count], dtype=torch.float64)
     dist.all_reduce(total)
-    if h is None or int(total) == 0:
-        return h, int(total)
-    h.mul_(count)
-    dist.all_reduce(h)
-    h.div_(float(total))
-    return h, int(total)
+    acc.count = int(total)
+    if acc.sum is not None and acc.count:
+        dist.all_reduce(acc.sum)
+    return acc
 
 
 def row_share(rows: int) -> tuple[int, int]:

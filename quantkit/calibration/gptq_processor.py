@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..algorithms.gptq import GPTQOptions, factor_hessian, gptq_quantize, hessian_update
+from ..algorithms.gptq import GPTQOptions, HessianSum, factor_hessian, gptq_quantize
 from ..algorithms.rtn import rtn_quantize
 from ..core.quantized_weight import QuantizedWeight
 from ..core.scheme import QuantScheme
@@ -17,8 +17,8 @@ from .runner import BlockContext, check_finite
 class GPTQProcessor:
     """Quantizes a block's targeted linears with GPTQ, step by step (q/k/v, o, gate/up, down).
 
-    The linears of one step read the same input, so they share one Hessian: one fp32 [K, K] matrix
-    on the compute device at a time.
+    The linears of one step read the same input, so they share one Hessian: one [K, K] matrix on the
+    compute device at a time (its fp64 sum while the step's inputs come, then the fp32 Hessian).
     """
 
     def __init__(self, scheme_for: Callable[[str], QuantScheme], options: GPTQOptions, scale_dtype=None) -> None:
@@ -34,16 +34,16 @@ class GPTQProcessor:
                 continue
             first = step.targets[0]
             ctx.status(f"gptq {'/'.join(n.rsplit('.', 1)[-1] for n in step.targets)}")
-            acc = {"h": None, "count": 0}
+            acc = HessianSum()
 
             def accumulate(module, x, output, _where=f"the input of {ctx.name}.{first}"):
                 check_finite(x, _where)
-                acc["h"], acc["count"] = hessian_update(acc["h"], acc["count"], x)
+                acc.add(x)
 
             ctx.forward({first: accumulate}, stop_after=[first])
-            acc["h"], acc["count"] = add_hessians(acc["h"], acc["count"])  # every process's windows
+            add_hessians(acc)  # every process's windows
             # one factorisation for the step's linears; the Hessian is handed over and freed
-            factor = factor_hessian(acc.pop("h"), self.options, name=f"{ctx.name}.{first}", overwrite=True)
+            factor = factor_hessian(acc.hessian(), self.options, name=f"{ctx.name}.{first}", overwrite=True)
             for name in step.targets:
                 linear = ctx.module(name)
                 ctx.set_quantized(name, self._walk(linear.weight, factor, self.scheme_for(f"{ctx.name}.{name}"),
@@ -53,11 +53,10 @@ class GPTQProcessor:
     def quantize_head(self, name: str, linear, inputs: list):
         """The output head `linear` with GPTQ, its Hessian from `inputs` (per batch, the final norm of the last
         block's outputs [B, T, H])."""
-        h, count = None, 0
+        acc = HessianSum()
         for x in inputs:
-            h, count = hessian_update(h, count, x)
-        h, count = add_hessians(h, count)
-        factor = factor_hessian(h, self.options, name=name, overwrite=True)
+            acc.add(x)
+        factor = factor_hessian(add_hessians(acc).hessian(), self.options, name=name, overwrite=True)
         return self._walk(linear.weight, factor, self.scheme_for(name), name)
 
     def _walk(self, weight, factor, scheme: QuantScheme, name: str):
@@ -79,14 +78,13 @@ class GPTQProcessor:
         by_parent: dict[str, list[str]] = {}
         for name in targets:
             by_parent.setdefault(name.rpartition(".")[0], []).append(name)
-        acc = {parent: {"h": None, "count": 0} for parent in by_parent}
+        acc = {parent: HessianSum() for parent in by_parent}
 
         def make(parent: str):
             def accumulate(module, x, output, _where=f"the input of {ctx.name}.{parent}"):
                 if x.numel():
                     check_finite(x, _where)
-                    a = acc[parent]
-                    a["h"], a["count"] = hessian_update(a["h"], a["count"], x)
+                    acc[parent].add(x)
             return accumulate
 
         firsts = {names[0]: make(parent) for parent, names in by_parent.items()}
@@ -94,11 +92,9 @@ class GPTQProcessor:
         for parent, names in by_parent.items():
             a = acc.pop(parent)
             if world()[1] > 1:  # an expert no window of this process reached may be reached on another
-                k = ctx.module(names[0]).in_features
-                h = a["h"] if a["h"] is not None else torch.zeros(k, k, device=ctx.device)
-                a["h"], a["count"] = add_hessians(h, a["count"])
-            factor = None if a["count"] == 0 else factor_hessian(a.pop("h"), self.options, name=f"{ctx.name}.{parent}",
-                                                                 overwrite=True)
+                add_hessians(a.start(ctx.module(names[0]).in_features, ctx.device))
+            factor = None if a.count == 0 else factor_hessian(a.hessian(), self.options, name=f"{ctx.name}.{parent}",
+                                                              overwrite=True)
             for name in names:
                 linear = ctx.module(name)
                 scheme = self.scheme_for(f"{ctx.name}.{name}")

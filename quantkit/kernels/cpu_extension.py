@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = ("wna16_q8dot.cpp", "decode_step.cpp", "decode_attention_cpu.cpp")
+SOURCES = ("wna16_q8dot.cpp", "decode_step.cpp", "decode_attention_cpu.cpp", "gptq_walk.cpp")
 HEADERS = ("q8dot.h", "decode_attention_cpu.h", "cpu_isa.h")
 CFLAGS = ("-O3", "-std=c++17", "-fopenmp")  # -fopenmp: at::parallel_for is inline OpenMP, sequential without it
 LDFLAGS = ("-fopenmp",)
