@@ -26,12 +26,6 @@ def _quantize(out, processes: int, recipe: str = "w4a16-gptq") -> subprocess.Com
                           capture_output=True, text=True, env=ENV, timeout=600)
 
 
-def _log_probs(folder, ids):
-    model = quantkit.load(folder, backend="reference")
-    with torch.no_grad():
-        return model(ids).logits.float().log_softmax(-1)
-
-
 def test_two_gloo_processes_give_one_process_checkpoint(tmp_path):
     from safetensors.torch import load_file
 
@@ -41,14 +35,8 @@ def test_two_gloo_processes_give_one_process_checkpoint(tmp_path):
     one = load_file(str(tmp_path / "p1" / "model.safetensors"))
     two = load_file(str(tmp_path / "p2" / "model.safetensors"))
     assert one.keys() == two.keys()
-    packed = [k for k in one if k.endswith("weight_packed")]
-    words = sum(one[k].numel() for k in packed)
-    differing = sum(int((one[k] != two[k]).sum()) for k in packed)
-    assert differing <= 0.01 * words, f"{differing} of {words} packed words differ"  # rounding ties only
-    ids = torch.randint(0, 512, (2, 64), generator=torch.Generator().manual_seed(1))
-    a, b = _log_probs(tmp_path / "p1", ids), _log_probs(tmp_path / "p2", ids)
-    kl = float((a.exp() * (a - b)).sum(-1).mean())
-    assert kl < 1e-6, kl
+    differing = [k for k in one if not torch.equal(one[k], two[k])]
+    assert not differing, f"{len(differing)} of {len(one)} tensors differ: {differing[:3]}"  # fp64 Hessian sums
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p1", "p2"]
 
 
@@ -67,8 +55,9 @@ def test_one_process_shares_nothing_and_adds_nothing():
     batches = [torch.arange(12).reshape(3, 4)]
     assert distributed.share(batches) is batches
     acc = HessianSum().add(torch.randn(2, 3, 4))
-    before = acc.sum.clone()
-    assert distributed.add_hessians(acc) is acc and acc.count == 6 and torch.equal(acc.sum, before)
+    before = [panel.clone() for panel in acc.panels]
+    assert distributed.add_hessians(acc) is acc and acc.count == 6
+    assert all(torch.equal(a, b) for a, b in zip(acc.panels, before))
     assert distributed.row_share(7) == (0, 7)
     assert distributed.refuse_unsupported("anything") is None
 

@@ -41,6 +41,7 @@ import torch
 
 from ..gguf import grids
 from ..kernels import cpu_extension
+from ..core.finite import count_nonfinite
 from ..core.primitives import check_range_options, compute_qparams, mse_clip_ratio
 from ..core.quantized_weight import QuantizedWeight
 from ..core.scheme import QuantScheme
@@ -94,27 +95,32 @@ class HessianSum:
     """S = sum of XᵀX over a linear's calibration inputs, and H = 2 S / n, the same matrix whatever the
     batching of the windows and however many processes share them (calibration.distributed).
 
-    Each window's XᵀX is computed on its own in fp32 (by panels of PANEL rows, the lower triangle only: H is
-    symmetric, so half the products) and added into an fp64 sum: sums of fp32 terms in fp64 are exact or
+    Each window's XᵀX is computed on its own in fp32, by panels of PANEL rows and the lower triangle only (H
+    is symmetric: half the products), and added into an fp64 sum: sums of fp32 terms in fp64 are exact or
     within 2^-53, so the order in which windows arrive or processes add their shares does not change the
     fp32 H. (A running fp32 mean rounds differently for every batching, and GPTQ's rounding decisions
     follow those roundings: two batchings of the same windows gave checkpoints differing in a third of
-    their words.) Memory: the fp64 sum, twice an fp32 H, until ``hessian()`` hands H over.
+    their words.)
+
+    Memory: the sum is held as its lower triangle in panels (panel i: fp64 rows r0..r1-1, columns 0..r1-1),
+    the bytes of one fp32 [K, K] matrix; ``hessian()`` frees each panel once it is in H, so at most two
+    fp32 [K, K] matrices' bytes are alive, as in the factorisation that follows.
 
     add(x): x [W, T, K] (W windows of T tokens; more leading dimensions are windows too) or [M, K] (taken
-    as one unit). sum: fp64 [K, K] (lower triangle valid) or None; count: rows seen.
+    as one unit). panels: the fp64 panels, or None before any input; count: rows seen.
     """
 
     PANEL = 512
 
     def __init__(self) -> None:
-        self.sum: torch.Tensor | None = None
+        self.panels: list[torch.Tensor] | None = None
         self.count = 0
 
     def start(self, k: int, device: torch.device | str | None = None) -> "HessianSum":
         """An all-zero sum of width k, if none yet (a process whose windows never reached this linear)."""
-        if self.sum is None:
-            self.sum = torch.zeros(k, k, dtype=torch.float64, device=device)
+        if self.panels is None:
+            self.panels = [torch.zeros(min(r0 + self.PANEL, k) - r0, min(r0 + self.PANEL, k), dtype=torch.float64,
+                                       device=device) for r0 in range(0, k, self.PANEL)]
         return self
 
     def add(self, x: torch.Tensor) -> "HessianSum":
@@ -123,28 +129,29 @@ class HessianSum:
         self.start(k, x.device)
         if windows.numel() == 0:
             return self
-        panel = torch.empty(min(self.PANEL, k), k, dtype=torch.float64, device=x.device)  # [P, K]
+        buffer = torch.empty(min(self.PANEL, k), k, dtype=torch.float64, device=x.device)  # [P, K]
         for window in windows:
             window = window.float()  # [T, K]
-            for r0 in range(0, k, self.PANEL):
-                r1 = min(r0 + self.PANEL, k)
-                part = panel[:r1 - r0, :r1]
+            for panel, r0 in zip(self.panels, range(0, k, self.PANEL)):
+                rows, r1 = panel.shape
+                part = buffer[:rows, :r1]
                 part.copy_(window[:, r0:r1].t() @ window[:, :r1])  # rows r0..r1-1 up to the diagonal block
-                self.sum[r0:r1, :r1] += part
+                panel += part
         self.count += windows.shape[0] * windows.shape[1]
         return self
 
     def hessian(self) -> torch.Tensor | None:
-        """H = 2 S / n, fp32 [K, K] symmetric (None before any input); the sum is freed."""
-        if self.sum is None:
+        """H = 2 S / n, fp32 [K, K] symmetric (None before any input); the sum is freed as H fills."""
+        if self.panels is None:
             return None
-        s, self.sum = self.sum, None
-        k = s.shape[0]
-        h = torch.empty(k, k, dtype=torch.float32, device=s.device)
+        panels, self.panels = self.panels, None
+        k = panels[-1].shape[1]
+        h = torch.empty(k, k, dtype=torch.float32, device=panels[0].device)
         factor = 2.0 / max(self.count, 1)
-        for r0 in range(0, k, self.PANEL):  # by panels: no second [K, K] temporary
-            r1 = min(r0 + self.PANEL, k)
-            h[r0:r1, :r1] = s[r0:r1, :r1] * factor
+        for i, r0 in enumerate(range(0, k, self.PANEL)):
+            rows, r1 = panels[i].shape
+            h[r0:r1, :r1] = panels[i] * factor
+            panels[i] = None  # freed
             h[:r0, r0:r1] = h[r0:r1, :r0].t()
             diagonal = h[r0:r1, r0:r1]
             diagonal.copy_(diagonal.tril() + diagonal.tril(-1).t())
@@ -308,7 +315,7 @@ def factor_hessian(hessian: torch.Tensor, options: GPTQOptions = GPTQOptions(), 
     k = hessian.shape[0]
     if hessian.dim() != 2 or hessian.shape[1] != k:
         raise ValueError(f"{name}: the Hessian must be square [K, K], got shape {tuple(hessian.shape)}")
-    if not torch.isfinite(hessian).all():
+    if count_nonfinite(hessian):  # in slices: no [K, K] mask
         raise ValueError(f"{name}: the Hessian has NaN/Inf entries: the calibration activations overflowed")
     h = [hessian.detach().to(dtype=dtype, device=device or hessian.device)]
     del hessian

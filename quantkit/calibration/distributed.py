@@ -76,8 +76,9 @@ def add_hessians(acc: HessianSum) -> HessianSum:
     total = torch.tensor([acc.count], dtype=torch.float64)
     dist.all_reduce(total)
     acc.count = int(total)
-    if acc.sum is not None and acc.count:
-        dist.all_reduce(acc.sum)
+    if acc.panels is not None and acc.count:
+        for panel in acc.panels:
+            dist.all_reduce(panel)
     return acc
 
 
