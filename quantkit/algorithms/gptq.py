@@ -32,9 +32,8 @@ inside a lazy block; we read the updated ones, so results do not depend on ``blo
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -149,7 +148,7 @@ class HessianSum:
         h = torch.empty(k, k, dtype=torch.float32, device=panels[0].device)
         factor = 2.0 / max(self.count, 1)
         for i, r0 in enumerate(range(0, k, self.PANEL)):
-            rows, r1 = panels[i].shape
+            r1 = panels[i].shape[1]
             h[r0:r1, :r1] = panels[i] * factor
             panels[i] = None  # freed
             h[:r0, r0:r1] = h[r0:r1, :r0].t()
