@@ -75,3 +75,20 @@ def test_an_algorithm_says_how_it_runs_exactly_once():
         Algorithm("x", RTNOptions, needs_calibration=True, processor="m:C")  # no leftovers
     with pytest.raises(ValueError, match="exactly when it needs calibration"):
         Algorithm("x", RTNOptions, needs_calibration=False)  # no quantize_linear
+
+
+@pytest.mark.parametrize("scheme", [INT4, QuantScheme(num_bits=8, symmetric=True, strategy="channel"),
+                                    grid_scheme("q4_k"), grid_scheme("q6_k"), grid_scheme("q4_0")],
+                         ids=lambda s: s.grid if s.grid != "uniform" else f"int{s.num_bits}-{s.strategy}")
+def test_level_grid_gives_the_weight_and_other_levels_make_another(scheme):
+    """level_grid() dequantizes to the weight; with_levels puts other levels on the same fields."""
+    w = _weight(seed=2)
+    qweight = rtn_quantize(w, scheme)
+    grid = qweight.level_grid()
+    torch.testing.assert_close(grid.dequantize(grid.levels), qweight.dequantize(), rtol=1e-6, atol=1e-7)
+    assert torch.equal(qweight.with_levels(grid.levels).dequantize(), qweight.dequantize())
+    g = torch.Generator().manual_seed(3)
+    other = torch.randint(int(grid.lowest), int(grid.highest) + 1, tuple(grid.levels.shape), generator=g).float()
+    moved = qweight.with_levels(other)
+    assert type(moved) is type(qweight) and torch.equal(moved.level_grid().levels, other)
+    torch.testing.assert_close(moved.dequantize(), grid.dequantize(other), rtol=1e-6, atol=1e-7)

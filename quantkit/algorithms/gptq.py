@@ -44,6 +44,7 @@ from ..core.finite import count_nonfinite
 from ..core.primitives import check_range_options, compute_qparams, mse_clip_ratio
 from ..core.quantized_weight import QuantizedWeight
 from ..core.scheme import QuantScheme
+from .refine import refine_levels
 
 MAX_DAMP_RETRIES = 6  # 0.01 -> 1e4 in x10 steps
 
@@ -68,6 +69,10 @@ class GPTQOptions:
     moe_calibrate_all_experts: mixture-of-experts models: each expert's statistics come from every
       calibration token (as llm-compressor's default); False: only from the tokens routed to it. The
       block's output always follows the router's choice.
+    refine_sweeps: sweeps of coordinate descent over the levels GPTQ chose, on GPTQ's own objective
+      (algorithms/refine.py: each weight's level moved to the best one with every other weight fixed); 0:
+      GPTQ alone. Each sweep costs about one more column walk and keeps the [K, K] Hessian alive beside the
+      factor.
     """
 
     damp_percent: float = 0.01
@@ -78,6 +83,7 @@ class GPTQOptions:
     mse_grid: int = 100
     mse_max_shrink: float = 0.8
     moe_calibrate_all_experts: bool = True
+    refine_sweeps: int = 0
 
     def __post_init__(self) -> None:
         if not (0.0 < self.damp_percent <= 1.0):
@@ -85,6 +91,8 @@ class GPTQOptions:
         if self.block_size < 1:
             raise ValueError(f"block_size must be a positive number of columns, got {self.block_size}")
         check_range_options(self.symmetric_scale, self.observer, self.mse_grid, self.mse_max_shrink)
+        if isinstance(self.refine_sweeps, bool) or not isinstance(self.refine_sweeps, int) or self.refine_sweeps < 0:
+            raise ValueError(f"refine_sweeps must be a whole number of sweeps, 0 or more, got {self.refine_sweeps!r}")
 
 
 # -- verb 1: statistics -------------------------------------------------------------------------
@@ -296,13 +304,15 @@ class HessianFactor:
 
     u: upper Cholesky factor of the damped H^-1, rows and columns in visit order [K, K];
     dead: inputs never active in calibration (diag H == 0) [K] bool, their weights zeroed;
-    energy: diag(H), dead inputs set to 1, original order [K]; perm: the visit order (act_order) or None.
+    energy: diag(H), dead inputs set to 1, original order [K]; perm: the visit order (act_order) or None;
+    hessian: H itself [K, K], original order, kept only where the options refine GPTQ's levels (refine_sweeps).
     """
 
     u: torch.Tensor
     dead: torch.Tensor
     energy: torch.Tensor
     perm: torch.Tensor | None
+    hessian: torch.Tensor | None = None
 
 
 def factor_hessian(hessian: torch.Tensor, options: GPTQOptions = GPTQOptions(), *, name: str = "weight",
@@ -311,7 +321,8 @@ def factor_hessian(hessian: torch.Tensor, options: GPTQOptions = GPTQOptions(), 
     """The HessianFactor of `hessian` [K, K] (HessianSum.hessian), in `dtype` on `device` (default: the Hessian's).
 
     overwrite: the caller hands the matrix over (it keeps no reference), so that it is freed as soon as the
-    factorisation succeeded: at a 14336-wide down_proj one [K, K] matrix (0.8 GB) less while U is computed.
+    factorisation succeeded: at a 14336-wide down_proj one [K, K] matrix (0.8 GB) less while U is computed
+    (unless options.refine_sweeps, which keeps H in the factor).
     `hessian` is never modified. At most two [K, K] matrices are alive at once besides a Hessian not handed over.
     """
     k = hessian.shape[0]
@@ -333,9 +344,10 @@ def factor_hessian(hessian: torch.Tensor, options: GPTQOptions = GPTQOptions(), 
         f.diagonal()[dead[backwards]] = 1.0
         return f
 
+    kept = h[0] if options.refine_sweeps else None
     u = _damped_inverse_factor(reversed_h, h.clear if overwrite else lambda: None, options.damp_percent, name)[0]
     # u: [K, K] upper, rows and columns in visit order
-    return HessianFactor(u, dead, energy, perm)
+    return HessianFactor(u, dead, energy, perm, kept)
 
 
 def gptq_quantize(
@@ -359,6 +371,8 @@ def gptq_quantize(
     rounded onto them; with the "mse" observer, the K-quants' and Q5_0's come from llama.cpp's
     importance-weighted search with diag(H) as the importance (llama.cpp's importance matrix is the same
     mean of x^2 per input).
+    With options.refine_sweeps, the levels are then refined by coordinate descent (refine.refine_levels; a
+    HessianFactor must then come from factor_hessian with the same options, which keeps H).
     """
     if weight.dim() != 2:
         raise ValueError(f"{name}: expected a 2-D weight [out, in], got shape {tuple(weight.shape)}")
@@ -437,13 +451,16 @@ def gptq_quantize(
     scales = scales_t.t()
     zeros = zeros_t.t() if zeros_t is not None else None
     if grid is not None:
-        return grid(q_int, *fields, scheme=scheme)
-    if perm is not None and scheme.strategy == "group":
-        # recorded as compressed-tensors does; per-channel stays null (compressed-tensors < 0.16 refuses it there)
-        scheme = dataclasses.replace(scheme, actorder="weight")
-    return QuantizedWeight(
-        q=q_int,
-        scale=scales.float(),
-        zero_point=zeros.to(torch.int32) if zeros is not None else None,
-        scheme=scheme,
-    )
+        result = grid(q_int, *fields, scheme=scheme)
+    else:
+        if perm is not None and scheme.strategy == "group":
+            # recorded as compressed-tensors does; per-channel stays null (compressed-tensors < 0.16 refuses it there)
+            scheme = dataclasses.replace(scheme, actorder="weight")
+        result = QuantizedWeight(q=q_int, scale=scales.float(),
+                                 zero_point=zeros.to(torch.int32) if zeros is not None else None, scheme=scheme)
+    if options.refine_sweeps:
+        if factor.hessian is None:
+            raise ValueError(f"{name}: refine_sweeps needs the Hessian: build the factor with factor_hessian and the "
+                             f"same options")
+        result = refine_levels(result, weight, factor.hessian, options.refine_sweeps).weight
+    return result

@@ -8,6 +8,7 @@ from typing import ClassVar, Protocol
 
 import torch
 
+from .level_grid import LevelGrid
 from .primitives import dequantize
 from .scheme import QuantScheme
 
@@ -23,6 +24,9 @@ class Quantized(Protocol):
         fields_rounded_to(dtype) the weight as a layer computing in `dtype` holds it (its float fields
                                  rounded to `dtype`, or the weight itself where its layer keeps fields of its
                                  own type, as GGUF blocks keep fp16 and 6-bit ones)
+        level_grid()             the weight as levels on per-group affine grids (LevelGrid), what a rounding
+                                 that moves levels (GPTQ's refinement, algorithms/refine.py) works on
+        with_levels(levels)      the same weight with other levels (fp32 [N, K], whole numbers in the grid's range)
         LAYER                    "module:Class" of the layer that holds it (a quantkit.modules.quantized_layer
                                  .QuantizedLayer, built by `to_layer` there); named, not imported: the layers
                                  stand on a floor above this one
@@ -40,6 +44,10 @@ class Quantized(Protocol):
     def dequantize(self) -> torch.Tensor: ...
 
     def fields_rounded_to(self, dtype: torch.dtype) -> "Quantized": ...
+
+    def level_grid(self) -> LevelGrid: ...
+
+    def with_levels(self, levels: torch.Tensor) -> "Quantized": ...
 
 
 @dataclass
@@ -75,3 +83,15 @@ class QuantizedWeight:
     def fields_rounded_to(self, dtype: torch.dtype) -> "QuantizedWeight":
         """The scales rounded to `dtype` (a QuantLinear holds them in its model dtype), back in fp32."""
         return replace(self, scale=self.scale.to(dtype).float())
+
+    def level_grid(self) -> LevelGrid:
+        n, k = self.q.shape
+        size = self.scheme.group_size if self.scheme.strategy == "group" else k
+        scale = self.scale.float()
+        minimum = scale * self.zero_point.float() if self.zero_point is not None else torch.zeros_like(scale)
+        column_group = torch.arange(k, device=self.q.device) // size
+        return LevelGrid(self.q.float(), scale, minimum, column_group, float(self.scheme.qmin),
+                         float(self.scheme.qmax))
+
+    def with_levels(self, levels: torch.Tensor) -> "QuantizedWeight":
+        return replace(self, q=levels.to(torch.int8))

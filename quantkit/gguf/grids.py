@@ -34,11 +34,13 @@ class. All math is fp32 on [N, K] weights.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from ..core.level_grid import LevelGrid
 from . import blocks, reference_quants
 from .types import BLOCK, GGML_TYPES, SUPER_BLOCK, GgmlType
 
@@ -123,6 +125,16 @@ class _OnGrid:
     def fields_rounded_to(self, dtype: torch.dtype) -> "_OnGrid":
         """The weight itself: its blocks keep their fp16 and 6-bit fields in every model dtype."""
         return self
+
+    def level_grid(self) -> LevelGrid:
+        """The weight as a core.quantized_weight.LevelGrid: y = scale * u - minimum per group of GROUP."""
+        scale, minimum = self.steps(*self.fields())
+        column_group = torch.arange(self.u.shape[1], device=self.u.device) // self.GROUP
+        return LevelGrid(self.u.float(), scale, minimum, column_group, 0.0, float(self.LEVELS))
+
+    def with_levels(self, levels: torch.Tensor) -> "_OnGrid":
+        """The same fields with other levels (fp32 [N, K], whole numbers in 0..LEVELS)."""
+        return dataclasses.replace(self, u=levels.to(torch.uint8))
 
     def _check(self, fields) -> None:
         n, k = self.u.shape

@@ -63,8 +63,9 @@ REPO = HERE.parents[2]
 QUANTKIT_CLI = [sys.executable, "-m", "quantkit"]  # the command line, in this environment
 CALIB_SAMPLES, CALIB_SEQ_LEN = 16, 256  # 4096 calibration tokens, as evals/gguf/
 EVAL_WINDOW, EVAL_TOKENS = 512, 4096  # 8 windows of 512 tokens, as evals/gguf/
-METHODS = {"rtn": "RTN", "gptq": "GPTQ", "llama": "llama.cpp", "llama-imatrix": "llama.cpp+imatrix"}
-QUANTKIT_METHODS = ("rtn", "gptq")  # the rest: llama.cpp's llama-quantize (needs --llama-bin)
+METHODS = {"rtn": "RTN", "gptq": "GPTQ", "gptq-refined": "GPTQ refined", "llama": "llama.cpp",
+           "llama-imatrix": "llama.cpp+imatrix"}
+QUANTKIT_METHODS = ("rtn", "gptq", "gptq-refined")  # the rest: llama.cpp's llama-quantize (needs --llama-bin)
 
 sys.path.insert(0, str(REPO / "evals" / "gguf"))
 import llama_tools  # noqa: E402 (llama.cpp's command lines, shared with evals/gguf/compare.py)
@@ -414,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, required=True, help="folder for the GGUF files, logs and eval JSON")
     parser.add_argument("--out", type=Path, required=True, help="folder for frontier.json, frontier.md, frontier.png")
     parser.add_argument("--types", default="", help="comma-separated subset of: " + ", ".join(t.name for t in TYPES))
-    parser.add_argument("--methods", default="rtn,gptq",
+    parser.add_argument("--methods", default="rtn,gptq,gptq-refined",
                         help="comma-separated subset of: " + ", ".join(METHODS) + " (llama, llama-imatrix: "
                              "llama.cpp's llama-quantize without and with an importance matrix; need --llama-bin)")
     parser.add_argument("--llama-bin", default=None,
