@@ -28,6 +28,17 @@ writes the same types from the same float model, scored by the same eval (method
 Q8_0 takes no importance matrix, so it has no llama-imatrix row). The calibration text is the token stream
 `quantize --calib` cuts its 16 windows of 256 from (the same shuffled pieces, seed 0), decoded.
 
+With --autoround-python (the Python of an environment with the `auto-round` package), auto-round's SignRound
+tuning and its own GGUF export write the same types (method `auto-round`, autoround_export.py run by that
+Python), calibrated on the very token windows GPTQ takes (WORK/calibration-windows.json, written with
+quantkit's own sample_token_windows):
+
+    AUTOROUND_PYTHON evals/quality/frontier/autoround_export.py --model MODEL --type TYPE \
+        --windows WORK/calibration-windows.json --iters N [--lr LR] --out WORK/TYPE-auto-round.gguf
+
+(Q2_K: auto-round's gguf:q2_k_s, the one Q2_K mix it writes for a dense model; Q4_K, every linear Q4_K, has
+no auto-round format and no auto-round row).
+
 Writes OUT/frontier.json (the records `quantkit advise --frontier` reads; it recommends only the quantkit
 records, `quantizer` "quantkit"), OUT/frontier.md (the table, and with llama.cpp rows the KL ratio per type)
 and OUT/frontier.png (KL, log scale, against bits per weight, one line per method). Steps are cached under
@@ -42,6 +53,9 @@ command runs with one thread (OMP_NUM_THREADS=1).
         --out evals/quality/frontier/ref-small --methods llama,llama-imatrix --llama-bin /tmp/llama --merge
     python evals/quality/frontier/frontier.py --model /tmp/smollm2-float --texts smollm2 \
         --work /tmp/frontier-smollm2 --out evals/quality/frontier/smollm2-135m
+    python evals/quality/frontier/frontier.py --model /tmp/smollm2-float --texts smollm2 \
+        --work /tmp/frontier-smollm2-ar --out /tmp/frontier-smollm2-ar-out --types Q4_K_M \
+        --methods auto-round --autoround-python /tmp/ar-venv/bin/python --autoround-iters 50 --autoround-lr 0.005
 """
 
 from __future__ import annotations
@@ -64,8 +78,10 @@ QUANTKIT_CLI = [sys.executable, "-m", "quantkit"]  # the command line, in this e
 CALIB_SAMPLES, CALIB_SEQ_LEN = 16, 256  # 4096 calibration tokens, as evals/gguf/
 EVAL_WINDOW, EVAL_TOKENS = 512, 4096  # 8 windows of 512 tokens, as evals/gguf/
 METHODS = {"rtn": "RTN", "gptq": "GPTQ", "gptq-refined": "GPTQ refined", "llama": "llama.cpp",
-           "llama-imatrix": "llama.cpp+imatrix"}
-QUANTKIT_METHODS = ("rtn", "gptq", "gptq-refined")  # the rest: llama.cpp's llama-quantize (needs --llama-bin)
+           "llama-imatrix": "llama.cpp+imatrix", "auto-round": "auto-round"}
+QUANTKIT_METHODS = ("rtn", "gptq", "gptq-refined")
+LLAMA_METHODS = ("llama", "llama-imatrix")  # llama.cpp's llama-quantize (needs --llama-bin)
+AUTOROUND_METHODS = ("auto-round",)  # the auto-round package (needs --autoround-python)
 
 sys.path.insert(0, str(REPO / "evals" / "gguf"))
 import llama_tools  # noqa: E402 (llama.cpp's command lines, shared with evals/gguf/compare.py)
@@ -202,6 +218,58 @@ class LlamaCpp:
         return cmd, " ".join(shown)
 
 
+class AutoRoundTool:
+    """auto-round's tuning and GGUF export of one float model (autoround_export.py, run by --autoround-python),
+    calibrated on the token windows GPTQ takes (written once under work)."""
+
+    SCRIPT = HERE / "autoround_export.py"
+
+    def __init__(self, args, work: Path, calib_source: str):
+        from quantkit.refmodels import resolve_model_name
+
+        self.python, self.iters, self.lr = args.autoround_python, args.autoround_iters, args.autoround_lr
+        self.folder = str(resolve_model_name(args.model)) if args.model.startswith("ref:") else args.model
+        self.windows = calibration_windows(self.folder, calib_source, work / "calibration-windows.json")
+        done = subprocess.run([self.python, "-c", "import auto_round; print(auto_round.__version__)"],
+                              capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        if done.returncode:
+            raise SystemExit(f"--autoround-python {self.python}: cannot import auto_round: "
+                             f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+        log(f"auto-round {done.stdout.strip().splitlines()[-1]} ({self.python}), {self.iters} iterations per block, "
+            f"learning rate {self.lr or '1 / iterations (its own)'}")
+
+    def command(self, kind: FrontierType, out: Path) -> tuple[list[str], str]:
+        """(the command that writes `kind` to `out`, how the table names it: auto-round's format and iterations)."""
+        if kind.name not in AUTOROUND_FORMATS:
+            raise SystemExit(f"auto-round has no GGUF format for {kind.name}")
+        cmd = [self.python, str(self.SCRIPT), "--model", self.folder, "--type", kind.name, "--windows",
+               str(self.windows), "--iters", str(self.iters), "--out", str(out)]
+        if self.lr is not None:
+            cmd[-2:-2] = ["--lr", str(self.lr)]
+        lr = "" if self.lr is None else f" lr={self.lr:g}"
+        return cmd, f"auto-round {AUTOROUND_FORMATS[kind.name]} iters={self.iters}{lr}"
+
+
+#: frontier types -> auto-round's GGUF formats (autoround_export.py's FORMATS; Q4_K, every linear Q4_K, has none)
+AUTOROUND_FORMATS = {"Q2_K": "gguf:q2_k_s", "Q3_K_S": "gguf:q3_k_s", "Q3_K_M": "gguf:q3_k_m",
+                     "Q3_K_L": "gguf:q3_k_l", "Q4_K_S": "gguf:q4_k_s", "Q4_K_M": "gguf:q4_k_m",
+                     "Q5_K_S": "gguf:q5_k_s", "Q5_K_M": "gguf:q5_k_m", "Q6_K": "gguf:q6_k", "Q4_0": "gguf:q4_0",
+                     "Q4_1": "gguf:q4_1", "Q8_0": "gguf:q8_0"}
+
+
+def calibration_windows(folder: str, source: str, out: Path) -> Path:
+    """The 16 windows of 256 token ids `quantkit quantize --calib SOURCE --calib-samples 16 --calib-seq-len 256`
+    calibrates on (quantkit's sample_token_windows, seed 0, the model's tokenizer), as a JSON list of lists."""
+    if not out.is_file():
+        from quantkit.calibration.data import load_texts, sample_token_windows
+        from quantkit.files.outputs import atomic_write_text
+        from quantkit.harness.eval_text import load_tokenizer
+
+        windows = sample_token_windows(load_texts(source), load_tokenizer(folder), CALIB_SAMPLES, CALIB_SEQ_LEN)
+        atomic_write_text(out, json.dumps(windows.tolist()) + "\n")
+    return out
+
+
 def calibration_stream(folder: str, source: str, out: Path) -> Path:
     """The text llama-imatrix reads: the token stream `quantkit quantize --calib SOURCE --calib-samples 16
     --calib-seq-len 256` cuts its windows from (the same shuffled pieces, seed 0: its first 16 x 255 tokens are
@@ -219,10 +287,11 @@ def calibration_stream(folder: str, source: str, out: Path) -> Path:
 
 
 def measure(args, work: Path, kind: FrontierType, method: str, calib_opts: list[str], data_opts: list[str],
-            llama: LlamaCpp | None = None) -> dict:
+            llama: LlamaCpp | None = None, autoround: AutoRoundTool | None = None) -> dict:
     """Quantize (unless the file and its timing exist), evaluate (unless the file evaluated is this one, by its
     SHA-256) and measure one (type, method): its frontier record (dict). quantkit's methods run `quantkit
-    quantize`; llama's, `llama-quantize` (through `llama`)."""
+    quantize`; llama's, `llama-quantize` (through `llama`); auto-round, autoround_export.py (through
+    `autoround`)."""
     out = work / f"{kind.name}-{method}.gguf"
     timing, scores = work / f"{out.stem}.seconds.json", work / f"{out.stem}.eval.json"
     scored = work / f"{out.stem}.eval.sha256"  # the file the eval JSON is of (and the --dtype, unless auto)
@@ -234,14 +303,26 @@ def measure(args, work: Path, kind: FrontierType, method: str, calib_opts: list[
         if method != "rtn":
             cmd += calib_opts
         fields = {"quantizer": "quantkit", "recipe": recipe, "float_type": kind.float_type}
+    elif method in AUTOROUND_METHODS:
+        cmd, shown = autoround.command(kind, out)
+        fields = {"quantizer": "auto-round", "recipe": shown}
     else:
         cmd, shown = llama.command(kind, method, out)
         fields = {"quantizer": "llama.cpp", "recipe": shown}
-    if not (out.is_file() and timing.is_file()):
-        timing.write_text(json.dumps(run_logged(cmd, work / f"{out.stem}.quantize.log")))
-    if method not in QUANTKIT_METHODS:  # the version llama-quantize printed
+    # an auto-round file made by another command (other iterations, say) is made again
+    stale = method in AUTOROUND_METHODS and timing.is_file() and json.loads(timing.read_text()).get("command") != cmd
+    if not (out.is_file() and timing.is_file()) or stale:
+        seconds = run_logged(cmd, work / f"{out.stem}.quantize.log")
+        timing.write_text(json.dumps({**seconds, "command": cmd} if method in AUTOROUND_METHODS else seconds))
+    if method in LLAMA_METHODS:  # the version llama-quantize printed
         quantize_log = (work / f"{out.stem}.quantize.log").read_text(errors="replace")
         fields["llama_cpp_build"] = llama_tools.build_of(quantize_log)
+    if method in AUTOROUND_METHODS:  # what autoround_export.py printed last: the version and settings it ran
+        quantize_log = (work / f"{out.stem}.quantize.log").read_text(errors="replace").strip().splitlines()
+        settings = json.loads(quantize_log[-1])
+        fields["auto_round_version"] = settings["auto_round_version"]
+        fields["auto_round_settings"] = {k: settings[k] for k in ("format", "iters", "lr", "nsamples", "seqlen",
+                                                                  "batch_size", "seed")}
     digest = sha256(out)
     stamp = digest if args.eval_dtype == "auto" else f"{digest} {args.eval_dtype}"
     if not (scores.is_file() and scored.is_file() and scored.read_text().strip() == stamp):
@@ -284,6 +365,11 @@ def is_quantkit(record: dict) -> bool:
     return record.get("quantizer", "quantkit") == "quantkit"
 
 
+def is_llama(record: dict) -> bool:
+    """Whether llama.cpp's llama-quantize wrote the record's file."""
+    return record.get("quantizer") == "llama.cpp"
+
+
 def table(frontier: dict) -> str:
     rows = ["| type | method | recipe | MiB | bytes | bits/weight (file) | bits/weight (linears) | KL | top-1 | "
             "perplexity (float) | quantize seconds |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -304,7 +390,7 @@ def ratio_table(frontier: dict) -> str:
             "llama.cpp+imatrix | quantkit best / llama.cpp's best |", "|---|---:|---:|---:|---:|---:|"]
     for kind in types:
         ours = [r for r in frontier["records"] if r["type"] == kind and is_quantkit(r)]
-        theirs = {r["method"]: r for r in frontier["records"] if r["type"] == kind and not is_quantkit(r)}
+        theirs = {r["method"]: r for r in frontier["records"] if r["type"] == kind and is_llama(r)}
         if not ours or not theirs:
             continue
         best = min(ours, key=lambda r: r["kl_divergence"])
@@ -323,7 +409,7 @@ def ratio_table(frontier: dict) -> str:
 
 def markdown(frontier: dict) -> str:
     commands = " then (merged) ".join(f"`{c}`" for c in frontier["commands"])
-    llama = [r for r in frontier["records"] if not is_quantkit(r)]
+    llama = [r for r in frontier["records"] if is_llama(r)]
     llama_words = ""
     if llama:
         builds = ", ".join(sorted({str(r.get("llama_cpp_build")) for r in llama}))
@@ -332,6 +418,13 @@ def markdown(frontier: dict) -> str:
                        f"that process; llama.cpp+imatrix: with `--imatrix` of `llama-imatrix` on the calibration "
                        f"tokens GPTQ takes (8 chunks of 512; its own seconds not counted). Q8_0 takes no importance "
                        f"matrix.")
+    autoround = [r for r in frontier["records"] if r.get("quantizer") == "auto-round"]
+    if autoround:
+        versions = ", ".join(sorted({str(r.get("auto_round_version")) for r in autoround}))
+        llama_words += (f" auto-round rows: the `auto-round` package ({versions}), its SignRound tuning (the "
+                        f"iterations per block in the recipe column) on the calibration windows GPTQ takes, then its "
+                        f"own GGUF export (evals/quality/frontier/autoround_export.py), with one thread; its quantize "
+                        f"seconds the CPU seconds of that process (Q2_K: auto-round's gguf:q2_k_s mix).")
     ratios = ratio_table(frontier)
     ratios = (f"\n\nquantkit's lowest KL at each type (RTN or GPTQ) over llama.cpp's, file sizes in MiB in "
               f"parentheses:\n\n{ratios}") if ratios else ""
@@ -417,9 +510,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--types", default="", help="comma-separated subset of: " + ", ".join(t.name for t in TYPES))
     parser.add_argument("--methods", default="rtn,gptq,gptq-refined",
                         help="comma-separated subset of: " + ", ".join(METHODS) + " (llama, llama-imatrix: "
-                             "llama.cpp's llama-quantize without and with an importance matrix; need --llama-bin)")
+                             "llama.cpp's llama-quantize without and with an importance matrix; need --llama-bin; "
+                             "auto-round: the auto-round package, needs --autoround-python)")
     parser.add_argument("--llama-bin", default=None,
                         help="folder with llama.cpp's llama-quantize and llama-imatrix (.ci/llama_cpp_build)")
+    parser.add_argument("--autoround-python", default=None,
+                        help="the Python of an environment with the auto-round package (method auto-round; see "
+                             "the README's auto-round section)")
+    parser.add_argument("--autoround-iters", type=int, default=200,
+                        help="auto-round's SignRound iterations per block (its default 200; its light recipe: 50, "
+                             "with --autoround-lr 0.005)")
+    parser.add_argument("--autoround-lr", type=float, default=None,
+                        help="auto-round's learning rate (default: its own, 1 / iterations)")
     parser.add_argument("--merge", action="store_true",
                         help="keep the records of OUT/frontier.json that this run does not measure")
     parser.add_argument("--eval-dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
@@ -431,16 +533,20 @@ def main(argv: list[str] | None = None) -> None:
     methods = [m for m in args.methods.split(",") if m]
     if unknown or not set(methods) <= set(METHODS):
         parser.error(f"unknown types {sorted(unknown)} or methods {methods}")
-    if set(methods) - set(QUANTKIT_METHODS) and args.llama_bin is None:
+    if set(methods) & set(LLAMA_METHODS) and args.llama_bin is None:
         parser.error("methods llama and llama-imatrix need --llama-bin DIR (llama-quantize and llama-imatrix)")
+    if set(methods) & set(AUTOROUND_METHODS) and args.autoround_python is None:
+        parser.error("method auto-round needs --autoround-python PYTHON (an environment with auto-round)")
     if args.merge and not (args.out / "frontier.json").is_file():
         parser.error(f"--merge: no {args.out / 'frontier.json'} to merge into")
     args.work.mkdir(parents=True, exist_ok=True)
     calib_source, calib_opts, data_opts, calib_words, eval_words = texts(args, args.work)
-    llama = LlamaCpp(args, args.work, calib_source) if set(methods) - set(QUANTKIT_METHODS) else None
-    records = [measure(args, args.work, kind, method, calib_opts, data_opts, llama)
+    llama = LlamaCpp(args, args.work, calib_source) if set(methods) & set(LLAMA_METHODS) else None
+    autoround = AutoRoundTool(args, args.work, calib_source) if set(methods) & set(AUTOROUND_METHODS) else None
+    records = [measure(args, args.work, kind, method, calib_opts, data_opts, llama, autoround)
                for kind in TYPES if not wanted or kind.name in wanted for method in methods
-               if not (method == "llama-imatrix" and kind.name in llama_tools.IGNORES_IMATRIX)]
+               if not (method == "llama-imatrix" and kind.name in llama_tools.IGNORES_IMATRIX)
+               and not (method in AUTOROUND_METHODS and kind.name not in AUTOROUND_FORMATS)]
     from quantkit.files.outputs import atomic_write_text
 
     frontier = {
