@@ -143,14 +143,15 @@ def test_bad_refine_sweeps_are_clear_errors(value):
 
 def test_refined_recipe_quantizes_saves_and_loads(tmp_path):
     """The built-in refined recipe on ref:tiny: levels differ from GPTQ's on the same calibration; the first
-    block's q/k/v, whose inputs no refined linear changed, keep GPTQ's scales; the checkpoint loads back to the
-    same logits."""
+    block's q/k/v, whose inputs no refined linear changed, keep GPTQ's scales (the shrinkage leaves diag(H),
+    which the range search weighs by, as it is); the checkpoint loads back to the same logits."""
     float_model = quantkit.load("ref:tiny")
     calibration = CalibrationConfig(num_samples=8, seq_len=64, seed=0)
     plain = quantkit.quantize(copy.deepcopy(float_model), "w4a16-gptq", calibration_data=calibration, progress=False)
     refined = quantkit.quantize(copy.deepcopy(float_model), "w4a16-gptq-refined", calibration_data=calibration,
                                 progress=False)
-    assert load_recipe("w4a16-gptq-refined").algorithm.options.refine_sweeps == 2
+    options = load_recipe("w4a16-gptq-refined").algorithm.options
+    assert (options.refine_sweeps, options.shrinkage) == (2, 0.25)
     pairs = [(a, b) for a, b in zip(plain.modules(), refined.modules()) if isinstance(a, QuantLinear)]
     assert len(pairs) == 14
     assert all(torch.equal(a.weight_scale, b.weight_scale) for a, b in pairs[:3])
@@ -160,3 +161,26 @@ def test_refined_recipe_quantizes_saves_and_loads(tmp_path):
     ids = torch.randint(0, float_model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, refined(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_shrinkage_shrinks_the_off_diagonal_and_leaves_the_callers_matrix(overwrite):
+    _w, h = _problem(4, 64, seed=6)
+    given = h.clone()
+    factor = factor_hessian(given, GPTQOptions(shrinkage=0.25, refine_sweeps=1), overwrite=overwrite)
+    torch.testing.assert_close(factor.hessian, 0.75 * h + 0.25 * torch.diag(h.diagonal()))
+    if not overwrite:
+        assert torch.equal(given, h)
+    # GPTQ on the shrunk Hessian is GPTQ on (1 - rho) H + rho diag(H) as measured
+    w = _w
+    scheme = SCHEMES["int4-sym-g32"]
+    shrunk = gptq_quantize(w, h, scheme, GPTQOptions(shrinkage=0.25))
+    by_hand = gptq_quantize(w, 0.75 * h + 0.25 * torch.diag(h.diagonal()), scheme, GPTQOptions())
+    assert torch.equal(shrunk.q, by_hand.q) and torch.equal(shrunk.scale, by_hand.scale)
+    assert not torch.equal(shrunk.q, gptq_quantize(w, h, scheme, GPTQOptions()).q)
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.0, True, "0.2"])
+def test_bad_shrinkage_is_a_clear_error(value):
+    with pytest.raises(ValueError, match=r"shrinkage must be in \[0, 1\)"):
+        GPTQOptions(shrinkage=value)

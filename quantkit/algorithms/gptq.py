@@ -69,6 +69,10 @@ class GPTQOptions:
     moe_calibrate_all_experts: mixture-of-experts models: each expert's statistics come from every
       calibration token (as llm-compressor's default); False: only from the tokens routed to it. The
       block's output always follows the router's choice.
+    shrinkage: rho in [0, 1): H is replaced by (1 - rho) H + rho diag(H), its off-diagonal terms (how inputs
+      co-vary in the calibration text) shrunk toward 0, before GPTQ and the refinement use it; 0: H as measured.
+      A shrunk covariance is the better estimate when calibration tokens are few against K or come from
+      another text than the model later reads (evals/quality/frontier/README.md measures both).
     refine_sweeps: sweeps of coordinate descent over the levels GPTQ chose, on GPTQ's own objective
       (algorithms/refine.py: each weight's level moved to the best one with every other weight fixed); 0:
       GPTQ alone. Each sweep costs about one more column walk and keeps the [K, K] Hessian alive beside the
@@ -83,6 +87,7 @@ class GPTQOptions:
     mse_grid: int = 100
     mse_max_shrink: float = 0.8
     moe_calibrate_all_experts: bool = True
+    shrinkage: float = 0.0
     refine_sweeps: int = 0
 
     def __post_init__(self) -> None:
@@ -91,6 +96,9 @@ class GPTQOptions:
         if self.block_size < 1:
             raise ValueError(f"block_size must be a positive number of columns, got {self.block_size}")
         check_range_options(self.symmetric_scale, self.observer, self.mse_grid, self.mse_max_shrink)
+        rho = self.shrinkage
+        if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not (0.0 <= rho < 1.0):
+            raise ValueError(f"shrinkage must be in [0, 1) (the weight of diag(H) in the shrunk Hessian), got {rho!r}")
         if isinstance(self.refine_sweeps, bool) or not isinstance(self.refine_sweeps, int) or self.refine_sweeps < 0:
             raise ValueError(f"refine_sweeps must be a whole number of sweeps, 0 or more, got {self.refine_sweeps!r}")
 
@@ -331,6 +339,12 @@ def factor_hessian(hessian: torch.Tensor, options: GPTQOptions = GPTQOptions(), 
     if count_nonfinite(hessian):  # in slices: no [K, K] mask
         raise ValueError(f"{name}: the Hessian has NaN/Inf entries: the calibration activations overflowed")
     h = [hessian.detach().to(dtype=dtype, device=device or hessian.device)]
+    if options.shrinkage:
+        if not overwrite and h[0].data_ptr() == hessian.data_ptr():  # .to() made no copy: the caller's matrix
+            h[0] = h[0].clone()
+        diagonal = h[0].diagonal().clone()
+        h[0].mul_(1.0 - options.shrinkage).diagonal().copy_(diagonal)  # (1 - rho) H + rho diag(H), in place
+        del diagonal
     del hessian
     diagonal = h[0].diagonal()
     dead = diagonal == 0
