@@ -155,7 +155,11 @@ def format_size_choice(choice: SizeChoice) -> list[str]:
     lines = [f"frontier: {choice.frontier.source}" + (f" (model {choice.frontier.model})" if choice.frontier.model
                                                       else ""),
              f"budget: {choice.budget.describe()}", ""]
-    header = f"  {'type':<8} {'method':<6} {'recipe':<22} {'size':>22} {'bits/weight':>11} {'KL':>10} {'top-1':>6}"
+    shown = [*choice.fitting, *choice.too_large]
+    method_w = max([6, *(len(r.method) for r in shown)])  # columns as wide as their longest entry
+    recipe_w = max([22, *(len(r.recipe) for r in shown)])
+    header = (f"  {'type':<8} {'method':<{method_w}} {'recipe':<{recipe_w}} {'size':>22} {'bits/weight':>11} "
+              f"{'KL':>10} {'top-1':>6}")
     for title, rows in (("fits", choice.fitting), ("too large", choice.too_large)):
         if not rows:
             continue
@@ -163,7 +167,7 @@ def format_size_choice(choice: SizeChoice) -> list[str]:
         for r in rows:
             mark = "*" if r is choice.chosen else " "
             top1 = "-" if r.top1_agreement is None else f"{r.top1_agreement:.3f}"
-            lines.append(f"{mark} {r.type:<8} {r.method:<6} {r.recipe:<22} {format_bytes(r.file_bytes):>22} "
+            lines.append(f"{mark} {r.type:<8} {r.method:<{method_w}} {r.recipe:<{recipe_w}} {format_bytes(r.file_bytes):>22} "
                          f"{r.bits_per_weight:>11.3f} {r.kl_divergence:>10.3g} {top1:>6}")
         lines.append("")
     if choice.chosen is not None:
