@@ -3,7 +3,8 @@
 GPTQ minimises each linear's output error on its calibration inputs, tr((Ŵ - W) H (Ŵ - W)ᵀ) with H = 2 XᵀX / n,
 in one pass: each column is rounded once, with the columns after it still free to absorb its error, and
 never revisited. Its result is therefore not the best level of any column given all the others. A sweep of
-coordinate descent (as CDQuant, Nair and Suggala 2024, runs it after GPTQ) visits every column in turn and
+coordinate descent (CDQuant, Nair and Suggala 2024, starts greedy coordinate descent from GPTQ's result; this
+is its cyclic form) visits every column in turn and
 moves each row's level in it to the one that minimises the same objective with every other weight fixed:
 with E = Ŵ - W and G = E H (the objective's half-gradient), changing weight (r, j) by d changes the error
 of row r by 2 d G[r, j] + d² H[j, j], least at the level nearest d* = -G[r, j] / H[j, j], clamped to the grid.
@@ -62,8 +63,9 @@ def refine_levels(qweight: Quantized, weight: torch.Tensor, hessian: torch.Tenso
     step = grid.scale[:, grid.column_group]  # [N, K]: the weight change of one level
     diag = h.diagonal()
     live = (diag > 0).tolist()
-    g = (grid.dequantize(levels) - w) @ h  # [N, K]
-    before = _error(grid.dequantize(levels) - w, g)
+    e = grid.dequantize(levels) - w  # [N, K]
+    g = e @ h
+    before = _error(e, g)
     for sweep in range(sweeps):
         if sweep:  # afresh, so that float drift in the running updates does not accumulate over sweeps
             g = (grid.dequantize(levels) - w) @ h
@@ -84,5 +86,6 @@ def refine_levels(qweight: Quantized, weight: torch.Tensor, hessian: torch.Tenso
                 moves[:, j] = d
                 gb.addr_(d, hb[j])
             g.addmm_(moves, h[b0:b1])  # every column's G follows the block's moves
-    after = _error(grid.dequantize(levels) - w, (grid.dequantize(levels) - w) @ h)
+    e = grid.dequantize(levels) - w
+    after = _error(e, e @ h)
     return Refinement(qweight.with_levels(levels), int((levels != grid.levels).sum()), before, after)

@@ -27,5 +27,5 @@ class LevelGrid:
     highest: float
 
     def dequantize(self, levels: torch.Tensor) -> torch.Tensor:
-        """levels [N, K] (fp32, differentiable) -> fp32 [N, K] on these grids."""
+        """levels fp32 [N, K] -> fp32 [N, K] on these grids."""
         return levels * self.scale[:, self.column_group] - self.minimum[:, self.column_group]

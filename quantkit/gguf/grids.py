@@ -127,7 +127,7 @@ class _OnGrid:
         return self
 
     def level_grid(self) -> LevelGrid:
-        """The weight as a core.quantized_weight.LevelGrid: y = scale * u - minimum per group of GROUP."""
+        """The weight as a core.level_grid.LevelGrid: y = scale * u - minimum per group of GROUP."""
         scale, minimum = self.steps(*self.fields())
         column_group = torch.arange(self.u.shape[1], device=self.u.device) // self.GROUP
         return LevelGrid(self.u.float(), scale, minimum, column_group, 0.0, float(self.LEVELS))
