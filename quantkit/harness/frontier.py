@@ -167,8 +167,9 @@ def format_size_choice(choice: SizeChoice) -> list[str]:
         for r in rows:
             mark = "*" if r is choice.chosen else " "
             top1 = "-" if r.top1_agreement is None else f"{r.top1_agreement:.3f}"
-            lines.append(f"{mark} {r.type:<8} {r.method:<{method_w}} {r.recipe:<{recipe_w}} "
-                         f"{format_bytes(r.file_bytes):>22} {r.bits_per_weight:>11.3f} {r.kl_divergence:>10.3g} {top1:>6}")
+            size = format_bytes(r.file_bytes)
+            lines.append(f"{mark} {r.type:<8} {r.method:<{method_w}} {r.recipe:<{recipe_w}} {size:>22} "
+                         f"{r.bits_per_weight:>11.3f} {r.kl_divergence:>10.3g} {top1:>6}")
         lines.append("")
     if choice.chosen is not None:
         lines.append(f"recommendation: {choice.chosen.label} (recipe {choice.chosen.recipe}), "
