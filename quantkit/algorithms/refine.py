@@ -86,6 +86,5 @@ def refine_levels(qweight: Quantized, weight: torch.Tensor, hessian: torch.Tenso
                 moves[:, j] = d
                 gb.addr_(d, hb[j])
             g.addmm_(moves, h[b0:b1])  # every column's G follows the block's moves
-    e = grid.dequantize(levels) - w
-    after = _error(e, e @ h)
+    after = _error(grid.dequantize(levels) - w, g)  # g has followed every move: no further [N, K] x [K, K] product
     return Refinement(qweight.with_levels(levels), int((levels != grid.levels).sum()), before, after)

@@ -85,6 +85,8 @@ AUTOROUND_METHODS = ("auto-round",)  # the auto-round package (needs --autoround
 
 sys.path.insert(0, str(REPO / "evals" / "gguf"))
 import llama_tools  # noqa: E402 (llama.cpp's command lines, shared with evals/gguf/compare.py)
+sys.path.insert(0, str(HERE))
+from autoround_export import FORMATS as AUTOROUND_FORMATS  # noqa: E402 (frontier types -> auto-round's formats)
 
 
 @dataclass(frozen=True)
@@ -248,13 +250,6 @@ class AutoRoundTool:
             cmd[-2:-2] = ["--lr", str(self.lr)]
         lr = "" if self.lr is None else f" lr={self.lr:g}"
         return cmd, f"auto-round {AUTOROUND_FORMATS[kind.name]} iters={self.iters}{lr}"
-
-
-#: frontier types -> auto-round's GGUF formats (autoround_export.py's FORMATS; Q4_K, every linear Q4_K, has none)
-AUTOROUND_FORMATS = {"Q2_K": "gguf:q2_k_s", "Q3_K_S": "gguf:q3_k_s", "Q3_K_M": "gguf:q3_k_m",
-                     "Q3_K_L": "gguf:q3_k_l", "Q4_K_S": "gguf:q4_k_s", "Q4_K_M": "gguf:q4_k_m",
-                     "Q5_K_S": "gguf:q5_k_s", "Q5_K_M": "gguf:q5_k_m", "Q6_K": "gguf:q6_k", "Q4_0": "gguf:q4_0",
-                     "Q4_1": "gguf:q4_1", "Q8_0": "gguf:q8_0"}
 
 
 def calibration_windows(folder: str, source: str, out: Path) -> Path:
@@ -426,7 +421,7 @@ def markdown(frontier: dict) -> str:
                         f"own GGUF export (evals/quality/frontier/autoround_export.py), with one thread; its quantize "
                         f"seconds the CPU seconds of that process (Q2_K: auto-round's gguf:q2_k_s mix).")
     ratios = ratio_table(frontier)
-    ratios = (f"\n\nquantkit's lowest KL at each type (RTN or GPTQ) over llama.cpp's, file sizes in MiB in "
+    ratios = (f"\n\nquantkit's lowest KL at each type (of any of its methods) over llama.cpp's, file sizes in MiB in "
               f"parentheses:\n\n{ratios}") if ratios else ""
     return (f"# Quality frontier: {frontier['model']}\n\n"
             f"Made by {commands} on {frontier['cpu']}, one thread per command. Quantize seconds: the CPU "
