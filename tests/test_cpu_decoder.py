@@ -61,7 +61,8 @@ def test_float_model_matches_its_transformers_forward(family, tied, batch):
     assert decoder.lengths.tolist() == [16] * batch
     head_dim = model.model.layers[0].self_attn.head_dim
     assert decoder.cache_dtype == "fp32"
-    assert decoder.cache_bytes() == 4 * 2 * 2 * batch * 2 * 256 * head_dim  # fp32, K and V, layers, B, kv heads, a block
+    assert decoder.cache_block == 32  # max_len rounded up to a multiple of 32
+    assert decoder.cache_bytes() == 4 * 2 * 2 * batch * 2 * 32 * head_dim  # fp32, K and V, layers, B, kv heads, a block
 
 
 @pytest.fixture(scope="module", params=["w4a16-rtn-asym", "w8a16-rtn", "w4a16-rtn-g32"])
@@ -158,11 +159,12 @@ def test_bench_times_every_variant_in_the_loop():
     c = model.config
     head_dim = c.hidden_size // c.num_attention_heads
     values = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim  # K and V, every layer, per position
-    for r in data["decode"]:  # 17 positions (16 cached + the step's) in one block of 256
+    for r in data["decode"]:  # 17 positions (16 cached + the step's) in one block of 32 (max_len 17, rounded up)
         value_bytes = 1 if r["variant"] == "kv-fp8" else 2
         assert r["cache_dtype"] == ("fp8" if r["variant"] == "kv-fp8" else "bf16")
         assert r["cache"] == f"CpuDecoder ({r['cache_dtype']})" and r["cache_dtype"] in r["mode"]
-        assert r["memory"]["kv_cache_bytes"] == values * value_bytes * r["batch"] * 256
+        assert r["cache_block"] == 32
+        assert r["memory"]["kv_cache_bytes"] == values * value_bytes * r["batch"] * 32
         assert r["roofline"]["bytes_breakdown"]["kv_read"] == values * value_bytes * r["batch"] * 17
     table = "\n".join(summary_lines(data))
     assert "fp8 KV cache" in table and "bf16 KV cache" in table
@@ -222,7 +224,7 @@ def test_fp8_cache_matches_transformers_with_the_fp8_cache(per_head):
     scales = {i: (torch.rand(heads if per_head else 1, generator=g) * 0.01 + 0.002,
                   torch.rand(heads if per_head else 1, generator=g) * 0.01 + 0.002) for i in range(2)}
     attach_kv_scales(model, scales)
-    decoder = quantkit.CpuDecoder(model, max_len=300)
+    decoder = quantkit.CpuDecoder(model, max_len=300, cache_block=256)
     assert decoder.cache_dtype == "fp8"
     ids, tokens = random_inputs(model.config.vocab_size, 2, 250, 12, seed=2)  # across the first block's end
     got, want = decoder_steps(decoder, ids, tokens), fp8_transformers_steps(model, ids, tokens)
@@ -240,15 +242,18 @@ def test_cache_dtypes_stay_within_their_rounding(cache_dtype, rtol):
     decoder = quantkit.CpuDecoder(model, max_len=64, cache_dtype=cache_dtype)
     got, want = decoder_steps(decoder, ids, tokens), transformers_steps(model, ids, tokens)
     assert_close_logits(got, want, rtol)
-    values = 2 * 2 * 2 * 2 * 256 * model.model.layers[0].self_attn.head_dim  # K+V, layers, B, kv heads, a block
+    block = decoder.cache_block
+    values = 2 * 2 * 2 * 2 * block * model.model.layers[0].self_attn.head_dim  # K+V, layers, B, kv heads, a block
     per_value = {"bf16": 2, "fp16": 2, "int8": 1, "fp32": 4}[cache_dtype]
-    scales = 2 * 2 * 2 * 2 * 256 * 4 if cache_dtype == "int8" else 0  # fp32 per token and head
+    scales = 2 * 2 * 2 * 2 * block * 4 if cache_dtype == "int8" else 0  # fp32 per token and head
     assert decoder.cache_bytes() == values * per_value + scales
 
 
 def test_the_cache_grows_in_blocks():
     model = float_model()
-    decoder = quantkit.CpuDecoder(model, max_len=100_000)  # a limit: nothing is allocated for it
+    assert quantkit.CpuDecoder(model, max_len=100_000).cache_block == 1024  # the default
+    assert quantkit.CpuDecoder(model, max_len=100).cache_block == 128  # no longer than max_len needs
+    decoder = quantkit.CpuDecoder(model, max_len=100_000, cache_block=256)  # a limit: nothing is allocated for it
     assert decoder.cache_bytes() == 0
     ids, _ = random_inputs(model.config.vocab_size, 1, 255, 0)
     decoder.prefill(ids)
@@ -266,6 +271,9 @@ def test_the_cache_dtype_is_validated():
         quantkit.CpuDecoder(model, cache_dtype="fp4")
     with pytest.raises(UsageError, match="needs the checkpoint's calibrated k_scale / v_scale"):
         quantkit.CpuDecoder(model, cache_dtype="fp8")
+    for block in (0, 48, 100, -32, True, 64.0):
+        with pytest.raises(UsageError, match=f"cache_block must be a positive multiple of 32 positions, got {block!r}"):
+            quantkit.CpuDecoder(model, cache_block=block)
     assert quantkit.CpuDecoder(model.to(torch.bfloat16)).cache_dtype == "bf16"
 
 

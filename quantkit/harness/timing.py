@@ -413,7 +413,7 @@ def _cpu_decoder_run(variant: Variant, shape: ModelShape, batch: int, context_le
     dtype = decoder.cache_dtype
     return TimedRun(variant, device, step, cache=lambda: decoder, cache_allocated_before=True,
                     info={"mode": f"quantkit C++ decode loop, {dtype} KV cache", "cache": f"CpuDecoder ({dtype})",
-                          "cache_dtype": dtype})
+                          "cache_dtype": dtype, "cache_block": decoder.cache_block})
 
 
 def _loop_cache_value_bytes(cache_dtype: str) -> int:

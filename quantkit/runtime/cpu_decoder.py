@@ -25,8 +25,10 @@ or fp8 when the model holds calibrated ``k_scale`` / ``v_scale`` (an FP8-KV chec
 float8_e4m3fn(x / scale) with those scales (per tensor or per kv head) as quantkit's FP8KVCache does,
 and the prompt runs through transformers with that cache, so both see the same values; "int8" stores
 round(x / s) with one scale s = amax / 127 per token and kv head. ``2 * layers * kv_heads * head_dim``
-values per position and sequence (int8: and 8 bytes of scales per kv head), allocated in blocks of 256
-positions as the longest sequence grows: ``max_len`` is a limit; ``cache_bytes()`` says what is held.
+values per position and sequence (int8: and 8 bytes of scales per kv head), allocated in blocks of
+``cache_block`` positions (default: 1024, or ``max_len`` rounded up to a multiple of 32 where that is
+less) as the longest sequence grows: ``max_len`` is a limit; ``cache_bytes()`` says what is held. Long
+blocks are faster: attention pays for each jump from one block to the next (decode_step.cpp has the figures).
 Attention reads the cache in its stored type (quantkit/kernels/csrc/decode_attention_cpu.cpp). An fp8
 cache of a checkpoint whose KV cache is Hadamard-rotated (quantkit.modules.kv_rotation) stores
 fp8(k H / s), fp8(v H / s) with the rotated-basis scales, and the loop rotates q by H before attention
@@ -61,6 +63,8 @@ CACHE_DTYPES = {"fp32": 0, "bf16": 1, "fp16": 2, "fp8": 3, "int8": 4}
 _MODEL_CACHE_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 #: bytes per stored value (int8 also stores an fp32 scale per token and kv head)
 CACHE_VALUE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+CACHE_BLOCK = 1024  # positions per cache block by default (see the module docstring)
+CACHE_BLOCK_MULTIPLE = 32  # two key tiles of the attention kernel (decode_attention_cpu.h)
 #: rotary types whose cos / sin tables depend on the position only (not on the sequence length)
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -136,7 +140,8 @@ class CpuDecoder:
     once) and its own KV cache (``cache_dtype``), up to ``max_len`` positions per sequence.
     ``lengths`` int64 [B]: the positions each sequence has cached."""
 
-    def __init__(self, model: nn.Module, max_len: int | None = None, cache_dtype: str = "auto") -> None:
+    def __init__(self, model: nn.Module, max_len: int | None = None, cache_dtype: str = "auto",
+                 cache_block: int | None = None) -> None:
         reason = decoder_unavailable(model)
         if reason:
             raise UsageError(f"quantkit's CPU decoder cannot run this model: {reason}. Run it in transformers "
@@ -146,13 +151,19 @@ class CpuDecoder:
         if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
             raise UsageError(f"max_len must be a positive number of positions, got {max_len!r}")
         self.max_len = int(config.max_position_embeddings if max_len is None else max_len)
+        m = CACHE_BLOCK_MULTIPLE
+        if cache_block is None:
+            cache_block = min(CACHE_BLOCK, -(-self.max_len // m) * m)
+        elif isinstance(cache_block, bool) or not isinstance(cache_block, int) or cache_block < m or cache_block % m:
+            raise UsageError(f"cache_block must be a positive multiple of {m} positions, got {cache_block!r}")
+        self.cache_block = cache_block
         self.cache_dtype = resolve_cache_dtype(model, cache_dtype)
         attn0 = inner.layers[0].self_attn
         head_dim = attn0.head_dim
         self.num_layers, self.kv_heads, self.head_dim = config.num_hidden_layers, config.num_key_value_heads, head_dim
         dims = [config.num_hidden_layers, config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
                 head_dim, config.intermediate_size, self.max_len, CACHE_DTYPES[self.cache_dtype],
-                ISA_NAMES.index(cpu_kernel_isa())]
+                ISA_NAMES.index(cpu_kernel_isa()), self.cache_block]
         eps = float(inner.norm.variance_epsilon)
         rotary = inner.rotary_emb
         with torch.inference_mode():
