@@ -127,3 +127,114 @@ def test_k_refusals():
         with pytest.raises(ValueError, match=f"{kind}: expected uint8"):
             dequantize_blocks(torch.zeros(2, GGML_TYPES[kind].block_bytes + 1, dtype=torch.uint8), kind)
     assert gguf_blocks.SUPER_BLOCK == 256
+
+
+# ------------------------------------------------------------------------------ the non-uniform IQ4 types
+
+#: ggml-common.h's kvalues_iq4nl, written out here (not read from quantkit) for the scalar references below
+KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def _fp16_at(raw: bytes, at: int) -> np.float32:
+    return np.float32(np.frombuffer(raw[at:at + 2], np.float16)[0])
+
+
+def dequantize_row_iq4_nl(raw: bytes) -> list[np.float32]:
+    """ggml-quants.c's dequantize_row_iq4_nl, line by line over one row's bytes (block_iq4_nl: ggml_half d,
+    uint8_t qs[16]): y[j] = d * kvalues[qs[j] & 0xf], y[j + 16] = d * kvalues[qs[j] >> 4], in fp32."""
+    y = []
+    for b in range(0, len(raw), 18):
+        d = _fp16_at(raw, b)
+        qs = raw[b + 2:b + 18]
+        block = [np.float32(0)] * 32
+        for j in range(16):
+            block[j] = np.float32(d * np.float32(KVALUES_IQ4NL[qs[j] & 0xF]))
+            block[j + 16] = np.float32(d * np.float32(KVALUES_IQ4NL[qs[j] >> 4]))
+        y += block
+    return y
+
+
+def dequantize_row_iq4_xs(raw: bytes) -> list[np.float32]:
+    """ggml-quants.c's dequantize_row_iq4_xs, line by line (block_iq4_xs: ggml_half d, uint16_t scales_h,
+    uint8_t scales_l[4], uint8_t qs[128]): ls = ((scales_l[ib/2] >> 4*(ib%2)) & 0xf) | (((scales_h >> 2*ib) & 3)
+    << 4), dl = d * (ls - 32), then as IQ4_NL per sub-block of 32."""
+    y = []
+    for b in range(0, len(raw), 136):
+        d = _fp16_at(raw, b)
+        scales_h = raw[b + 2] | (raw[b + 3] << 8)
+        scales_l = raw[b + 4:b + 8]
+        qs = raw[b + 8:b + 136]
+        for ib in range(8):
+            ls = ((scales_l[ib // 2] >> 4 * (ib % 2)) & 0xF) | (((scales_h >> 2 * ib) & 3) << 4)
+            dl = np.float32(d * np.float32(ls - 32))
+            block = [np.float32(0)] * 32
+            for j in range(16):
+                block[j] = np.float32(dl * np.float32(KVALUES_IQ4NL[qs[16 * ib + j] & 0xF]))
+                block[j + 16] = np.float32(dl * np.float32(KVALUES_IQ4NL[qs[16 * ib + j] >> 4]))
+            y += block
+    return y
+
+
+IQ4_SHAPES = [(1, 256), (3, 512), (2, 1280), (0, 256)]
+
+
+def random_iq4_fields(kind: str, n: int, k: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """Random IQ4_NL (u, d) or IQ4_XS (u, d, sc) fields over their whole ranges (scales of either sign, zeros)."""
+    u = torch.randint(0, 16, (n, k), generator=g)
+    if kind == "IQ4_NL":
+        d = (torch.randn(n, k // 32, generator=g) * 0.01).half()
+        d[:1, :1] = 0.0
+        return u, d
+    d = (torch.randn(n, k // 256, generator=g) * 0.001).half()
+    d[:1, :1] = -0.0
+    return u, d, torch.randint(-32, 32, (n, k // 32), generator=g)
+
+
+@pytest.mark.parametrize("shape", IQ4_SHAPES)
+@pytest.mark.parametrize("kind", ["IQ4_NL", "IQ4_XS"])
+def test_iq4_blocks_round_trip_and_dequantize_as_ggmls_c(kind, shape):
+    """Fresh random fields each run: pack -> unpack gives them back (bytes -> fields -> bytes too), and the
+    grid's dequantization equals a scalar transcription of ggml's dequantize_row_iq4_* bit for bit (and the
+    gguf package's numpy reading)."""
+    n, k = shape
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, (1,))))
+    pack = getattr(gguf_blocks, f"pack_{kind.lower()}")
+    unpack = getattr(gguf_blocks, f"unpack_{kind.lower()}")
+    fields = random_iq4_fields(kind, n, k, g)
+    data = pack(*fields)
+    assert data.dtype == torch.uint8 and data.shape == (n, k // GGML_TYPES[kind].block * GGML_TYPES[kind].block_bytes)
+    back = unpack(data)
+    for mine, theirs, dtype in zip(back, fields, (torch.uint8, torch.float16, torch.int8)):
+        assert mine.dtype == dtype and torch.equal(mine.view(torch.int16) if dtype == torch.float16 else mine,
+                                                   theirs.view(torch.int16) if dtype == torch.float16 else
+                                                   theirs.to(dtype))  # fp16 compared bit for bit (-0.0)
+    assert torch.equal(pack(*back), data)
+    ours = dequantize_blocks(data, kind)
+    assert ours.dtype == torch.float32 and ours.shape == (n, k)
+    scalar = dequantize_row_iq4_nl if kind == "IQ4_NL" else dequantize_row_iq4_xs
+    for r in range(n):
+        expect = np.array(scalar(data[r].numpy().tobytes()), np.float32)
+        assert np.array_equal(expect.view(np.uint32), ours[r].numpy().view(np.uint32)), r
+    if n:
+        theirs = gguf.quants.dequantize(data.numpy(), getattr(T, kind))
+        assert np.array_equal(theirs, ours.numpy())
+
+
+def test_iq4_byte_positions_are_ggmls():
+    """Single values land where ggml-common.h's block_iq4_xs puts them (independent of the gguf package)."""
+    u = torch.zeros(1, 256, dtype=torch.int64)
+    u[0, 32 * 5 + 16 + 2] = 9  # sub-block 5, weight 16 + 2: the high nibble of qs[16 * 5 + 2]
+    sc = torch.full((1, 8), -32, dtype=torch.int64)  # ls = 0
+    sc[0, 3] = 0b110101 - 32  # ls_3: low nibble in the high nibble of scales_l[1], high 2 bits in bits 6-7 of scales_h
+    data = gguf_blocks.pack_iq4_xs(u, torch.ones(1, 1, dtype=torch.float16), sc)[0]
+    assert data[:2].tolist() == [0x00, 0x3C] and data[2:4].tolist() == [0b11 << 6, 0]
+    assert data[4:8].tolist() == [0, 0b0101 << 4, 0, 0]
+    assert data[8 + 16 * 5 + 2] == 9 << 4 and int(data[8:].sum()) == 9 << 4
+    data = gguf_blocks.pack_iq4_nl(u[:, :32], torch.ones(1, 1, dtype=torch.float16))[0]
+    assert data.shape == (18,) and int(data[2:].sum()) == 0
+    with pytest.raises(ValueError, match=r"sc: values outside \[-32, 31\]"):
+        gguf_blocks.pack_iq4_xs(u, torch.ones(1, 1, dtype=torch.float16), sc + 64)
+    with pytest.raises(ValueError, match=r"outside \[0, 15\]"):
+        gguf_blocks.pack_iq4_nl(u[:, :32] + 16, torch.ones(1, 1, dtype=torch.float16))
+    with pytest.raises(ValueError, match="super-block size 256"):
+        gguf_blocks.pack_iq4_xs(u[:, :64], torch.ones(1, 1, dtype=torch.float16), sc)

@@ -1,5 +1,5 @@
-"""quantkit/gguf/reference_quants.py against llama.cpp's own Q2_K / Q3_K / Q4_K / Q5_K / Q6_K quantizers, byte for
-byte.
+"""quantkit/gguf/reference_quants.py against llama.cpp's own Q2_K / Q3_K / Q4_K / Q5_K / Q6_K and IQ4_NL / IQ4_XS
+quantizers, byte for byte.
 
 Three references, with and without an importance (imatrix) vector:
 - always: a line-by-line Python transcription of the C (tests/kquants_transcription.py) on fresh random
@@ -7,7 +7,8 @@ Three references, with and without an importance (imatrix) vector:
   zero sub-blocks, tiny values whose fp16 scales underflow, and the EDGE_CASES: rounding ties, sparse,
   outliers, 1e4 and 1e-40 magnitudes, an integer grid);
 - always: bytes that ggml itself wrote (tests/data/gguf_kquants_ggml.npz, made by this file's
-  write_fixture from libggml-base.so's ggml_quantize_chunk);
+  write_fixture from libggml-base.so's ggml_quantize_chunk; IQ4_NL / IQ4_XS have no transcription, only
+  ggml's bytes);
 - where a llama.cpp build is at hand (QUANTKIT_LLAMA_CPP_BIN holding libggml-base.so, called through
   ctypes, or a static build's libggml-base.a, linked into a small driver with the C compiler):
   ggml_quantize_chunk on larger random tensors. Skipped, saying why, without one (failed when
@@ -46,7 +47,10 @@ else:  # run as a script to write the fixture
     import kquants_transcription as KT
 
 KINDS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-QUANTIZE = {kind: getattr(R, f"quantize_{kind.lower()}") for kind in KINDS}
+#: the non-uniform types (no line-by-line transcription of their C in kquants_transcription.py: they are checked
+#: against ggml's bytes, the fixture's and a llama.cpp build's)
+IQ4_KINDS = ("IQ4_NL", "IQ4_XS")
+QUANTIZE = {kind: getattr(R, f"quantize_{kind.lower()}") for kind in KINDS + IQ4_KINDS}
 FIELDS = {kind: getattr(R, f"{kind.lower()}_fields") for kind in KINDS}
 PACK = {kind: getattr(gguf_blocks, f"pack_{kind.lower()}") for kind in KINDS}
 FIXTURE = Path(__file__).parent / "data" / "gguf_kquants_ggml.npz"
@@ -124,7 +128,7 @@ def _fixture() -> dict:
 
 
 @pytest.mark.parametrize("imatrix", [False, True], ids=["ref", "imatrix"])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + IQ4_KINDS)
 def test_port_matches_bytes_ggml_wrote(kind, imatrix):
     fx = _fixture()
     w, imp = torch.from_numpy(fx["w"]), torch.from_numpy(fx["importance"]) if imatrix else None
@@ -167,12 +171,30 @@ def test_fields_are_the_packs_arguments(kind, shape):
         assert torch.equal(PACK[kind](*fields), QUANTIZE[kind](w, imp))
 
 
+@pytest.mark.parametrize("shape", [(1, 256), (3, 768), (0, 512)])
+@pytest.mark.parametrize("kind", IQ4_KINDS)
+def test_iq4_fields_are_the_packs_arguments(kind, shape):
+    g = torch.Generator().manual_seed(shape[0] * 1000 + shape[1])
+    n, k = shape
+    w = sample("mixed", n, k, g)
+    for imp in (None, sample_importance(k, g)):
+        fields = getattr(R, f"{kind.lower()}_fields")(w, imp)
+        u, d = fields[:2]
+        assert u.dtype == torch.uint8 and u.shape == (n, k) and (n == 0 or int(u.max()) <= 15)
+        assert d.dtype == torch.float16 and d.shape == (n, k // GGML_TYPES[kind].block)
+        if kind == "IQ4_XS":
+            sc = fields[2]
+            assert sc.dtype == torch.int8 and sc.shape == (n, k // 32)
+            assert n == 0 or -32 <= int(sc.min()) <= int(sc.max()) <= 31
+        assert torch.equal(getattr(gguf_blocks, f"pack_{kind.lower()}")(*fields), QUANTIZE[kind](w, imp))
+
+
 @pytest.mark.parametrize("kind, bound", [("Q2_K", 0.36), ("Q3_K", 0.19), ("Q4_K", 0.12), ("Q5_K", 0.06),
-                                         ("Q6_K", 0.03)])
+                                         ("Q6_K", 0.03), ("IQ4_NL", 0.11), ("IQ4_XS", 0.11)])
 def test_dequantized_weights_are_close(kind, bound):
     """A sanity bound on what the quantizers are for: relative RMS error of a Gaussian weight (Q2_K ~0.3,
-    Q3_K ~0.15, Q4_K ~0.09, Q5_K ~0.045, Q6_K ~0.02 measured), with and without importance; and the
-    importance lowers the importance-weighted error."""
+    Q3_K ~0.15, Q4_K ~0.09, Q5_K ~0.045, Q6_K ~0.02, IQ4_NL / IQ4_XS ~0.09 measured), with and without
+    importance; and the importance lowers the importance-weighted error."""
     g = torch.Generator().manual_seed(11)
     w = sample("gauss", 16, 1024, g)
     imp = torch.exp(2.0 * torch.randn(1024, generator=g))
@@ -308,7 +330,7 @@ def test_port_matches_llama_cpps_ggml(ggml, dist):
     for n, k in ((16, 1024), (5, 2560)):
         w = sample(dist, n, k, g)
         imp = sample_importance(k, g)
-        for kind in KINDS:
+        for kind in KINDS + IQ4_KINDS:
             for im in (None, imp):
                 theirs = ggml(kind, w.numpy(), None if im is None else im.numpy())
                 assert_same_blocks(kind, QUANTIZE[kind](w, im).numpy(), theirs,
@@ -327,9 +349,21 @@ def test_port_matches_llama_cpps_ggml_on_corner_cases(ggml, dist):
     peaked = torch.where(torch.arange(k) % 97 == 0, 1e6, 1e-6)
     for name, imp in (("none", None), ("imatrix", sample_importance(k, g)), ("peaked", peaked),
                       ("zero", torch.zeros(k))):
-        for kind in KINDS:
+        for kind in KINDS + IQ4_KINDS:
             theirs = ggml(kind, w.numpy(), None if imp is None else imp.numpy())
             assert_same_blocks(kind, QUANTIZE[kind](w, imp).numpy(), theirs, f"{dist} importance {name}")
+
+
+def test_iq4_nl_port_matches_ggml_on_widths_of_blocks_of_32(ggml):
+    """IQ4_NL on widths that are whole blocks of 32 but no super-block (IQ4_XS's fallback there), with fresh
+    random weights each run (an all-zero block included), with and without an importance."""
+    g = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, (1,))))
+    for n, k in ((7, 96), (3, 320), (1, 32)):
+        w = sample("heavy", n, k, g)
+        w[0, :32] = 0.0
+        for imp in (None, torch.exp(2.0 * torch.randn(k, generator=g))):
+            theirs = ggml("IQ4_NL", w.numpy(), None if imp is None else imp.numpy())
+            assert_same_blocks("IQ4_NL", R.quantize_iq4_nl(w, imp).numpy(), theirs, f"{n}x{k} imatrix {imp is not None}")
 
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q5_1"])
@@ -375,7 +409,7 @@ def write_fixture(path: Path = FIXTURE) -> None:
             raise SystemExit(quantize)
         w, imp = fixture_inputs()
         arrays = {"w": w, "importance": imp}
-        for kind in KINDS:
+        for kind in KINDS + IQ4_KINDS:
             arrays[kind] = quantize(kind, w)
             arrays[kind + "_imatrix"] = quantize(kind, w, imp)
     src = Path(os.environ.get("QUANTKIT_LLAMA_CPP_SRC", "/work/llama/src")) / "ggml" / "src" / "ggml-quants.c"

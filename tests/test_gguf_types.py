@@ -24,7 +24,11 @@ def test_each_record_is_ggmls_type(name):
     assert GRID_TYPES[t.grid] is t and grid_scheme(t.grid).bits_per_weight == t.block_bytes * 8 / t.block
     cls = GRID_WEIGHTS[t.grid]
     assert cls.TYPE is t and (cls.GGUF_TYPE, cls.BLOCK, cls.GROUP) == (name, t.block, t.group_size)
-    assert cls.LEVELS == (1 << t.num_bits) - 1 and (cls.OFFSET is None) == (not t.symmetric)
+    assert cls.LEVELS == (1 << t.num_bits) - 1 and (cls.OFFSET is None) == (not t.symmetric or t.values is not None)
+    if t.values is None:
+        assert cls.VALUES is None
+    else:  # the non-uniform grids: the gguf package's own table (ggml's kvalues_iq4nl)
+        assert tuple(cls.VALUES.tolist()) == t.values == gguf.quants.IQ4_NL.kvalues and len(t.values) == cls.LEVELS + 1
     for fallback in (t.fallback, t.llama_cpp_fallback):
         assert fallback is None or (t.block == 256 and GRID_TYPES[fallback].block == 32)
 
@@ -39,6 +43,8 @@ def test_for_width_follows_the_fallbacks():
     assert for_width("q4_k", 320, llama_cpp=True) == (GRID_TYPES["q5_0"], True)
     assert for_width("q2_k", 48, llama_cpp=True) == (GRID_TYPES["q4_0"], False)
     assert for_width("q8_0", 40) == (GRID_TYPES["q8_0"], False)
+    assert for_width("iq4_xs", 320) == for_width("iq4_xs", 320, llama_cpp=True) == (GRID_TYPES["iq4_nl"], True)
+    assert for_width("iq4_xs", 48) == (GRID_TYPES["iq4_nl"], False)
 
 
 def test_the_records_load_no_torch():

@@ -1,5 +1,5 @@
-"""GGUF (ggml) block layouts Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K: the only
-home of their byte and nibble orders in quantkit.
+"""GGUF (ggml) block layouts Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and the
+non-uniform IQ4_NL, IQ4_XS: the only home of their byte and nibble orders in quantkit.
 
 ggml stores a row of K weights as K / 32 blocks of 32 (ggml-common.h), little-endian:
 
@@ -35,6 +35,16 @@ dequantize_row_q2_K ... q6_K and get_scale_min_k4):
   y = (d * sc_j) * q, q in -32..31 stored as q + 32 (6 bits). Each 128 weights take 64 bytes of ql and 32 of
   qh: weights l and l + 64 in the low / high nibble of ql[l], weights l + 32 and l + 96 in ql[l + 32]
   (l in 0..31), and their upper 2 bits in qh[l] at bits 0-1, 2-3, 4-5, 6-7 for l, l + 32, l + 64, l + 96.
+
+The non-uniform 4-bit types (ggml-common.h block_iq4_nl / block_iq4_xs, ggml-quants.c dequantize_row_iq4_nl /
+iq4_xs): a 4-bit index u picks one of the 16 values of ggml's kvalues_iq4nl (quantkit/gguf/types.py IQ4_VALUES):
+
+- IQ4_NL, 18 bytes per 32: fp16 d, then 16 bytes qs in the Q4_0 nibble order (weight j low, j + 16 high);
+  y = d * values[u].
+- IQ4_XS, 136 bytes per 256: fp16 d, a little-endian uint16 scales_h, 4 bytes scales_l, 128 bytes qs. Eight
+  sub-blocks of 32, sub-block j with a 6-bit ls_j = sc_j + 32 (sc_j in -32..31): its low 4 bits in the low
+  (j even) or high (j odd) nibble of scales_l[j / 2], its high 2 bits in bits 2j..2j+1 of scales_h;
+  y = (d * sc_j) * values[u]. qs: sub-block j takes 16 bytes, in the Q4_0 nibble order within it.
 
 Rows are independent; a tensor [N, K] is stored as uint8 [N, K / block weights * block bytes] (what the
 `gguf` package's GGUFWriter.add_tensor takes with raw_dtype=...); each type's weights and bytes per block are
@@ -77,7 +87,8 @@ def _half_bytes(x: torch.Tensor, n: int, g: int, name: str) -> torch.Tensor:
     """fp16 [N, G] -> uint8 [N, G, 2] (little-endian, as the machine stores it: x86 and ARM are)."""
     if x.dtype != torch.float16 or tuple(x.shape) != (n, g):
         raise ValueError(f"{name}: expected float16 [{n}, {g}], got {x.dtype} {tuple(x.shape)}")
-    return x.contiguous().view(torch.uint8).reshape(n, g, 2)
+    dense = torch.empty(n, g, dtype=torch.float16, device=x.device).copy_(x)  # (a read-back field may be strided)
+    return dense.view(torch.uint8).reshape(n, g, 2)
 
 
 def _nibbles(u: torch.Tensor) -> torch.Tensor:
@@ -139,6 +150,29 @@ def pack_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     n, g = _check(q, "Q8_0", -128, 127)
     qs = q.to(torch.int8).reshape(n, g, BLOCK).contiguous().view(torch.uint8)
     return torch.cat([_half_bytes(d, n, g, "Q8_0 d"), qs], dim=-1).reshape(n, -1)
+
+
+def pack_iq4_nl(u: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """u: int [N, K] in [0, 15] (indices into IQ4_VALUES); d: fp16 [N, K/32]. returns uint8 [N, K/32*18] IQ4_NL
+    blocks (y = d*values[u])."""
+    n, g = _check(u, "IQ4_NL", 0, 15)
+    u = u.to(torch.int16).reshape(n, g, BLOCK)
+    return torch.cat([_half_bytes(d, n, g, "IQ4_NL d"), _nibbles(u)], dim=-1).reshape(n, g * 18)
+
+
+def pack_iq4_xs(u: torch.Tensor, d: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
+    """u: int [N, K] in [0, 15] (K % 256 == 0); d: fp16 [N, K/256]; sc: int [N, K/32] in [-32, 31]. returns
+    uint8 [N, K/256*136] IQ4_XS blocks: weight i of sub-block j is (d*sc_j)*values[u_i]."""
+    n, g = _check(u, "IQ4_XS", 0, 15, SUPER_BLOCK)
+    ls = (_check_fields(sc, "IQ4_XS sc", n, g * 8, -32, 31) + 32).reshape(n, g, 8)  # 0..63
+    low = ls & 0xF
+    scales_l = low[..., 0::2] | (low[..., 1::2] << 4)  # [N, G, 4]
+    high = (ls >> 4).to(torch.int32) << torch.arange(0, 16, 2, dtype=torch.int32, device=u.device)
+    scales_h = high.sum(dim=-1, keepdim=True)  # [N, G, 1]: a uint16, little-endian
+    scales_h = torch.cat([scales_h & 0xFF, scales_h >> 8], dim=-1)
+    qs = _nibbles(u.to(torch.int16).reshape(n, g * 8, BLOCK)).reshape(n, g, 128)
+    return torch.cat([_half_bytes(d, n, g, "IQ4_XS d"), scales_h.to(torch.uint8), scales_l.to(torch.uint8), qs],
+                     dim=-1).reshape(n, g * 136)
 
 
 def k4_scale_bytes(sc: torch.Tensor, mn: torch.Tensor) -> torch.Tensor:
@@ -313,6 +347,27 @@ def unpack_q8_0(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Inverse of pack_q8_0: uint8 [N, G*34] -> (q int8 [N, G*32], d fp16 [N, G])."""
     b = _blocks(data, "Q8_0")
     return b[..., 2:].contiguous().view(torch.int8).reshape(b.shape[0], -1), _half(b[..., :2])
+
+
+def unpack_iq4_nl(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of pack_iq4_nl: uint8 [N, G*18] -> (u uint8 [N, G*32] in [0, 15], d fp16 [N, G])."""
+    b = _blocks(data, "IQ4_NL")
+    n, g = b.shape[:2]
+    return _unnibbles(b[..., 2:]).to(torch.uint8).reshape(n, g * BLOCK), _half(b[..., :2])
+
+
+def unpack_iq4_xs(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse of pack_iq4_xs: uint8 [N, G*136] -> (u uint8 [N, G*256] in [0, 15], d fp16 [N, G],
+    sc int8 [N, G*8] in [-32, 31]), as ggml's dequantize_row_iq4_xs reads ls."""
+    b = _blocks(data, "IQ4_XS")
+    n, g = b.shape[:2]
+    scales_h = b[..., 2].to(torch.int32) | (b[..., 3].to(torch.int32) << 8)  # [N, G]
+    high = (scales_h.unsqueeze(-1) >> torch.arange(0, 16, 2, dtype=torch.int32, device=b.device)) & 3  # [N, G, 8]
+    scales_l = b[..., 4:8].to(torch.int32)
+    low = torch.stack([scales_l & 0xF, scales_l >> 4], dim=-1).reshape(n, g, 8)  # sub-block j: nibble j % 2 of byte j / 2
+    sc = ((low | (high << 4)) - 32).to(torch.int8).reshape(n, g * 8)
+    u = _unnibbles(b[..., 8:].reshape(n, g * 8, 16)).to(torch.uint8).reshape(n, g * SUPER_BLOCK)
+    return u, _half(b[..., :2]), sc
 
 
 def _unpack_k_header(b: torch.Tensor) -> tuple[torch.Tensor, ...]:

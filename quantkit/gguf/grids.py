@@ -1,5 +1,6 @@
 """Weights on llama.cpp's block types as grids (QuantScheme grid "q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "q4_1",
-"q5_1", "q4_0", "q5_0", "q8_0"; their records in quantkit/gguf/types.py): the fields, their search and their rounding.
+"q5_1", "q4_0", "q5_0", "q8_0", "iq4_nl", "iq4_xs"; their records in quantkit/gguf/types.py): the fields, their
+search and their rounding.
 
 The K-quants: a row of K inputs is K / 256 super-blocks. Q4_K and Q5_K have eight groups of 32; group j
 dequantizes as
@@ -15,7 +16,12 @@ with y = (d * sc_j) * (u - 4), u in 0..7, sc_j a 6-bit signed -32..31.
 
 The blocks of 32: Q4_1 / Q5_1 y = d * u + m (fp16 d and m per group, u in 0..15 / 0..31: a float minimum
 without the super-block's 6-bit rounding); Q4_0 y = d * (u - 8), Q5_0 y = d * (u - 16) and Q8_0 y = d * (u - 128)
-(fp16 d; llama.cpp's signed scales: the extreme of either sign may take the lowest level). Their fields are
+(fp16 d; llama.cpp's signed scales: the extreme of either sign may take the lowest level).
+
+The non-uniform grids: IQ4_NL y = d * VALUES[u] (fp16 d per 32, u in 0..15 an index into ggml's 16 values
+kvalues_iq4nl, -127..113, denser near 0) and IQ4_XS y = (d * sc_j) * VALUES[u] (fp16 d per 256, sc_j a 6-bit
+signed -32..31 per 32). Their "nearest level" is the nearest value (ggml's best_index_int8), not a rounding
+of a quotient; their LevelGrid carries the values. Their fields are
 llama.cpp's (quantize_row_*_ref's, or its imatrix search); each weight then goes to the nearest level of the
 stored fp16 fields, where llama.cpp rounds against its fp32 ones before storing them: 0.04-0.6% of the
 weights sat one level apart on random weights, each no farther from its value than llama.cpp's.
@@ -93,7 +99,8 @@ def _fp16(x: torch.Tensor, what: str) -> torch.Tensor:
 class _OnGrid:
     """What every grid's weights share: levels `u` uint8 [N, K] in 0..LEVELS, the fields FIELDS (each one value
     per group of GROUP or per block of BLOCK inputs of a row), and a scheme. OFFSET: for a symmetric grid, the
-    level of 0 (y = scale * (u - OFFSET)); None for a grid with a float minimum (y = scale * u - minimum).
+    level of 0 (y = scale * (u - OFFSET)); None for a grid with a float minimum (y = scale * u - minimum) and for
+    a non-uniform one (VALUES: y = scale * VALUES[u], IQ4_NL and IQ4_XS).
     Each grid's class names its ggml type's record (TYPE, quantkit/gguf/types.py), which gives it GGUF_TYPE,
     BLOCK, GROUP, LEVELS and OFFSET. A quantized weight (quantkit.core.quantized_weight.Quantized) that a
     GgufLinear holds as its GGUF blocks, whose fp16 and 6-bit fields are the same whatever the model dtype."""
@@ -107,13 +114,21 @@ class _OnGrid:
     GROUP: int
     LEVELS: int
     OFFSET: int | None
+    VALUES: torch.Tensor | None  # a non-uniform grid's level values (fp32 [LEVELS + 1], ascending), else None
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         t = cls.TYPE
         cls.GGUF_TYPE, cls.BLOCK, cls.GROUP = t.name, t.block, t.group_size
         cls.LEVELS = (1 << t.num_bits) - 1
-        cls.OFFSET = 1 << (t.num_bits - 1) if t.symmetric else None
+        cls.VALUES = None if t.values is None else torch.tensor(t.values, dtype=torch.float32)
+        cls.OFFSET = 1 << (t.num_bits - 1) if t.symmetric and t.values is None else None
+
+    @classmethod
+    def level_values(cls, u: torch.Tensor) -> torch.Tensor:
+        """fp32 levels (whole numbers 0..LEVELS, any shape) -> the values they stand for: the levels themselves on
+        a uniform grid (y = scale * u - minimum), VALUES[u] on a non-uniform one (y = scale * VALUES[u])."""
+        return u.float() if cls.VALUES is None else cls.VALUES.to(u.device)[u.long()]
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -127,10 +142,12 @@ class _OnGrid:
         return self
 
     def level_grid(self) -> LevelGrid:
-        """The weight as a core.level_grid.LevelGrid: y = scale * u - minimum per group of GROUP."""
+        """The weight as a core.level_grid.LevelGrid: y = scale * u - minimum per group of GROUP (scale * VALUES[u]
+        on a non-uniform grid)."""
         scale, minimum = self.steps(*self.fields())
         column_group = torch.arange(self.u.shape[1], device=self.u.device) // self.GROUP
-        return LevelGrid(self.u.float(), scale, minimum, column_group, 0.0, float(self.LEVELS))
+        values = None if self.VALUES is None else self.VALUES.to(self.u.device)
+        return LevelGrid(self.u.float(), scale, minimum, column_group, 0.0, float(self.LEVELS), values)
 
     def with_levels(self, levels: torch.Tensor) -> "_OnGrid":
         """The same fields with other levels (fp32 [N, K], whole numbers in 0..LEVELS)."""
@@ -144,13 +161,19 @@ class _OnGrid:
     def quantize_onto(cls, w: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
         """The nearest level of each weight: w [N, K] with scale / minimum fp32 [N, K/GROUP] (or one column: w,
         scale, minimum [N]) -> fp32 levels in 0..LEVELS: round((w + m) / s), or round(w / s) + OFFSET on a
-        symmetric grid (ggml's nearest_int of the same quotient), clamped; 0 where a group's scale is 0."""
+        symmetric grid (ggml's nearest_int of the same quotient), clamped; 0 where a group's scale is 0. On a
+        non-uniform grid the index of the value nearest (w + m) / s (ggml's best_index_int8: a tie to the upper
+        value), the index of the value nearest 0 where the scale is 0."""
         column = w.dim() == 1
         x = w.float().unsqueeze(-1) if column else _groups(w.float(), cls.GROUP)
         s, m = scale.unsqueeze(-1), minimum.unsqueeze(-1)
         safe = torch.where(s != 0, s, torch.ones_like(s))
-        u = torch.round(x / safe) + cls.OFFSET if cls.OFFSET is not None else torch.round((x + m) / safe)
-        u = torch.where(s != 0, u.clamp_(0, cls.LEVELS), torch.zeros_like(u))
+        if cls.VALUES is not None:  # the nearest value to (w + m) / s by ggml's rule; the value nearest 0 where s is 0
+            ratio = torch.where(s != 0, (x + m) / safe, torch.zeros_like(x))
+            u = reference_quants.best_index_iq4(ratio).float()
+        else:
+            u = torch.round(x / safe) + cls.OFFSET if cls.OFFSET is not None else torch.round((x + m) / safe)
+            u = torch.where(s != 0, u.clamp_(0, cls.LEVELS), torch.zeros_like(u))
         return u.squeeze(-1) if column else u.reshape(w.shape)
 
     @classmethod
@@ -160,9 +183,9 @@ class _OnGrid:
 
     def dequantize(self) -> torch.Tensor:
         """fp32 [N, K], as ggml's dequantize_row_* computes it (for the symmetric grids scale * (u - OFFSET),
-        an exact integer times the scale)."""
+        an exact integer times the scale; for the non-uniform ones scale * VALUES[u], one rounding)."""
         scale, minimum = self.steps(*self.fields())
-        u = _groups(self.u.float(), self.GROUP)  # a new tensor, computed on in place
+        u = _groups(self.level_values(self.u), self.GROUP)  # a new tensor, computed on in place
         if self.OFFSET is not None:
             y = u.sub_(self.OFFSET).mul_(scale.unsqueeze(-1))
         else:
@@ -448,9 +471,89 @@ class Q80Weight(Q50Weight):
         return blocks.pack_q8_0(self.u.to(torch.int16) - 128, self.d)
 
 
+@dataclass
+class IQ4NLWeight(_OnGrid):
+    """A weight on GGUF's non-uniform IQ4_NL grid (grid "iq4_nl"): u uint8 [N, K] in 0..15, an index into VALUES
+    (ggml's kvalues_iq4nl, -127..113); d fp16 [N, K/32] of either sign: y = d * VALUES[u]."""
+
+    FIELDS = ("d",)
+    TYPE = GGML_TYPES["IQ4_NL"]
+    UNPACK = staticmethod(blocks.unpack_iq4_nl)
+
+    u: torch.Tensor
+    d: torch.Tensor
+    scheme: object
+
+    def __post_init__(self) -> None:
+        self._check((("d", GROUP, torch.float16),))
+
+    @staticmethod
+    def steps(d) -> tuple[torch.Tensor, torch.Tensor]:
+        """(d, 0) fp32 [N, K/32]."""
+        return d.float(), torch.zeros_like(d, dtype=torch.float32)
+
+    @classmethod
+    def choose_fields(cls, w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
+                      clip_ratio=None) -> tuple[torch.Tensor]:
+        """(d,) of w [N, K] (K % 32 == 0): with search, llama.cpp's own (quantize_iq4_nl: the weighted least-squares
+        scale over 16 trials, weights x^2, or with `importance` [K] importance * sqrt(sigma^2 + x^2)); else each
+        block's signed extreme on the lowest value, d = extreme / -127 (shrunk by clip_ratio)."""
+        _need_blocks(w, cls)
+        if search:
+            return (reference_quants.iq4_nl_fields(w.float(), None if importance is None else importance.float())[1],)
+        return (_fp16(_signed_extremes(w, clip_ratio, GROUP) / cls.TYPE.values[0], "an IQ4_NL block scale"),)
+
+    def blocks(self) -> torch.Tensor:
+        """uint8 [N, K/32 * 18]: the IQ4_NL blocks."""
+        return blocks.pack_iq4_nl(self.u, self.d)
+
+
+@dataclass
+class IQ4XSWeight(_OnGrid):
+    """A weight on GGUF's non-uniform IQ4_XS grid (grid "iq4_xs"): u uint8 [N, K] in 0..15, an index into VALUES;
+    d fp16 [N, K/256]; sc int8 [N, K/32] in -32..31 (6 bits): y = (d * sc_j) * VALUES[u]."""
+
+    FIELDS = ("d", "sc")
+    TYPE = GGML_TYPES["IQ4_XS"]
+    UNPACK = staticmethod(blocks.unpack_iq4_xs)
+
+    u: torch.Tensor
+    d: torch.Tensor
+    sc: torch.Tensor
+    scheme: object
+
+    def __post_init__(self) -> None:
+        self._check((("d", self.BLOCK, torch.float16), ("sc", self.GROUP, torch.int8)))
+
+    @classmethod
+    def steps(cls, d, sc) -> tuple[torch.Tensor, torch.Tensor]:
+        """(d * sc_j, 0) fp32 [N, K/32] (an exact product)."""
+        s = group_scale(d, sc, cls.GROUP)
+        return s, torch.zeros_like(s)
+
+    @classmethod
+    def choose_fields(cls, w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
+                      clip_ratio=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(d, sc) of w [N, K] (K % 256 == 0): with search, llama.cpp's own (quantize_iq4_xs: IQ4_NL's search per
+        sub-block of 32, with `importance` [K] where given); else each sub-block's signed extreme on the lowest
+        value (extreme / -127, shrunk by clip_ratio). Either way the sub-block scales are then rounded to 6 bits
+        against the super-block's largest, as quantize_row_iq4_nl_impl rounds them (d = -largest / 32)."""
+        _need_blocks(w, cls)
+        if search:
+            return reference_quants.iq4_xs_fields(w.float(), None if importance is None else importance.float())[1:]
+        scale = _signed_extremes(w, clip_ratio, GROUP) / cls.TYPE.values[0]  # [N, K/32]
+        n = scale.shape[0]
+        d, sc = reference_quants.iq4_super_block(scale.reshape(n, -1, 8))
+        return _fp16(d, "an IQ4_XS super-block scale"), sc.to(torch.int8).reshape(n, -1)
+
+    def blocks(self) -> torch.Tensor:
+        """uint8 [N, K/256 * 136]: the IQ4_XS blocks."""
+        return blocks.pack_iq4_xs(self.u, self.d, self.sc)
+
+
 #: a scheme's grid -> the class of its weights
 GRID_WEIGHTS = {cls.TYPE.grid: cls for cls in (Q2KWeight, Q3KWeight, KQuantWeight, Q5KWeight, Q6KWeight, Q41Weight,
-                                               Q51Weight, Q40Weight, Q50Weight, Q80Weight)}
+                                               Q51Weight, Q40Weight, Q50Weight, Q80Weight, IQ4NLWeight, IQ4XSWeight)}
 GridWeight = _OnGrid
 
 

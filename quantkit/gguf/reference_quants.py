@@ -1,4 +1,5 @@
-"""llama.cpp's own quantizers for the GGUF K-quants Q4_K, Q5_K and Q6_K, ported to pure torch bit for bit.
+"""llama.cpp's own quantizers for the GGUF K-quants Q2_K ... Q6_K, Q8_0 and the non-uniform IQ4_NL / IQ4_XS, ported
+to pure torch bit for bit.
 
 Ports of ggml/src/ggml-quants.c (the llama.cpp tree quantkit is checked against):
 
@@ -9,6 +10,10 @@ Ports of ggml/src/ggml-quants.c (the llama.cpp tree quantkit is checked against)
   quant_weights): quantize_row_q4_K_impl and quantize_row_q5_K_impl (make_qkx3_quants per sub-block,
   make_qp_quants for the scales and mins) and quantize_row_q6_K_impl (make_qx_quants weighted by the
   importance);
+- quantize_iq4_nl / quantize_iq4_xs (quantize_row_iq4_nl_impl with ntry 7, what ggml_quantize_chunk runs
+  with or without importance: weights x^2 or importance * sqrt(sigma^2 + x^2), each block of 32's scale the
+  best weighted least-squares fit over 16 trial scales, IQ4_XS's then rounded to 6 bits against the
+  super-block's largest) and best_index_int8 (the nearest of the 16 values, a tie to the upper one);
 - quantize_row_q8_0_ref (quantize_q8_0: d = amax / 127, the codes roundf against the unrounded d; the one
   maker of Q8_0 blocks from float weights outside the grids, which round against the stored fp16 d);
 - nearest_int (round half to even through the 1.5 * 2^23 trick, its wrap-around kept), GGML_FP32_TO_FP16
@@ -313,12 +318,14 @@ def _make_q3_quants(x: torch.Tensor, nmax: int) -> tuple[torch.Tensor, torch.Ten
 
 # ------------------------------------------------------------------------------------------- the rows
 
-def _check(w: torch.Tensor, importance: torch.Tensor | None, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _check(w: torch.Tensor, importance: torch.Tensor | None, name: str,
+           block: int = QK_K) -> tuple[torch.Tensor, torch.Tensor | None]:
     if not isinstance(w, torch.Tensor) or w.dim() != 2 or not w.dtype.is_floating_point:
         raise ValueError(f"{name}: expected a float tensor [N, K], got "
                          f"{getattr(w, 'dtype', type(w).__name__)} {tuple(getattr(w, 'shape', ()))}")
-    if w.shape[1] % QK_K:
-        raise ValueError(f"{name}: K = {w.shape[1]} is not a multiple of the super-block size {QK_K}")
+    if w.shape[1] % block:
+        kind = "super-block" if block == QK_K else "block"
+        raise ValueError(f"{name}: K = {w.shape[1]} is not a multiple of the {kind} size {block}")
     if not bool(torch.isfinite(w).all()):
         raise ValueError(f"{name}: the weight holds NaN or inf")
     if importance is not None:
@@ -607,3 +614,123 @@ def q1_fields(w: torch.Tensor, importance: torch.Tensor, nmax: int) -> tuple[tor
         d.append(scale)
         m.append(-the_min)
     return torch.cat(d), torch.cat(m)
+
+
+# ------------------------------------------------------------------------------ the non-uniform IQ4 types
+
+#: ggml's kvalues_iq4nl as fp32 (the C compares fp32 against the int8 values promoted to float)
+IQ4_VALUES = torch.tensor(GGML_TYPES["IQ4_NL"].values, dtype=F32)
+
+
+def best_index_iq4(x: torch.Tensor) -> torch.Tensor:
+    """ggml's best_index_int8(16, kvalues_iq4nl, x) elementwise: the index (int64, 0..15) of the value nearest
+    x fp32, a tie going to the upper one (`x - val[mu-1] < val[mu] - x ? mu-1 : mu`, the differences rounded in
+    fp32 as the C's are); below the lowest value 0, above the highest 15, NaN 15 (the C's binary search with
+    every comparison false)."""
+    values = IQ4_VALUES.to(x.device)
+    mu = (x.unsqueeze(-1) >= values).sum(-1).clamp(1, 15)  # val[mu - 1] <= x < val[mu] inside the range
+    lower = x - values[mu - 1] < values[mu] - x
+    idx = torch.where(lower, mu - 1, mu)
+    idx = torch.where(x <= values[0], torch.zeros_like(idx), idx)
+    return torch.where((x >= values[-1]) | torch.isnan(x), torch.full_like(idx, 15), idx)
+
+
+def _iq4_block_scales(x: torch.Tensor, weight: torch.Tensor, ntry: int = 7) -> torch.Tensor:
+    """The first half of quantize_row_iq4_nl_impl with ntry > 0: each block of 32's scale d (y = d * values[l]),
+    the weighted least-squares fit of the levels at 2 ntry + 2 trial scales. x, weight: fp32 [..., 32].
+    returns fp32 [...] (0 for a block whose largest |x| is below GROUP_MAX_EPS)."""
+    amax, mx = _signed_max(x)
+    zero_block = amax < _t(GROUP_MAX_EPS, amax)
+    mx = _where(zero_block, torch.ones_like(mx), mx)  # (the C skips these blocks)
+    v0 = _f(GGML_TYPES["IQ4_NL"].values[0])
+    values = IQ4_VALUES.to(x.device)
+
+    def fit(iscale):
+        q = values[best_index_iq4(iscale.unsqueeze(-1) * x)]
+        wq = weight * q
+        return _seq_sum(wq * x, wq * q)  # sumqx += w*q*x[j]; sumq2 += w*q*q
+
+    sumqx, sumq2 = fit(_div(_f(1), torch.div(-mx, _t(v0, mx))))  # d = -max / values[0]; id = 1/d
+    zero = torch.zeros_like(mx)
+    d = _where(sumq2 > 0, torch.div(sumqx, sumq2), zero)
+    best = d * sumqx
+    for itry in range(-ntry, ntry + 1):
+        sumqx, sumq2 = fit(_div(_f(itry + int(v0)), mx))  # id = (itry + values[0]) / max
+        take = (sumq2 > 0) & (sumqx * sumqx > best * sumq2)
+        d = _where(take, torch.div(sumqx, sumq2), d)
+        best = _where(take, d * sumqx, best)
+    return _where(zero_block, zero, d)
+
+
+def iq4_super_block(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The second half of quantize_row_iq4_nl_impl for IQ4_XS: the eight sub-block scales of a super-block
+    fp32 [..., 8] -> (d fp32 [...], l int32 [..., 8] in -32..31), d = -(the scale of largest magnitude) / 32
+    and l = nearest_int(scale / d) through 1/d (0 where d is 0), so sub-block j's scale is d * l_j (d stored as
+    fp16; the C rounds the levels against the fp32 d)."""
+    _, max_scale = _signed_max(scales)
+    d = torch.div(-max_scale, _t(32, max_scale))
+    inv = _where(d != 0, _div(_f(1), d), torch.zeros_like(d))
+    return d, _nearest_int(inv.unsqueeze(-1) * scales).clamp(-32, 31)
+
+
+def _iq4_weights(x: torch.Tensor, qw: torch.Tensor | None) -> torch.Tensor:
+    """quantize_row_iq4_nl_impl's weight of each position: x^2, or with an importance qw * sqrt(sigma^2 + x^2),
+    sigma^2 twice the mean x^2 of the super-block (of the block of 32 for IQ4_NL). x: fp32 [N, G, S, 32] (S
+    sub-blocks a super-block); qw: fp32 [G, S, 32] or None."""
+    if qw is None:
+        return x * x
+    flat = x.flatten(-2)
+    sigma2 = _seq_sum(flat * flat) * _t(_f(2) / _f(flat.shape[-1]), flat)
+    return qw * _sqrtf(sigma2[..., None, None] + x * x)
+
+
+def iq4_nl_fields(w: torch.Tensor, importance: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's IQ4_NL quantization of w float [N, K] (K % 32 == 0), optionally with the imatrix `importance`
+    [K]: ggml_quantize_chunk's quantize_iq4_nl (quantize_row_iq4_nl_impl with ntry 7, with or without
+    importance; quantize_row_iq4_nl_ref's ntry -1 is not what llama-quantize runs). returns (u uint8 [N, K] in
+    0..15, d fp16 [N, K/32]): the arguments of blocks.pack_iq4_nl; the levels are the nearest values to
+    x / d against the fp32 d, as the C rounds them."""
+    w, importance = _check(w, importance, "IQ4_NL", block=32)
+    n, k = w.shape
+    g = k // 32
+    qw = None if importance is None else importance.reshape(g, 1, 32)
+    us, ds = [torch.zeros(0, k, dtype=torch.uint8)], [torch.zeros(0, g, dtype=torch.float16)]
+    for rows in _chunks(n, k):
+        x = w[rows].reshape(-1, g, 1, 32)
+        scale = _iq4_block_scales(x, _iq4_weights(x, qw))  # [n, G, 1]
+        inv = _where(scale != 0, _div(_f(1), scale), torch.zeros_like(scale))
+        us.append(best_index_iq4(inv.unsqueeze(-1) * x).to(torch.uint8).reshape(-1, k))
+        ds.append(_to_fp16(scale).reshape(-1, g))
+    return torch.cat(us), torch.cat(ds)
+
+
+def iq4_xs_fields(w: torch.Tensor, importance: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """llama.cpp's IQ4_XS quantization of w float [N, K] (K % 256 == 0), optionally with the imatrix `importance`
+    [K]: quantize_iq4_xs (quantize_row_iq4_nl_impl over super-blocks of 256, ntry 7). returns (u uint8 [N, K]
+    in 0..15, d fp16 [N, K/256], sc int8 [N, K/32] in -32..31): the arguments of blocks.pack_iq4_xs; the levels
+    are the nearest values to x / (d * sc) against the fp32 d, as the C rounds them."""
+    w, importance = _check(w, importance, "IQ4_XS")
+    n, k = w.shape
+    g = k // QK_K
+    qw = None if importance is None else importance.reshape(g, 8, 32)
+    us, ds, scs = [torch.zeros(0, k, dtype=torch.uint8)], [torch.zeros(0, g, dtype=torch.float16)], \
+        [torch.zeros(0, g * 8, dtype=torch.int8)]
+    for rows in _chunks(n, k):
+        x = w[rows].reshape(-1, g, 8, 32)
+        d, l = iq4_super_block(_iq4_block_scales(x, _iq4_weights(x, qw)))  # [n, G], [n, G, 8]
+        dl = d.unsqueeze(-1) * l.float()
+        inv = _where(dl != 0, _div(_f(1), dl), torch.zeros_like(dl))
+        us.append(best_index_iq4(inv.unsqueeze(-1) * x).to(torch.uint8).reshape(-1, k))
+        ds.append(_to_fp16(d))
+        scs.append(l.to(torch.int8).reshape(-1, g * 8))
+    return torch.cat(us), torch.cat(ds), torch.cat(scs)
+
+
+def quantize_iq4_nl(w: torch.Tensor, importance: torch.Tensor | None = None) -> torch.Tensor:
+    """ggml_quantize_chunk(GGML_TYPE_IQ4_NL, w, ..., importance): w float [N, K] -> uint8 [N, K/32*18]."""
+    return blocks.pack_iq4_nl(*iq4_nl_fields(w, importance))
+
+
+def quantize_iq4_xs(w: torch.Tensor, importance: torch.Tensor | None = None) -> torch.Tensor:
+    """ggml_quantize_chunk(GGML_TYPE_IQ4_XS, w, ..., importance): w float [N, K] -> uint8 [N, K/256*136]."""
+    return blocks.pack_iq4_xs(*iq4_xs_fields(w, importance))

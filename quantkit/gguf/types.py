@@ -21,11 +21,13 @@ class GgmlType:
     """One of llama.cpp's block types (ggml-common.h).
 
     name: ggml's name ("Q4_K"); type_id: its ggml_type value (a GGUF file's tensor type); block: weights per
-    block (256 for the K-quants' super-blocks, else 32); block_bytes: bytes per block. num_bits, symmetric,
-    group_size: what a QuantScheme on its grid (grid: the lower-case name) says, a group being a sub-block with
-    its own scale. llama_cpp_fallback: the grid llama-quantize's tensor_type_fallback writes for a tensor
-    whose width is no whole block of this one; fallback: the grid quantkit's own grid recipes take there
-    (Q4_K keeps 4 bits with a float minimum: Q4_1). None: a block of 32, whose fallback is no block type.
+    block (256 for the K-quants' and IQ4_XS's super-blocks, else 32); block_bytes: bytes per block. num_bits,
+    symmetric, group_size: what a QuantScheme on its grid (grid: the lower-case name) says, a group being a
+    sub-block with its own scale. llama_cpp_fallback: the grid llama-quantize's tensor_type_fallback writes for
+    a tensor whose width is no whole block of this one; fallback: the grid quantkit's own grid recipes take
+    there (Q4_K keeps 4 bits with a float minimum: Q4_1). None: a block of 32, whose fallback is no block type.
+    values: the level values of a non-uniform grid (IQ4_NL, IQ4_XS: y = scale * values[u], u the 4-bit index),
+    ascending; None for the uniform grids (y = scale * u - minimum).
     """
 
     name: str
@@ -37,6 +39,7 @@ class GgmlType:
     group_size: int
     llama_cpp_fallback: str | None = None
     fallback: str | None = None
+    values: tuple[int, ...] | None = None
 
     @property
     def grid(self) -> str:
@@ -48,6 +51,9 @@ class GgmlType:
         """Stored bits per weight: a block's bytes * 8 / its weights (Q4_K 4.5)."""
         return self.block_bytes * 8 / self.block
 
+
+#: ggml's kvalues_iq4nl (ggml-common.h): the 16 levels of IQ4_NL and IQ4_XS, in units of the block's scale
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 _TYPES = (
     # y = d*sc*u - dmin*mn, 4-bit sc / mn per 16
@@ -64,6 +70,11 @@ _TYPES = (
     GgmlType("Q4_0", 2, BLOCK, 18, 4, True, 32),  # y = d*(u - 8), fp16 d per 32, either sign
     GgmlType("Q5_0", 6, BLOCK, 22, 5, True, 32),  # y = d*(u - 16)
     GgmlType("Q8_0", 8, BLOCK, 34, 8, True, 32),  # y = d*(u - 128)
+    # y = d*values[u], fp16 d per 32 (either sign)
+    GgmlType("IQ4_NL", 20, BLOCK, 18, 4, True, 32, values=IQ4_VALUES),
+    # y = d*(ls - 32)*values[u], fp16 d per 256, 6-bit ls per 32
+    GgmlType("IQ4_XS", 23, SUPER_BLOCK, 136, 4, True, 32, llama_cpp_fallback="iq4_nl", fallback="iq4_nl",
+             values=IQ4_VALUES),
 )
 #: ggml type name -> its record
 GGML_TYPES = {t.name: t for t in _TYPES}
