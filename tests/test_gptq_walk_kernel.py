@@ -1,4 +1,6 @@
-"""The C++ GPTQ column walk (kernels/csrc/gptq_walk.cpp) against its pure-PyTorch reference: bit for bit."""
+"""The C++ GPTQ column walk (kernels/csrc/gptq_walk.cpp) against its pure-PyTorch reference: bit for bit, on the
+integer grids, the GGUF grids with an offset or a float minimum, and the non-uniform IQ4 grids (nearest of 16
+values, ties included)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ W8_CHANNEL = QuantScheme(num_bits=8, symmetric=True, strategy="channel")
 Q4_K = QuantScheme(num_bits=4, symmetric=False, strategy="group", group_size=32, grid="q4_k")
 Q6_K = QuantScheme(num_bits=6, symmetric=True, strategy="group", group_size=16, grid="q6_k")
 Q4_0 = QuantScheme(num_bits=4, symmetric=True, strategy="group", group_size=32, grid="q4_0")
+IQ4_NL = QuantScheme(num_bits=4, symmetric=True, strategy="group", group_size=32, grid="iq4_nl")
+IQ4_XS = QuantScheme(num_bits=4, symmetric=True, strategy="group", group_size=32, grid="iq4_xs")
 
 
 def _block(rows: int, n: int, groups: int, seed: int, zero: bool, grid: bool):
@@ -35,12 +39,17 @@ def _block(rows: int, n: int, groups: int, seed: int, zero: bool, grid: bool):
     return w, u, scale, zeros, minimum, group
 
 
-@pytest.mark.parametrize("scheme", [W4_G128, W4_G32_ASYM, Q4_K, Q6_K, Q4_0], ids=lambda s: f"{s.grid}-{s.num_bits}")
+@pytest.mark.parametrize("scheme", [W4_G128, W4_G32_ASYM, Q4_K, Q6_K, Q4_0, IQ4_NL, IQ4_XS],
+                         ids=lambda s: f"{s.grid}-{s.num_bits}")
 @pytest.mark.parametrize("rows,n,start,stop", [(128, 300, 0, 128), (64, 1000, 16, 48), (17, 5, 0, 17), (128, 513, 96, 128)])
 def test_kernel_walks_bit_for_bit_as_the_reference(scheme, rows, n, start, stop):
     grid = grids.GRID_WEIGHTS.get(scheme.grid)
     w, u, scale, zeros, minimum, group = _block(rows, n, 3, rows * n + start, not scheme.symmetric and grid is None,
                                                 grid is not None)
+    if grid is not None and grid.VALUES is not None:  # the non-uniform grids: scales of either sign, no minimum
+        scale = scale * torch.where(torch.arange(n) % 3 == 1, -1.0, 1.0)
+        minimum = torch.zeros_like(minimum)
+        w[: rows // 2, : n // 2] = (torch.randint(-130, 130, (rows // 2, n // 2)) + 0.5) * scale[0, : n // 2]  # ties
     walks = {}
     for name in ("kernel", "reference"):
         w1, q1, err1 = w.clone(), torch.full_like(w, 1000.0), torch.full_like(w, 1000.0)
@@ -65,7 +74,9 @@ def test_kernel_walks_bit_for_bit_as_the_reference(scheme, rows, n, start, stop)
     (W8_CHANNEL, gptq.GPTQOptions(observer="mse")),
     (Q4_K, gptq.GPTQOptions()),
     (Q6_K, gptq.GPTQOptions(act_order=False)),
-], ids=["w4g128", "w4g32-asym-no-act-order", "w8-channel-mse", "q4_k", "q6_k"])
+    (IQ4_NL, gptq.GPTQOptions(observer="mse")),
+    (IQ4_XS, gptq.GPTQOptions(act_order=False)),
+], ids=["w4g128", "w4g32-asym-no-act-order", "w8-channel-mse", "q4_k", "q6_k", "iq4_nl-mse", "iq4_xs"])
 def test_gptq_gives_the_same_levels_with_and_without_the_kernel(scheme, options, monkeypatch):
     g = torch.Generator().manual_seed(11)
     k = 512
@@ -86,6 +97,12 @@ def test_kernel_refuses_mismatched_shapes():
     with pytest.raises(RuntimeError, match="q and err must be contiguous fp32"):
         torch.ops.quantkit.gptq_walk(w, u, torch.empty(8, 15), torch.empty(8, 16), scale, None, None, group, 0, 8, 0,
                                      -8.0, 7.0, 0.0)
+    with pytest.raises(RuntimeError, match="a non-uniform grid needs values"):
+        torch.ops.quantkit.gptq_walk(w, u, torch.empty(8, 16), torch.empty(8, 16), scale, None, torch.zeros_like(scale),
+                                     group, 0, 8, 4, 0.0, 15.0, 0.0)
+    with pytest.raises(RuntimeError, match="values must ascend"):
+        torch.ops.quantkit.gptq_walk(w, u, torch.empty(8, 16), torch.empty(8, 16), scale, None, torch.zeros_like(scale),
+                                     group, 0, 8, 4, 0.0, 15.0, 0.0, torch.tensor([1.0, 0.0]))
     with pytest.raises(RuntimeError, match="a zero point needs zero"):
         torch.ops.quantkit.gptq_walk(w, u, torch.empty(8, 16), torch.empty(8, 16), scale, None, None, group, 0, 8, 1,
                                      0.0, 15.0, 0.0)

@@ -26,6 +26,8 @@ SCHEMES = {
     "q4_k": grid_scheme("q4_k"),
     "q6_k": grid_scheme("q6_k"),
     "q4_0": grid_scheme("q4_0"),
+    "iq4_nl": grid_scheme("iq4_nl"),
+    "iq4_xs": grid_scheme("iq4_xs"),
 }
 
 
@@ -45,19 +47,29 @@ def _objective(qweight, w, h) -> float:
 
 
 def _reference_sweeps(qweight, w, h, sweeps):
-    """One weight at a time, the half-gradient recomputed in fp64 after every move: levels fp64 [N, K]."""
+    """One weight at a time, the half-gradient recomputed in fp64 after every move: levels fp64 [N, K]. On a
+    non-uniform grid (IQ4) each weight goes to the level whose value is nearest its best real value."""
     grid = qweight.level_grid()
     levels, w64, h64 = grid.levels.double().clone(), w.double(), h.double()
     step = grid.scale.double()[:, grid.column_group]
     minimum = grid.minimum.double()[:, grid.column_group]
+    table = None if grid.values is None else grid.values.double()
+
+    def value(lv):
+        return lv if table is None else table[lv.long()]
+
     for _ in range(sweeps):
         for c in range(w.shape[1]):
             if h64[c, c] <= 0:
                 continue
-            g = (levels * step - minimum - w64) @ h64[:, c]  # [N]
+            g = (value(levels) * step - minimum - w64) @ h64[:, c]  # [N]
             s = step[:, c]
             safe = torch.where(s != 0, s, torch.ones_like(s))
-            moved = (levels[:, c] + torch.round(-g / (h64[c, c] * safe))).clamp(grid.lowest, grid.highest)
+            change = -g / (h64[c, c] * safe)
+            if table is None:
+                moved = (levels[:, c] + torch.round(change)).clamp(grid.lowest, grid.highest)
+            else:
+                moved = ((value(levels[:, c]) + change).unsqueeze(-1) - table).abs().argmin(-1).double()
             levels[:, c] = torch.where(s != 0, moved, levels[:, c])
     return levels
 
@@ -77,7 +89,7 @@ def test_blocked_sweeps_match_the_one_at_a_time_reference(name):
     assert refined.error_after == pytest.approx(_objective(refined.weight, w, h), rel=1e-4)
 
 
-@pytest.mark.parametrize("name", ["int4-asym-g64", "q3_k", "q4_k"])
+@pytest.mark.parametrize("name", ["int4-asym-g64", "q3_k", "q4_k", "iq4_xs"])
 def test_only_levels_move_and_they_stay_on_the_grid(name):
     scheme = SCHEMES[name]
     w, h = _problem(16, 256, seed=2)
@@ -87,6 +99,7 @@ def test_only_levels_move_and_they_stay_on_the_grid(name):
     assert type(refined) is type(gptq) and refined.scheme == gptq.scheme
     for field in ("scale", "minimum", "column_group"):
         assert torch.equal(getattr(after, field), getattr(before, field))
+    assert (after.values is None) == (before.values is None) == (name != "iq4_xs")
     assert after.levels.min() >= before.lowest and after.levels.max() <= before.highest
     torch.testing.assert_close(refined.dequantize(), after.dequantize(after.levels), rtol=1e-6, atol=1e-7)
     # an input never active keeps GPTQ's level

@@ -255,7 +255,7 @@ def _qparams(w: torch.Tensor, energy: torch.Tensor, scheme: QuantScheme, scale_d
 
 
 #: the C++ walk's rounding modes (kernels/csrc/gptq_walk.cpp's Mode)
-_INT_SYMMETRIC, _INT_ZERO_POINT, _GRID_OFFSET, _GRID_MINIMUM = range(4)
+_INT_SYMMETRIC, _INT_ZERO_POINT, _GRID_OFFSET, _GRID_MINIMUM, _GRID_VALUES = range(5)
 
 
 def _column_walk(scheme: QuantScheme, grid, scales_t: torch.Tensor, zeros_t: torch.Tensor | None,
@@ -269,7 +269,11 @@ def _column_walk(scheme: QuantScheme, grid, scales_t: torch.Tensor, zeros_t: tor
     loop (_walk_columns_reference), which runs elsewhere."""
     on_cpu = scales_t.dtype == torch.float32 and scales_t.device.type == "cpu"
     if on_cpu and cpu_extension.load_cpu_kernels().available:  # built on first use, cached
-        if grid is not None:
+        values = None
+        if grid is not None and grid.VALUES is not None:
+            mode, values = _GRID_VALUES, grid.VALUES.contiguous()
+            qmin, qmax, offset = 0.0, float(grid.LEVELS), 0.0
+        elif grid is not None:
             mode = _GRID_OFFSET if grid.OFFSET is not None else _GRID_MINIMUM
             qmin, qmax, offset = 0.0, float(grid.LEVELS), float(grid.OFFSET or 0)
         else:
@@ -279,7 +283,7 @@ def _column_walk(scheme: QuantScheme, grid, scales_t: torch.Tensor, zeros_t: tor
 
         def kernel(w1, u1, q1, err1, i1, a, b):
             torch.ops.quantkit.gptq_walk(w1, u1, q1, err1, scales_t, zeros_t, minimums_t,
-                                         groups[i1:i1 + w1.shape[0]], a, b, mode, qmin, qmax, offset)
+                                         groups[i1:i1 + w1.shape[0]], a, b, mode, qmin, qmax, offset, values)
 
         return kernel
 
@@ -296,7 +300,7 @@ def _walk_columns_reference(w1, u1, q1, err1, scheme, grid, scales_t, zeros_t, m
         g = groups[i]
         if grid is not None:
             q = grid.quantize_onto(w1[i], scales_t[g].float(), minimums_t[g].float()).to(w1.dtype)
-            deq = q * scales_t[g] - minimums_t[g]
+            deq = grid.level_values(q).to(w1.dtype) * scales_t[g] - minimums_t[g]
         else:
             q, deq = _quantize_column(w1[i], scales_t[g], zeros_t[g] if zeros_t is not None else None, scheme)
         q1[i] = q

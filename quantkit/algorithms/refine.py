@@ -7,7 +7,8 @@ coordinate descent (CDQuant, Nair and Suggala 2024, starts greedy coordinate des
 is its cyclic form) visits every column in turn and
 moves each row's level in it to the one that minimises the same objective with every other weight fixed:
 with E = Ŵ - W and G = E H (the objective's half-gradient), changing weight (r, j) by d changes the error
-of row r by 2 d G[r, j] + d² H[j, j], least at the level nearest d* = -G[r, j] / H[j, j], clamped to the grid.
+of row r by 2 d G[r, j] + d² H[j, j], least at the level nearest d* = -G[r, j] / H[j, j], clamped to the grid
+(on a non-uniform grid, IQ4_NL / IQ4_XS, the level whose value is nearest: LevelGrid.moved).
 Each move lowers the objective or leaves it, so a sweep never undoes GPTQ's gains; rows are independent, so
 a column's rows move together, and G follows the moves of a block of columns in one matrix product, as
 GPTQ's lazy updates do.
@@ -60,7 +61,7 @@ def refine_levels(qweight: Quantized, weight: torch.Tensor, hessian: torch.Tenso
     h = hessian.float()
     w = weight.detach().float()
     levels = grid.levels.clone()
-    step = grid.scale[:, grid.column_group]  # [N, K]: the weight change of one level
+    step = grid.scale[:, grid.column_group]  # [N, K]: the weight change of one level (of one unit of value)
     diag = h.diagonal()
     live = (diag > 0).tolist()
     e = grid.dequantize(levels) - w  # [N, K]
@@ -79,9 +80,9 @@ def refine_levels(qweight: Quantized, weight: torch.Tensor, hessian: torch.Tenso
                 if not live[c]:
                     continue
                 s = step[:, c]
-                target = -gb[:, j] / (diag[c] * torch.where(s != 0, s, torch.ones_like(s)))  # levels to move
-                moved = (levels[:, c] + torch.round(target)).clamp_(grid.lowest, grid.highest)
-                d = torch.where(s != 0, (moved - levels[:, c]) * s, torch.zeros_like(s))  # [N]
+                target = -gb[:, j] / (diag[c] * torch.where(s != 0, s, torch.ones_like(s)))  # in units of the step
+                moved = grid.moved(levels[:, c], target)
+                d = torch.where(s != 0, (grid.value(moved) - grid.value(levels[:, c])) * s, torch.zeros_like(s))  # [N]
                 levels[:, c] = torch.where(s != 0, moved, levels[:, c])
                 moves[:, j] = d
                 gb.addr_(d, hb[j])
