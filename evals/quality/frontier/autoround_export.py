@@ -42,6 +42,28 @@ FORMATS = {
 }
 
 
+def _name_unknown_pre_tokenizers(folder: Path) -> None:
+    """auto-round's GGUF converter (llama.cpp's convert_hf_to_gguf) names a BPE tokenizer's pre-tokenizer only from
+    its table of published models' hashes and raises NotImplementedError for any other (quantkit's reference
+    models). Where it would, the name comes from quantkit's GGUF writer's rule (the same table, else "gpt-2" for a
+    plain byte-level pre-tokenizer), so that auto-round writes the file quantkit's own export would name."""
+    from auto_round.export.export_to_gguf.llama_cpp_conversion import get_conversion
+
+    from quantkit.gguf.writing import pre_tokenizer_name
+
+    get_conversion(model_path=folder)  # imports the converter as the top-level package `conversion`, kept for the export
+    base = sys.modules["conversion.base"]
+    known = base.TextModel.get_vocab_base_pre
+
+    def get_vocab_base_pre(self, tokenizer) -> str:
+        try:
+            return known(self, tokenizer)
+        except NotImplementedError:
+            return pre_tokenizer_name(tokenizer, json.loads((folder / "tokenizer.json").read_text(encoding="utf-8")))
+
+    base.TextModel.get_vocab_base_pre = get_vocab_base_pre
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="the float model's Hugging Face folder")
@@ -62,6 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     import auto_round
     from auto_round import AutoRound
     from transformers import AutoTokenizer
+
+    _name_unknown_pre_tokenizers(Path(args.model))
 
     windows = json.loads(args.windows.read_text())
     lengths = {len(w) for w in windows}
