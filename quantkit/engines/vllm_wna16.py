@@ -40,6 +40,7 @@ from vllm.platforms import PlatformEnum, current_platform
 from vllm.scalar_type import scalar_types
 
 from ..kernels.packing import packed_words
+from ..kernels.triton_ops import register_ops
 from ..kernels.wna16 import planned_layout, prepare_wna16, resolve_backend, wna16_linear
 from ..kernels.wna16_layout import ACTIVATION_DTYPES, check_wna16_weight
 from .amx_permission import request_amx_tile_permission
@@ -149,7 +150,9 @@ def register() -> None:
 
     ``register_linear_kernel`` appends to vLLM's list, behind vLLM's own kernels. On CPU (``FIRST_ON``)
     the class is then moved to the head of the list, which vLLM keeps in ``_POSSIBLE_KERNELS``: vLLM's
-    CPU int4 kernel would be chosen first and then fail on CPUs without AVX-512. Then, on CPU, the AMX
+    CPU int4 kernel would be chosen first and then fail on CPUs without AVX-512. On CUDA the Triton ops
+    are registered (``quantkit.kernels.register_ops``; a CPU process never imports triton for them;
+    ``prepare_wna16`` would register them at load too). Then, on CPU, the AMX
     tile-data permission for this process (see the module's docstring); a refusal on an AMX CPU is
     logged as a warning, since vLLM's AMX attention will then die with SIGILL.
     """
@@ -160,6 +163,8 @@ def register() -> None:
         if platform in FIRST_ON:
             kernels.remove(QuantkitWNA16LinearKernel)
             kernels.insert(0, QuantkitWNA16LinearKernel)
+    if current_platform.is_cuda():
+        register_ops()  # torch.ops.quantkit.wna16_gemm, before vLLM compiles or captures the model
     if current_platform.is_cpu():
         permission = request_amx_tile_permission()
         if permission.granted or not permission.asked:

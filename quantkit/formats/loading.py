@@ -96,7 +96,7 @@ def refuse_quantized_tensors(folder: Path, tensor_names: Iterable[str]) -> None:
     """CheckpointError when a folder whose config.json has no quantization_config holds quantized tensors
     (weight_packed, weight_scale, ...): a checkpoint whose config.json was replaced or edited, which
     transformers would load as a float model with random weights in every quantized linear."""
-    # import time: it loads the kernels (triton), which reading a config or a float model never needs
+    # import time: it loads the kernels, which reading a config or a float model never needs
     from ..modules.quant_linear import CHECKPOINT_TENSORS
 
     quantized = sorted((name for name in tensor_names if name.rpartition(".")[2] in CHECKPOINT_TENSORS),
@@ -179,7 +179,7 @@ def load_model_config(source: str, *, trust_remote_code: bool = False):
     trust_remote_code does not allow."""
     from transformers import AutoConfig  # import time: transformers loads only where it is used
 
-    from ..modules.moe import moe_config_problem  # import time: it loads the kernels (triton)
+    from ..modules.moe import moe_config_problem  # import time: it loads the kernels
 
     try:
         with config_errors(source):
@@ -246,7 +246,7 @@ def empty_quantized_model(folder: Path, *, dtype: torch.dtype | None = None, tru
     from accelerate import init_empty_weights  # import time: accelerate loads only where it is used
     from transformers import AutoModelForCausalLM  # import time: transformers loads only where it is used
 
-    # import time: it loads the kernels (triton), which reading a config or a float model never needs
+    # import time: it loads the kernels, which reading a config or a float model never needs
     from ..modules.quant_linear import QuantLinear
     from .compressed_tensors import parse_quantization_config
 
@@ -268,7 +268,7 @@ def empty_quantized_model(folder: Path, *, dtype: torch.dtype | None = None, tru
                      else AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code))
     except ValueError as e:
         raise CheckpointError(f"{folder}: unsupported architecture ({str(e).splitlines()[0]})") from None
-    # import time: it loads the kernels (triton), which reading a config or a float model never needs
+    # import time: it loads the kernels, which reading a config or a float model never needs
     from ..modules.moe import model_type, to_disk_name, unfuse_experts
 
     unfuse_experts(model)  # MoE: per-expert linears, as the checkpoint stores them

@@ -274,7 +274,7 @@ def probe_device(
     matmul_n = matmul_n or (8192 if on_gpu else 1536)
     bandwidth = measure_copy_bandwidth(device, copy_bytes)
     if dtype is None and not on_gpu:
-        from .cpu_features import probe_dtype_rates  # import time: it loads quantkit.kernels (triton)
+        from .cpu_features import probe_dtype_rates  # import time: it loads quantkit.kernels
 
         rates, _ = probe_dtype_rates(gemv_shape=(256, 256))
         dtype = getattr(torch, max(rates, key=rates.get))

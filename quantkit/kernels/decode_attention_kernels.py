@@ -1,4 +1,8 @@
-"""Decode attention over an FP8 KV cache (flash-decoding), as ``torch.ops.quantkit.decode_attention_fp8``.
+"""The Triton kernels of decode attention over an FP8 KV cache (flash-decoding), and the op
+``torch.ops.quantkit.decode_attention_fp8`` that runs them.
+
+The entry point is ``decode_attention.decode_attention_fp8``; this module is imported by
+``triton_ops.register_ops`` only (it imports triton and, through ``triton_op``, torch._inductor).
 
 One query token per sequence attends to the whole cached context. Decode attention is bound by
 reading K and V, so the cache is read in its stored dtype (float8_e4m3fn: half the bytes of bf16)
@@ -21,11 +25,9 @@ Algorithm (two launches):
 Launch parameters (splits, tile, warps, stages): ``decode_attention_heuristics``, by rule.
 Depends on torch and triton only.
 """
-
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 
 import torch
@@ -35,14 +37,10 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
 from .decode_attention_heuristics import DecodeAttentionLaunch, choose_launch
-from .decode_attention_reference import decode_attention_reference
+from .decode_attention_reference import check_decode_attention_args, decode_attention_reference
 
 
 _KERNELS_INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
-FP8_DTYPE = torch.float8_e4m3fn
-QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-KV_DTYPES = (FP8_DTYPE, torch.float16, torch.bfloat16, torch.float32)
-MAX_HEAD_DIM = 256
 MIN_BLOCK_G = 16  # tl.dot needs M >= 16 on GPUs: query heads of a group are padded to this
 LOG2E = 1.4426950408889634
 # Initial running max: finite, so a tile whose keys are all masked gives 2^(-inf - m) = 0, never NaN.
@@ -209,62 +207,6 @@ def _check_scale(name: str, scale: torch.Tensor | None, num_kv_heads: int, devic
     return scale.to(torch.float32).contiguous()
 
 
-def check_decode_attention_args(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    kv_mask: torch.Tensor | None,
-    kv_len: torch.Tensor | None = None,
-) -> None:
-    """Raise a ValueError naming the problem if the arguments break the contract of decode_attention_fp8."""
-    if q.dim() != 3:
-        raise ValueError(
-            f"q must be [B, Hq, D] (one query token per sequence), got shape {tuple(q.shape)}; "
-            "for a [B, Hq, 1, D] query pass q.squeeze(2)"
-        )
-    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
-        raise ValueError(
-            f"k_cache and v_cache must both be [B, Hkv, T, D] with the same shape, got {tuple(k_cache.shape)} "
-            f"and {tuple(v_cache.shape)}"
-        )
-    batch, num_q_heads, head_dim = q.shape
-    kb, num_kv_heads, seq_len, kd = k_cache.shape
-    if kb != batch or kd != head_dim:
-        raise ValueError(
-            f"q [B={batch}, Hq={num_q_heads}, D={head_dim}] does not match the cache [B={kb}, Hkv={num_kv_heads}, "
-            f"T={seq_len}, D={kd}]: batch and head_dim must agree"
-        )
-    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
-        raise ValueError(f"Hq={num_q_heads} must be a multiple of Hkv={num_kv_heads} (grouped-query attention)")
-    if seq_len == 0:
-        raise ValueError("the KV cache is empty (T = 0): there is nothing to attend to")
-    if head_dim > MAX_HEAD_DIM:
-        raise ValueError(f"head_dim={head_dim} is above the supported maximum {MAX_HEAD_DIM}")
-    if q.dtype not in QUERY_DTYPES:
-        raise ValueError(f"q dtype {q.dtype} is not supported; use one of {QUERY_DTYPES}")
-    if k_cache.dtype not in KV_DTYPES or v_cache.dtype != k_cache.dtype:
-        raise ValueError(
-            f"k_cache/v_cache dtypes {k_cache.dtype}/{v_cache.dtype}: both must be the same one of {KV_DTYPES}"
-        )
-    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("q, k_cache and v_cache must be contiguous along head_dim (stride 1): call .contiguous()")
-    if not (q.device == k_cache.device == v_cache.device):
-        raise ValueError(f"q, k_cache, v_cache are on {q.device}, {k_cache.device}, {v_cache.device}: use one device")
-    if kv_mask is not None:
-        if kv_mask.dtype != torch.bool or tuple(kv_mask.shape) != (batch, seq_len):
-            raise ValueError(
-                f"kv_mask must be bool [B={batch}, T={seq_len}] (True = attend), got {kv_mask.dtype} "
-                f"{tuple(kv_mask.shape)}"
-            )
-        if kv_mask.device != q.device:
-            raise ValueError(f"kv_mask is on {kv_mask.device}, q on {q.device}: use one device")
-    if kv_len is not None:
-        if kv_len.numel() != 1 or kv_len.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"kv_len must be one int32/int64 length, got {kv_len.dtype} {tuple(kv_len.shape)}")
-        if kv_len.device != q.device:
-            raise ValueError(f"kv_len is on {kv_len.device}, q on {q.device}: use one device")
-
-
 def default_launch(batch: int, num_kv_heads: int, seq_len: int, device: torch.device) -> DecodeAttentionLaunch:
     """The launch rule of decode_attention_heuristics for this device."""
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
@@ -396,54 +338,6 @@ def _decode_attention_fp8_fake(q, k_cache, v_cache, k_scale, v_scale, kv_mask, s
     return q.new_empty(q.shape)
 
 
-def decode_attention_fp8(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    kv_mask: torch.Tensor | None = None,
-    sm_scale: float | None = None,
-    num_splits: int = 0,
-    kv_len: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Attention of one query token per sequence over a (FP8) KV cache.
-
-    Args:
-        q: [B, Hq, D], float16 / bfloat16 / float32, stride 1 along D (any strides on B, Hq).
-        k_cache: [B, Hkv, T, D] (the ``transformers`` cache layout), float8_e4m3fn, or float16 /
-            bfloat16 / float32 for an unquantized cache; stride 1 along D. Hq must be a multiple of
-            Hkv; query head h reads KV head h // (Hq // Hkv). Dequantized key = k_cache * k_scale.
-        v_cache: [B, Hkv, T, D], same dtype and shape as k_cache.
-        k_scale, v_scale: float tensors of shape [1] (per tensor) or [Hkv] (per KV head), any float
-            dtype, on the cache's device; None means 1.0 (unquantized caches).
-        kv_mask: bool [B, T], True where the key is attended (left padding: False on the pads), or
-            None to attend to all T keys. A sequence with every key masked gets zeros.
-        sm_scale: softmax scale; None means D ** -0.5.
-        num_splits: number of programs the KV length is split across per (sequence, KV head);
-            0 picks one by the rule of decode_attention_heuristics. Any value gives the same
-            result up to rounding.
-        kv_len: None, or an int32/int64 tensor of one element on the cache's device: only the
-            first kv_len positions are attended (a static cache's written length; read on the
-            device, so a CUDA graph replays it). Positions past it are neither read nor attended.
-
-    Returns:
-        [B, Hq, D] in q's dtype (contiguous).
-
-    Runs the Triton kernel on CUDA tensors, and on CPU tensors when TRITON_INTERPRET=1 was set
-    before triton was imported (Triton's interpreter); else the pure-torch reference.
-    """
-    if sm_scale is None:
-        if q.dim() < 1:
-            raise ValueError(f"q must be [B, Hq, D], got shape {tuple(q.shape)}")
-        sm_scale = q.shape[-1] ** -0.5
-    if not math.isfinite(sm_scale):
-        raise ValueError(f"sm_scale must be finite, got {sm_scale}")
-    return torch.ops.quantkit.decode_attention_fp8(
-        q, k_cache, v_cache, k_scale, v_scale, kv_mask, sm_scale, num_splits, kv_len
-    )
-
-
 # -- ahead-of-time compile check ------------------------------------------------------------------
 
 #: (kv dtype, q dtype, GQA group, head_dim, has_mask, has_kv_len) variants compiled by compile_kernels.
@@ -535,7 +429,7 @@ def compile_kernels(target=None, variants=COMPILE_VARIANTS) -> dict[str, dict]:
     return results
 
 
-if __name__ == "__main__":  # python -m quantkit.kernels.decode_attention: the Hopper compile check
+if __name__ == "__main__":  # python -m quantkit.kernels.decode_attention_kernels: the Hopper compile check
     import json
 
     print(json.dumps(compile_kernels(), indent=1))

@@ -1,13 +1,19 @@
-"""Pure-torch reference for decode attention over an FP8 (or bf16/fp16/fp32) KV cache.
+"""Pure-torch reference for decode attention over an FP8 (or bf16/fp16/fp32) KV cache, and the
+argument checks the reference and the Triton kernel share.
 
-The ground truth the Triton kernel in ``decode_attention.py`` is tested against, and the CPU
-implementation of ``torch.ops.quantkit.decode_attention_fp8`` when Triton cannot run.
-Argument contract: see ``decode_attention.decode_attention_fp8``.
+The ground truth the Triton kernel in ``decode_attention_kernels.py`` is tested against, and what
+``decode_attention.decode_attention_fp8`` runs where Triton cannot. Argument contract: see
+``decode_attention.decode_attention_fp8``. Depends on torch only.
 """
 
 from __future__ import annotations
 
 import torch
+
+FP8_DTYPE = torch.float8_e4m3fn
+QUERY_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+KV_DTYPES = (FP8_DTYPE, torch.float16, torch.bfloat16, torch.float32)
+MAX_HEAD_DIM = 256
 
 
 def dequantize_kv(cache: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
@@ -55,3 +61,59 @@ def decode_attention_reference(
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # all-masked rows -> 0
     out = torch.einsum("bht,bhtd->bhd", probs, v)  # [B, Hq, D]
     return out.to(q.dtype)
+
+
+def check_decode_attention_args(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_mask: torch.Tensor | None,
+    kv_len: torch.Tensor | None = None,
+) -> None:
+    """Raise a ValueError naming the problem if the arguments break the contract of decode_attention_fp8."""
+    if q.dim() != 3:
+        raise ValueError(
+            f"q must be [B, Hq, D] (one query token per sequence), got shape {tuple(q.shape)}; "
+            "for a [B, Hq, 1, D] query pass q.squeeze(2)"
+        )
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"k_cache and v_cache must both be [B, Hkv, T, D] with the same shape, got {tuple(k_cache.shape)} "
+            f"and {tuple(v_cache.shape)}"
+        )
+    batch, num_q_heads, head_dim = q.shape
+    kb, num_kv_heads, seq_len, kd = k_cache.shape
+    if kb != batch or kd != head_dim:
+        raise ValueError(
+            f"q [B={batch}, Hq={num_q_heads}, D={head_dim}] does not match the cache [B={kb}, Hkv={num_kv_heads}, "
+            f"T={seq_len}, D={kd}]: batch and head_dim must agree"
+        )
+    if num_kv_heads == 0 or num_q_heads % num_kv_heads:
+        raise ValueError(f"Hq={num_q_heads} must be a multiple of Hkv={num_kv_heads} (grouped-query attention)")
+    if seq_len == 0:
+        raise ValueError("the KV cache is empty (T = 0): there is nothing to attend to")
+    if head_dim > MAX_HEAD_DIM:
+        raise ValueError(f"head_dim={head_dim} is above the supported maximum {MAX_HEAD_DIM}")
+    if q.dtype not in QUERY_DTYPES:
+        raise ValueError(f"q dtype {q.dtype} is not supported; use one of {QUERY_DTYPES}")
+    if k_cache.dtype not in KV_DTYPES or v_cache.dtype != k_cache.dtype:
+        raise ValueError(
+            f"k_cache/v_cache dtypes {k_cache.dtype}/{v_cache.dtype}: both must be the same one of {KV_DTYPES}"
+        )
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("q, k_cache and v_cache must be contiguous along head_dim (stride 1): call .contiguous()")
+    if not (q.device == k_cache.device == v_cache.device):
+        raise ValueError(f"q, k_cache, v_cache are on {q.device}, {k_cache.device}, {v_cache.device}: use one device")
+    if kv_mask is not None:
+        if kv_mask.dtype != torch.bool or tuple(kv_mask.shape) != (batch, seq_len):
+            raise ValueError(
+                f"kv_mask must be bool [B={batch}, T={seq_len}] (True = attend), got {kv_mask.dtype} "
+                f"{tuple(kv_mask.shape)}"
+            )
+        if kv_mask.device != q.device:
+            raise ValueError(f"kv_mask is on {kv_mask.device}, q on {q.device}: use one device")
+    if kv_len is not None:
+        if kv_len.numel() != 1 or kv_len.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"kv_len must be one int32/int64 length, got {kv_len.dtype} {tuple(kv_len.shape)}")
+        if kv_len.device != q.device:
+            raise ValueError(f"kv_len is on {kv_len.device}, q on {q.device}: use one device")

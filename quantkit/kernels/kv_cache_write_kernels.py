@@ -1,4 +1,8 @@
-"""Quantize-on-write into a static FP8 KV cache, as ``torch.ops.quantkit.fp8_kv_cache_write``.
+"""The Triton kernel of quantize-on-write into a static FP8 KV cache, and the op
+``torch.ops.quantkit.fp8_kv_cache_write`` that runs it.
+
+The entry point is ``kv_cache_write.fp8_kv_cache_write``; this module is imported by
+``triton_ops.register_ops`` only (it imports triton and, through ``triton_op``, torch._inductor).
 
 A decode step appends one token's keys and values per layer. Writing them into a preallocated
 float8_e4m3fn cache with torch ops costs a division, a clamp, a cast and an index copy for K and
@@ -8,8 +12,8 @@ division, as torch does), saturates to +-448 and stores the fp8 codes at cache p
 ``start + t``. ``start`` is read from a device tensor, so a CUDA graph that captured the launch
 writes at the position the cache has reached when it replays.
 
-The pure-torch path (``fp8_kv_cache_write_reference``) gives bit-identical codes; it is what runs
-on CPU. Depends on torch and triton only.
+The pure-torch path (``kv_cache_write_reference.fp8_kv_cache_write_reference``) gives bit-identical
+codes; it is what runs on CPU. Depends on torch and triton only.
 """
 
 from __future__ import annotations
@@ -20,10 +24,9 @@ import triton.language as tl
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
-FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = 448.0
+from .kv_cache_write_reference import FP8_MAX, check_fp8_kv_cache_write_args, fp8_kv_cache_write_reference
+
 _FP8_MAX = tl.constexpr(FP8_MAX)
-STATE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
 
 
@@ -85,52 +88,6 @@ def _fp8_kv_cache_write_kernel(
     tl.store(v_cache_ptr + row + offs, v_code, mask=in_cache)
 
 
-def check_fp8_kv_cache_write_args(key_states, value_states, k_cache, v_cache, k_scale, v_scale, start) -> None:
-    """Raise a ValueError naming the problem if the arguments break the contract of fp8_kv_cache_write."""
-    if key_states.dim() != 4 or value_states.shape != key_states.shape:
-        raise ValueError(
-            f"key_states and value_states must both be [B, Hkv, T_new, D], got {tuple(key_states.shape)} and "
-            f"{tuple(value_states.shape)}"
-        )
-    if k_cache.dtype != FP8_DTYPE or v_cache.dtype != FP8_DTYPE or k_cache.shape != v_cache.shape:
-        raise ValueError(
-            f"k_cache and v_cache must be float8_e4m3fn [B, Hkv, max_len, D] of one shape, got {k_cache.dtype} "
-            f"{tuple(k_cache.shape)} and {v_cache.dtype} {tuple(v_cache.shape)}"
-        )
-    if k_cache.stride() != v_cache.stride():
-        raise ValueError("k_cache and v_cache must have the same strides (allocate them alike)")
-    b, h, _, d = key_states.shape
-    if (k_cache.shape[0], k_cache.shape[1], k_cache.shape[3]) != (b, h, d):
-        raise ValueError(
-            f"the new states [B={b}, Hkv={h}, D={d}] do not fit the cache {tuple(k_cache.shape)}: B, Hkv, D must agree"
-        )
-    if key_states.dtype not in STATE_DTYPES or value_states.dtype != key_states.dtype:
-        raise ValueError(f"key/value states must be one of {STATE_DTYPES}, got {key_states.dtype}/{value_states.dtype}")
-    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if scale.dtype != torch.float32 or scale.dim() != 1 or scale.numel() not in (1, h):
-            raise ValueError(f"{name} must be fp32 [1] or [{h}], got {scale.dtype} {tuple(scale.shape)}")
-    if start.numel() != 1 or start.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"start must be one int32/int64 position, got {start.dtype} {tuple(start.shape)}")
-    for name, t in (("key_states", key_states), ("value_states", value_states), ("k_cache", k_cache)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous along head_dim (stride 1)")
-    devices = {t.device for t in (key_states, value_states, k_cache, v_cache, k_scale, v_scale, start)}
-    if len(devices) != 1:
-        raise ValueError(f"all arguments must be on one device, got {sorted(map(str, devices))}")
-
-
-def fp8_kv_cache_write_reference(key_states, value_states, k_cache, v_cache, k_scale, v_scale, start) -> None:
-    """In place: cache[:, :, start + t] = fp8_e4m3(clamp(state[:, :, t] / scale, +-448)) for K and V.
-
-    Shapes as fp8_kv_cache_write. Positions from a device tensor, no host sync (index_copy_ on the
-    uint8 view of the fp8 storage: torch has no fp8 index_copy_ on every device).
-    """
-    positions = torch.arange(key_states.shape[2], device=k_cache.device) + start.reshape(())  # [T_new]
-    for states, cache, scale in ((key_states, k_cache, k_scale), (value_states, v_cache, v_scale)):
-        codes = (states.float() / scale.reshape(1, -1, 1, 1)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-        cache.view(torch.uint8).index_copy_(2, positions, codes.view(torch.uint8))
-
-
 def _triton_can_run_on(device: torch.device) -> bool:
     return device.type == "cuda" or (device.type == "cpu" and _INTERPRETED)
 
@@ -163,25 +120,6 @@ def _fp8_kv_cache_write_op(
         fp8_kv_cache_write_triton(key_states, value_states, k_cache, v_cache, k_scale, v_scale, start)
     else:
         fp8_kv_cache_write_reference(key_states, value_states, k_cache, v_cache, k_scale, v_scale, start)
-
-
-def fp8_kv_cache_write(key_states, value_states, k_cache, v_cache, k_scale, v_scale, start) -> None:
-    """Quantize new keys/values and write them into a static FP8 cache, in place.
-
-    Args:
-        key_states, value_states: [B, Hkv, T_new, D], float16 / bfloat16 / float32, stride 1 along D.
-        k_cache, v_cache: float8_e4m3fn [B, Hkv, max_len, D], same shape and strides; positions
-            start .. start + T_new - 1 are overwritten with fp8_e4m3(clamp(state / scale, -448, 448)).
-            They must be < max_len, which is not checked on the host (it would need a sync): past
-            it the kernel writes nothing (never out of bounds), the reference raises IndexError.
-        k_scale, v_scale: fp32 [1] (per tensor) or [Hkv] (per KV head).
-        start: int32/int64 tensor of one element on the same device: the first position to write.
-
-    On CUDA one Triton launch (or the interpreter on CPU with TRITON_INTERPRET=1); elsewhere the
-    pure-torch reference. Both give the same codes.
-    """
-    check_fp8_kv_cache_write_args(key_states, value_states, k_cache, v_cache, k_scale, v_scale, start)
-    torch.ops.quantkit.fp8_kv_cache_write(key_states, value_states, k_cache, v_cache, k_scale, v_scale, start)
 
 
 def compile_kernel(target=None) -> dict[str, dict]:

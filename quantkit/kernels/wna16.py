@@ -2,7 +2,8 @@
 
 Backends (``resolve_backend`` turns "auto" into one of them, from the weight's device and the model dtype):
 
-- "triton": the Triton kernels (``torch.ops.quantkit.wna16_gemm``). "auto" picks it for CUDA tensors.
+- "triton": the Triton kernels (``torch.ops.quantkit.wna16_gemm``, registered by ``triton_ops.register_ops``
+  when a layer is first prepared or run on this backend). "auto" picks it for CUDA tensors.
   Runs int2/int4/int8, per channel or in groups of a multiple of 32/bits, symmetric or not,
   activations fp16/bf16/fp32 (fp32 accumulation, output in x's dtype).
 - "torch": the CPU kernels. "auto" picks it for CPU tensors of a bf16 or fp32 model (or an unknown
@@ -35,6 +36,7 @@ from .wna16_layout import (
     ACTIVATION_DTYPES as _ACTIVATION_DTYPES,
     WNA16Shape,
     check_activation,
+    check_triton_operands,
     check_wna16_weight,
     cpu_int4_supports,
     cpu_int8_supports,
@@ -48,7 +50,7 @@ from .wna16_layout import (
     uniform_groups,
 )
 from .cpu_kernel_choice import choose as choose_cpu_kernel
-from .wna16_triton import check_triton_operands, triton_can_run_on
+from .triton_ops import register_ops, triton_can_run_on
 
 BACKENDS = ("auto", "triton", "torch", "reference")
 
@@ -115,6 +117,7 @@ def prepare_wna16(
         backend = "reference" if backend == "auto" and chosen == "triton" and not triton_supports(shape) else chosen
     layout = planned_layout(shape, backend)
     if layout == "triton":
+        register_ops()  # at load time, before the first call (and before any torch.compile or CUDA graph)
         prepared = to_triton_layout(weight_packed, weight_scale, weight_zero_point, shape)
         probe = weight_scale.new_empty((0, in_features))
         check_triton_operands(
@@ -229,6 +232,7 @@ def wna16_linear(
             x2, prepared["cpu_int8_weight"], prepared["cpu_int8_scale"], prepared.get("cpu_int8_zero_scale"), bias
         )
     elif "triton_qweight" in prepared and backend == "triton":
+        register_ops()  # a no-op once prepare_wna16 has run it
         y = torch.ops.quantkit.wna16_gemm(
             x2, prepared["triton_qweight"], prepared["triton_scales"], prepared.get("triton_zeros"), bias, bits
         )

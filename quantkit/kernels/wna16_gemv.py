@@ -32,7 +32,7 @@ tested but not picked by the rules until a GPU measures it (``--sweep`` times it
 Not expressible in portable Triton (and not done): two int4 values per 32-bit op as packed fp16x2
 (needs ``inline_asm_elementwise``, which the interpreter cannot run).
 
-The pure-torch reference of this kernel is ``wna16_triton.wna16_gemm_torch`` (same layout).
+The pure-torch reference of this kernel is ``reference.wna16_gemm_torch`` (same layout).
 """
 
 from __future__ import annotations

@@ -216,6 +216,49 @@ def to_triton_layout(
     return out
 
 
+def check_triton_operands(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    bits: int,
+) -> tuple[int, int, int, int]:
+    """Validate the operands of quantkit::wna16_gemm; returns (M, N, K, group_size)."""
+    op = "quantkit::wna16_gemm"
+    check_bits(bits, op)
+    if x.dim() != 2 or x.dtype not in ACTIVATION_DTYPES:
+        raise ValueError(f"{op}: x must be 2-D [M, K] in one of {ACTIVATION_DTYPES}, got {x.dtype} {tuple(x.shape)}")
+    m, k = x.shape
+    rows = triton_word_rows(k, bits)
+    if qweight.dtype != torch.int32 or qweight.dim() != 2 or qweight.shape[0] != rows:
+        raise ValueError(
+            f"{op}: qweight must be int32 [{rows}, N] for K={k} at {bits} bits (ceil(K*bits/32) words rounded up "
+            f"to a multiple of {TRITON_WORD_BLOCK}: the layout prepare_wna16 builds), got {qweight.dtype} "
+            f"{tuple(qweight.shape)}"
+        )
+    n = qweight.shape[1]
+    if scales.dim() != 2 or scales.shape[1] != n or scales.dtype not in ACTIVATION_DTYPES:
+        raise ValueError(f"{op}: scales must be [G, N={n}] float, got {scales.dtype} {tuple(scales.shape)}")
+    groups = scales.shape[0]
+    if groups < 1 or k % groups:
+        raise ValueError(f"{op}: scales has G={groups} groups, which does not divide K={k}")
+    group_size = k // groups
+    if groups > 1 and group_size % TRITON_WORD_BLOCK:
+        raise ValueError(
+            f"{op}: group_size={group_size} must be a multiple of {TRITON_WORD_BLOCK} or cover the whole row "
+            "(per channel); use backend='reference' for other group sizes"
+        )
+    if zeros is not None and (zeros.dtype != torch.uint8 or tuple(zeros.shape) != (groups, n)):
+        raise ValueError(f"{op}: zeros must be uint8 [G={groups}, N={n}], got {zeros.dtype} {tuple(zeros.shape)}")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
+        raise ValueError(f"{op}: bias must be [N={n}], got {tuple(bias.shape)}")
+    for name, t in (("qweight", qweight), ("scales", scales), ("zeros", zeros), ("bias", bias)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{op}: {name} is on {t.device}, x on {x.device}")
+    return m, n, k, group_size
+
+
 # ----------------------------------------------------------------------------------------------
 # CPU layouts (PyTorch's weight-only CPU kernels)
 # ----------------------------------------------------------------------------------------------

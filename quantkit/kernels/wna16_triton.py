@@ -1,7 +1,10 @@
 """Triton kernels for y = x @ dequant(W).T with W int2/int4/int8 (weight-only, "WNA16").
 
 Registered as ``torch.ops.quantkit.wna16_gemm`` (``torch.library.triton_op``: torch.compile sees
-through it to the kernels; the fake implementation allocates with ``new_empty``).
+through it to the kernels; the fake implementation allocates with ``new_empty``). Imported by
+``triton_ops.register_ops`` only (triton and, through ``triton_op``, torch._inductor); ``wna16.wna16_linear``
+and ``prepare_wna16`` call that before they reach the op. The operand checks are
+``wna16_layout.check_triton_operands``, the pure-torch twin ``reference.wna16_gemm_torch``.
 
 Weight layout (built once by ``wna16_layout.to_triton_layout``), with PW = 32 / bits and B =
 ``TRITON_WORD_BLOCK`` (8) word rows per interleave block:
@@ -42,10 +45,10 @@ import triton.language as tl
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
-from .packing import check_bits
+from .reference import wna16_gemm_torch
 from .wna16_gemv import _wna16_gemv_kernel
 from .wna16_heuristics import DEFAULT_NUM_SMS, WNA16Config, choose_config
-from .wna16_layout import ACTIVATION_DTYPES, TRITON_WORD_BLOCK, triton_word_rows
+from .wna16_layout import TRITON_WORD_BLOCK, check_triton_operands
 
 KERNELS_INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
 REDUCE_BLOCK_N = 256
@@ -219,49 +222,6 @@ def num_sms(device: torch.device) -> int:
     return DEFAULT_NUM_SMS
 
 
-def check_triton_operands(
-    x: torch.Tensor,
-    qweight: torch.Tensor,
-    scales: torch.Tensor,
-    zeros: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    bits: int,
-) -> tuple[int, int, int, int]:
-    """Validate the operands of quantkit::wna16_gemm; returns (M, N, K, group_size)."""
-    op = "quantkit::wna16_gemm"
-    check_bits(bits, op)
-    if x.dim() != 2 or x.dtype not in ACTIVATION_DTYPES:
-        raise ValueError(f"{op}: x must be 2-D [M, K] in one of {ACTIVATION_DTYPES}, got {x.dtype} {tuple(x.shape)}")
-    m, k = x.shape
-    rows = triton_word_rows(k, bits)
-    if qweight.dtype != torch.int32 or qweight.dim() != 2 or qweight.shape[0] != rows:
-        raise ValueError(
-            f"{op}: qweight must be int32 [{rows}, N] for K={k} at {bits} bits (ceil(K*bits/32) words rounded up "
-            f"to a multiple of {TRITON_WORD_BLOCK}: the layout prepare_wna16 builds), got {qweight.dtype} "
-            f"{tuple(qweight.shape)}"
-        )
-    n = qweight.shape[1]
-    if scales.dim() != 2 or scales.shape[1] != n or scales.dtype not in ACTIVATION_DTYPES:
-        raise ValueError(f"{op}: scales must be [G, N={n}] float, got {scales.dtype} {tuple(scales.shape)}")
-    groups = scales.shape[0]
-    if groups < 1 or k % groups:
-        raise ValueError(f"{op}: scales has G={groups} groups, which does not divide K={k}")
-    group_size = k // groups
-    if groups > 1 and group_size % TRITON_WORD_BLOCK:
-        raise ValueError(
-            f"{op}: group_size={group_size} must be a multiple of {TRITON_WORD_BLOCK} or cover the whole row "
-            "(per channel); use backend='reference' for other group sizes"
-        )
-    if zeros is not None and (zeros.dtype != torch.uint8 or tuple(zeros.shape) != (groups, n)):
-        raise ValueError(f"{op}: zeros must be uint8 [G={groups}, N={n}], got {zeros.dtype} {tuple(zeros.shape)}")
-    if bias is not None and (bias.dim() != 1 or bias.shape[0] != n):
-        raise ValueError(f"{op}: bias must be [N={n}], got {tuple(bias.shape)}")
-    for name, t in (("qweight", qweight), ("scales", scales), ("zeros", zeros), ("bias", bias)):
-        if t is not None and t.device != x.device:
-            raise ValueError(f"{op}: {name} is on {t.device}, x on {x.device}")
-    return m, n, k, group_size
-
-
 def wna16_gemm_triton(
     x: torch.Tensor,
     qweight: torch.Tensor,
@@ -364,35 +324,6 @@ def splits_dividing(blocks: int, wanted: int) -> int:
 def groups_single(group_size: int, k: int, block_k: int) -> bool:
     """True when every K block of block_k values lies inside one scale group."""
     return group_size == k or group_size % block_k == 0
-
-
-def wna16_gemm_torch(
-    x: torch.Tensor,
-    qweight: torch.Tensor,
-    scales: torch.Tensor,
-    zeros: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    bits: int,
-) -> torch.Tensor:
-    """Pure-torch twin of the kernels on the same (Triton) layout: dequantize in fp32, matmul in fp32.
-
-    Traced instead of the kernels when the op is compiled on CPU tensors (the interpreter cannot run
-    on fake tensors) and used by the tests as a layout check.
-    """
-    m, n, k, group_size = check_triton_operands(x, qweight, scales, zeros, bias, bits)
-    per_word = 32 // bits
-    shifts = torch.arange(per_word, device=x.device, dtype=torch.int32) * bits
-    u = (qweight.unsqueeze(1) >> shifts[None, :, None]) & ((1 << bits) - 1)  # [KW, PW, N]: word w, field i
-    u = u.view(-1, TRITON_WORD_BLOCK, per_word, n).transpose(1, 2)  # [blocks, PW, B, N]: k = (b*PW + i)*B + r
-    u = u.reshape(-1, n)[:k]  # [K, N]
-    z = zeros.to(torch.int32) if zeros is not None else torch.full_like(scales, 1 << (bits - 1), dtype=torch.int32)
-    z = z.repeat_interleave(group_size, dim=0)  # [K, N]
-    s = scales.to(torch.float32).repeat_interleave(group_size, dim=0)  # [K, N]
-    w_t = (u - z).to(torch.float32) * s  # [K, N]
-    y = x.to(torch.float32) @ w_t
-    if bias is not None:
-        y = y + bias.to(torch.float32)
-    return y.to(x.dtype)
 
 
 @triton_op("quantkit::wna16_gemm", mutates_args=())

@@ -13,12 +13,14 @@ import sys
 import torch
 
 if not torch.cuda.is_available():
-    # Must be set before triton is first imported (quantkit.kernels imports it).
+    # Must be set before the Triton kernels are first built (quantkit.kernels.register_ops).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
-from quantkit.kernels import decode_attention as da  # noqa: E402
+from quantkit.kernels import decode_attention as da, register_ops  # noqa: E402
 from quantkit.kernels.decode_attention_reference import decode_attention_reference  # noqa: E402
+
+register_ops()  # the tests call torch.ops.quantkit.decode_attention_fp8 directly
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8 = torch.float8_e4m3fn

@@ -9,7 +9,9 @@ import sys
 import pytest
 import torch
 
-from quantkit.kernels import kv_cache_write as kw
+from quantkit.kernels import kv_cache_write as kw, register_ops
+
+register_ops()  # the tests call torch.ops.quantkit.fp8_kv_cache_write directly
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8 = torch.float8_e4m3fn

@@ -102,7 +102,7 @@ def test_resolve_backend_rules():
         qk.resolve_backend("marlin", "cpu", torch.float16)
     with pytest.raises(ValueError, match="needs CPU weights"):
         qk.resolve_backend("torch", "cuda", torch.float16)
-    if not qk.wna16_triton.kernels_interpreted():
+    if not qk.kernels_interpreted():
         with pytest.raises(ValueError, match="needs the weights on a CUDA device"):
             qk.resolve_backend("triton", "cpu", torch.float16)
 
