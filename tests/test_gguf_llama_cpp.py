@@ -26,6 +26,7 @@ gguf = pytest.importorskip("gguf")
 
 import quantkit  # noqa: E402
 from quantkit.commands.cli import main  # noqa: E402
+from quantkit.gguf import blocks as gguf_blocks  # noqa: E402
 from quantkit.harness.eval_text import load_tokenizer, read_eval_tokens  # noqa: E402
 
 N_CTX, N_CHUNKS = 128, 4
@@ -156,7 +157,9 @@ def test_llama_cpp_greedy_continuation_matches(exported):
     ("ref:small", "w4a16-rtn-q4km", {"Q4_K", "Q6_K"}), ("ref:tiny", "w4a16-rtn-q4km", {"Q5_0", "Q8_0"}),
     ("ref:small", "w4a16-rtn-q4ks", {"Q4_K", "Q5_K"}), ("ref:tiny", "w4a16-rtn-q4ks", {"Q5_0", "Q5_1"}),
     ("ref:small", "w3a16-rtn-q3km", {"Q3_K", "Q4_K", "Q5_K"}), ("ref:tiny", "w3a16-rtn-q3kl", {"Q4_0", "Q5_1"}),
-    ("ref:small", "w2a16-rtn-q2k", {"Q2_K", "Q3_K"}), ("ref:tiny", "w2a16-rtn-q2k", {"Q4_0"})])
+    ("ref:small", "w2a16-rtn-q2k", {"Q2_K", "Q3_K"}), ("ref:tiny", "w2a16-rtn-q2k", {"Q4_0"}),
+    ("ref:small", "w4a16-rtn-iq4xs", {"IQ4_XS"}), ("ref:tiny", "w4a16-rtn-iq4xs", {"IQ4_NL"}),
+    ("ref:small", "w4a16-rtn-iq4nl", {"IQ4_NL"})])
 def test_llama_cpp_runs_grid_files_as_quantkit_scores_them(tmp_path, model_name, recipe, kinds):
     """A GGUF-grid quantization written as GGUF (ref:small, hidden 256: whole super-blocks, Q4_K and in the
     mixes Q6_K / Q5_K, Q3_K, Q2_K; ref:tiny, hidden 128: the fallbacks, Q4_1 for quantkit's Q4_K recipes,
@@ -190,7 +193,8 @@ def test_llama_cpp_runs_grid_files_as_quantkit_scores_them(tmp_path, model_name,
 
 MIX_RECIPES = {"Q6_K": "w6a16-rtn-q6k", "Q5_K_M": "w5a16-rtn-q5km", "Q5_K_S": "w5a16-rtn-q5ks",
                "Q4_K_M": "w4a16-rtn-q4km", "Q4_K_S": "w4a16-rtn-q4ks", "Q3_K_L": "w3a16-rtn-q3kl",
-               "Q3_K_M": "w3a16-rtn-q3km", "Q3_K_S": "w3a16-rtn-q3ks", "Q2_K": "w2a16-rtn-q2k"}
+               "Q3_K_M": "w3a16-rtn-q3km", "Q3_K_S": "w3a16-rtn-q3ks", "Q2_K": "w2a16-rtn-q2k",
+               "IQ4_XS": "w4a16-rtn-iq4xs", "IQ4_NL": "w4a16-rtn-iq4nl"}
 
 
 @pytest.mark.parametrize("mix", list(MIX_RECIPES))
@@ -200,7 +204,10 @@ def test_llama_quantize_writes_quantkits_mix_tensor_by_tensor(tmp_path, model_na
     tensor (its per-tensor rules and fallbacks, the output and embedding types), and where quantkit's RTN is
     llama.cpp's own rounding (the K-quants, through the ported search) the very same bytes. Q4_0 / Q5_0 / Q5_1
     / Q8_0 fallback tensors: quantkit rounds with its fp16 scale, llama.cpp with the fp32 one, so a weight may
-    sit one level apart where the two roundings straddle a tie: those must agree on almost every weight."""
+    sit one level apart where the two roundings straddle a tie: those must agree on almost every weight. IQ4_NL /
+    IQ4_XS likewise: the fields (d, the 6-bit scales) are llama.cpp's to the byte, and the 4-bit indices, which
+    llama.cpp rounds against its fp32 scale and quantkit against the stored fp16 one, agree on almost all
+    weights."""
     bins = _bin_dir()
     quantize_tool = bins / "llama-quantize"
     if not quantize_tool.is_file():
@@ -233,6 +240,15 @@ def test_llama_quantize_writes_quantkits_mix_tensor_by_tensor(tmp_path, model_na
             b = gguf.quants.dequantize(theirs[name].data, t.tensor_type)
             step = {"Q4_0": 8}.get(kind, 15)  # one level: Q4_0's d is the block's extreme / 8
             assert np.mean(a == b) > 0.98 and np.abs(a - b).max() <= 1.01 * np.abs(b).max() / step, name
+        elif kind in ("IQ4_NL", "IQ4_XS"):
+            unpack = getattr(gguf_blocks, f"unpack_{kind.lower()}")
+            (u, *fields), (their_u, *their_fields) = (unpack(torch.from_numpy(np.array(x.data).reshape(x.shape[1], -1)))
+                                                      for x in (t, theirs[name]))
+            assert all(torch.equal(f.view(torch.int8) if f.dtype == torch.int8 else f.view(torch.int16),
+                                   g.view(torch.int8) if g.dtype == torch.int8 else g.view(torch.int16))
+                       for f, g in zip(fields, their_fields)), name
+            same = (u == their_u).float().mean().item()
+            assert same > 0.98 and (u.int() - their_u.int()).abs().max() <= 1, (name, same)
         else:
             assert np.array_equal(t.data, theirs[name].data), name
 
@@ -267,3 +283,27 @@ def test_llama_cpp_reads_a_tied_quantized_head(tmp_path, recipe, kind, max_kl, m
     print(f"{recipe}, head tied as {kind}: llama.cpp vs quantkit's load of the file: KL {kl:.2e}, top-1 {top1:.3f}; "
           f"vs the float model: KL {kl_float:.2e}")
     assert kl < max_kl and top1 > 0.95 and (max_share is None or kl < max_share * kl_float)
+
+
+def test_llama_cpp_runs_a_gptq_iq4_xs_file_from_the_command_line(tmp_path):
+    """`quantkit quantize ref:small --recipe w4a16-gptq-iq4xs --out F.gguf` (GPTQ's column walk rounding to the
+    nearest of IQ4's 16 values): the gguf package reads the file (IQ4_XS blocks, file type IQ4_XS), and
+    llama.cpp's logits on it agree with quantkit's load of the same file."""
+    bins = _bin_dir()
+    path = tmp_path / "gptq-iq4xs.gguf"
+    assert main(["quantize", "ref:small", "--recipe", "w4a16-gptq-iq4xs", "--out", str(path), "--calib", "ref",
+                 "--calib-samples", "8", "--calib-seq-len", "128"]) == 0
+    reader = gguf.GGUFReader(str(path))
+    assert int(reader.fields["general.file_type"].parts[-1][0]) == gguf.LlamaFileType.MOSTLY_IQ4_XS
+    kinds = {t.tensor_type.name for t in reader.tensors if t.name.startswith("blk.") and "norm" not in t.name}
+    assert kinds == {"IQ4_XS"}
+    tokenizer = load_tokenizer("ref:small")
+    text = tmp_path / "eval.txt"
+    text.write_text(tokenizer.decode(read_eval_tokens(tokenizer, None, N_CTX * N_CHUNKS * 2).ids))
+    tokens, theirs = _llama_cpp_logits(bins, path, text, tmp_path / "iq4xs.kld")
+    tokens[:, 0] = tokenizer.bos_token_id
+    kl, top1 = _compare(_logits(quantkit.load(path), tokens), theirs)
+    kl_float, _ = _compare(_logits(quantkit.load("ref:small", dtype=torch.float32), tokens), theirs)
+    print(f"w4a16-gptq-iq4xs: llama.cpp vs quantkit's load of the file: KL {kl:.2e}, top-1 {top1:.3f}; vs the float "
+          f"model: KL {kl_float:.2e}")
+    assert kl < 2e-3 and top1 > 0.95 and kl < 0.25 * kl_float

@@ -1,5 +1,6 @@
-"""llama.cpp's other block types as weight grids (Q2_K, Q3_K, Q5_K, Q6_K, Q5_1, Q4_0, Q5_0, Q8_0: quantkit.gguf.grids)
-and the K-quant mixes built on them (quantkit.gguf.mix: Q4_K_M, Q4_K_S, Q3_K_L, Q3_K_M, Q3_K_S, Q2_K): each grid
+"""llama.cpp's other block types as weight grids (Q2_K, Q3_K, Q5_K, Q6_K, Q5_1, Q4_0, Q5_0, Q8_0, the non-uniform
+IQ4_NL, IQ4_XS: quantkit.gguf.grids) and the mixes built on them (quantkit.gguf.mix: Q4_K_M, Q4_K_S, Q3_K_L, Q3_K_M,
+Q3_K_S, Q2_K, IQ4_XS, IQ4_NL): each grid
 dequantizes as the gguf package's own code reads its blocks, RTN with llama.cpp's search writes llama.cpp's
 bytes, GPTQ onto each grid beats RTN, and a mix recipe writes llama-quantize's type tensor by tensor, read
 back bit for bit."""
@@ -90,7 +91,39 @@ def test_rtn_with_llama_cpps_search_writes_llama_cpps_bytes(grid, port):
     assert torch.equal(rtn_quantize(w, grid_scheme(grid), RTNOptions(observer="mse")).blocks(), port(w))
 
 
-@pytest.mark.parametrize("grid", NEW_GRIDS)
+@pytest.mark.parametrize("grid", ["iq4_nl", "iq4_xs"])
+@pytest.mark.parametrize("n,k,seed", [(8, 256, 0), (5, 768, 1)])
+def test_the_iq4_grids_round_to_the_nearest_value_and_read_as_the_gguf_package(grid, n, k, seed):
+    """IQ4_NL / IQ4_XS: every weight on the value (of ggml's 16) nearest it for the stored fields, a zero
+    (super-)block stays zero, the gguf package reads the blocks as the grid dequantizes them; with llama.cpp's
+    search (observer mse) the fields are its port's (reference_quants.iq4_*_fields) and the levels its own
+    but where the fp16 rounding of the scale moves a weight across a midpoint."""
+    w = _weight(n, k, seed)
+    w[1, :256] = 0
+    spec = GRID_TYPES[grid]
+    values = torch.tensor(spec.values, dtype=torch.float32)
+    for observer in ("minmax", "mse"):
+        q = rtn_quantize(w, grid_scheme(grid), RTNOptions(observer=observer))
+        theirs = gguf.quants.dequantize(q.blocks().numpy(), getattr(T, spec.name))
+        y = q.dequantize()
+        assert np.array_equal(theirs, y.numpy()), observer
+        assert torch.equal(y[1, :256], torch.zeros(256))
+        step = q.steps(*q.fields())[0].repeat_interleave(32, 1)  # [N, K]
+        nearest = (w.unsqueeze(-1) - step.unsqueeze(-1) * values).abs().amin(-1)
+        assert ((y - w).abs() <= nearest * (1 + 1e-6) + 1e-12).all(), observer
+    port = getattr(ref, f"{grid}_fields")(w)
+    assert all(torch.equal(a, b) for a, b in zip(q.fields(), port[1:]))
+    assert (q.u == port[0]).float().mean() > 0.98
+    if grid == "iq4_nl":  # the minmax fields put each block's extreme on the lowest value, -127
+        minmax = rtn_quantize(w, grid_scheme(grid), RTNOptions())
+        top = w.reshape(n, -1, 32).abs().argmax(-1, keepdim=True)
+        assert (minmax.u.reshape(n, -1, 32).gather(-1, top)[w.reshape(n, -1, 32).abs().amax(-1) > 0] == 0).all()
+    rel = {g: ((rtn_quantize(w, grid_scheme(g), RTNOptions(observer="mse")).dequantize() - w).pow(2).sum()
+               / w.pow(2).sum()).item() for g in ("q4_0", grid)}
+    assert rel[grid] < rel["q4_0"]  # the values denser near 0 fit a bell-shaped weight better than Q4_0's grid
+
+
+@pytest.mark.parametrize("grid", NEW_GRIDS + ("iq4_nl", "iq4_xs"))
 def test_gptq_onto_each_grid_beats_round_to_nearest(grid):
     g = torch.Generator().manual_seed(4)
     k = 512
@@ -118,7 +151,8 @@ def test_grid_schemes_fallbacks_and_mix_validation():
         assert scheme.divides(spec.block) and not scheme.divides(spec.block + 16)
         assert scheme.bits_per_weight == gguf.GGML_QUANT_SIZES[getattr(T, spec.name)][1] * 8 / spec.block
     # llama-quantize's fallbacks for a width that is no multiple of 256, and quantkit's own for q4_k recipes
-    llama_cpp = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}  # tensor_type_fallback
+    llama_cpp = {"q2_k": "q4_0", "q3_k": "q4_0", "q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0",
+                 "iq4_xs": "iq4_nl"}  # tensor_type_fallback
     assert {grid: spec.llama_cpp_fallback for grid, spec in GRID_TYPES.items() if spec.llama_cpp_fallback} == llama_cpp
     for grid, fallback in llama_cpp.items():
         assert grid_scheme(grid).fitted(320, "smaller-group", llama_cpp=True) == grid_scheme(fallback)
@@ -127,7 +161,10 @@ def test_grid_schemes_fallbacks_and_mix_validation():
     with pytest.raises(ValueError, match="whole blocks of 256"):
         grid_scheme("q6_k").fitted(320, "error", llama_cpp=True)
     base = {"weights": {"num_bits": 4, "symmetric": False, "strategy": "group", "group_size": 32, "grid": "q4_k"}}
-    with pytest.raises(ConfigError, match="mix must be one of q6_k, q5_k_m, q5_k_s, q4_k_m, q4_k_s, q3_k_l, q3_k_m, q3_k_s, q2_k"):
+    with pytest.raises(ConfigError, match="mix must be one of q6_k, q5_k_m, q5_k_s, q4_k_m, q4_k_s, q3_k_l, q3_k_m, "
+                                          "q3_k_s, q2_k, iq4_xs, iq4_nl"):
+        quantkit.load_recipe({**base, "mix": "iq3_xxs"})
+    with pytest.raises(ConfigError, match="needs weights on grid iq4_xs"):
         quantkit.load_recipe({**base, "mix": "iq4_xs"})
     with pytest.raises(ConfigError, match="needs weights on grid q4_k"):
         quantkit.load_recipe({"weights": {"num_bits": 4, "strategy": "group", "group_size": 32}, "mix": "q4_k_m"})
@@ -136,9 +173,9 @@ def test_grid_schemes_fallbacks_and_mix_validation():
         quantkit.load_recipe({**base, "mix": "q3_k_m"})
     for name, mix in (("w3a16-rtn-q3ks", "q3_k_s"), ("w3a16-gptq-q3km", "q3_k_m"), ("w3a16-rtn-q3kl", "q3_k_l"),
                       ("w2a16-gptq-q2k", "q2_k"), ("w5a16-rtn-q5km", "q5_k_m"), ("w5a16-gptq-q5ks", "q5_k_s"),
-                      ("w6a16-gptq-q6k", "q6_k")):
+                      ("w6a16-gptq-q6k", "q6_k"), ("w4a16-rtn-iq4nl", "iq4_nl"), ("w4a16-gptq-iq4xs", "iq4_xs")):
         r = quantkit.load_recipe(name)
-        assert r.mix == mix and r.weights == grid_scheme(mix[:4])
+        assert r.mix == mix and r.weights == grid_scheme(MIX_GRIDS[mix])
     recipe = quantkit.load_recipe("w4a16-gptq-q4km")
     assert recipe.mix == "q4_k_m" and recipe.to_dict()["mix"] == "q4_k_m"
     with pytest.raises(ValueError, match="by its name and layer"):
@@ -191,8 +228,14 @@ def test_the_q6_k_to_q2_k_mix_rules_are_llama_cpps():
     assert t["v"] == t["down"] == more and t["o"] == ["q5_k"] * n and all(t[r] == ["q5_k"] * n for r in plain)
     for mix, grid in (("q5_k_s", "q5_k"), ("q6_k", "q6_k")):  # no per-tensor rule
         assert all(col == [grid] * n for col in _types(mix, MixModel(n)).values())
-    for mix in ("q3_k_m", "q2_k"):
+    for mix in ("q3_k_m", "q2_k", "iq4_nl", "iq4_xs"):
         assert mix_grid(mix, "lm_head", MixModel(n)) == "q6_k"
+    for mix in ("iq4_nl", "iq4_xs"):  # Q5_K on attn_v with n_gqa() >= 4, on ffn_down in the first eighth (no imatrix)
+        t = _types(mix, MixModel(n, n_gqa=2))
+        assert t["v"] == t["o"] == [mix] * n and all(t[r] == [mix] * n for r in plain)
+        assert t["down"] == ["q5_k"] * (n // 8) + [mix] * (n - n // 8)
+        assert _types(mix, MixModel(n, n_gqa=4))["v"] == ["q5_k"] * n
+        assert _types(mix, MixModel(80, llama_70b=True, n_gqa=8))["v"] == ["q5_k"] * 80
     assert MixModel.of(quantkit.load("ref:small").config) == MixModel(4, False, 2)  # 8 heads, 4 KV heads
 
 
@@ -209,20 +252,22 @@ def _source(tmp_path, hidden, intermediate, tied=False, family="llama"):
 
 def _expected_type(mix: str, name: str, k: int) -> str:
     grid = mix_grid(mix, name, MixModel(8, n_gqa=2))
-    if k % 256:
+    if k % GRID_TYPES[grid].block:
         grid = GRID_TYPES[grid].llama_cpp_fallback
     return GRID_TYPES[grid].name
 
 
 RTN_MIX_RECIPES = {"q6_k": "w6a16-rtn-q6k", "q5_k_m": "w5a16-rtn-q5km", "q5_k_s": "w5a16-rtn-q5ks",
                    "q4_k_m": "w4a16-rtn-q4km", "q4_k_s": "w4a16-rtn-q4ks", "q3_k_m": "w3a16-rtn-q3km",
-                   "q3_k_l": "w3a16-rtn-q3kl", "q2_k": "w2a16-rtn-q2k"}
+                   "q3_k_l": "w3a16-rtn-q3kl", "q2_k": "w2a16-rtn-q2k", "iq4_nl": "w4a16-rtn-iq4nl",
+                   "iq4_xs": "w4a16-rtn-iq4xs"}
 
 
 @pytest.mark.parametrize("hidden,intermediate,mix", [(256, 512, "q4_k_m"), (320, 768, "q4_k_m"), (320, 768, "q4_k_s"),
                                                      (256, 512, "q3_k_m"), (320, 768, "q3_k_l"), (256, 768, "q2_k"),
                                                      (320, 512, "q2_k"), (256, 512, "q5_k_m"), (320, 768, "q5_k_s"),
-                                                     (256, 512, "q6_k")])
+                                                     (256, 512, "q6_k"), (256, 512, "iq4_xs"), (320, 768, "iq4_xs"),
+                                                     (320, 768, "iq4_nl")])
 def test_a_mix_recipe_writes_llama_quantizes_types_read_back_bit_for_bit(tmp_path, capsys, hidden, intermediate, mix):
     """8 layers: Q4_K_M puts Q6_K on v_proj / down_proj of layers 0, 3, 6, 7 (use_more_bits(i, 8): i < 1, i >= 7, (i - 1) % 3 == 2); 320-wide
     inputs fall back as llama-quantize does (Q2_K, Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0); the
@@ -253,9 +298,10 @@ def test_a_mix_recipe_writes_llama_quantizes_types_read_back_bit_for_bit(tmp_pat
         assert six == {f"model.layers.{i}.{p}" for i in (0, 3, 6, 7) for p in ("self_attn.v_proj", "mlp.down_proj")
                        if hidden == 256 or p == "self_attn.v_proj"}
     assert tensors["output.weight"].tensor_type.name == ("Q6_K" if hidden == 256 else "Q8_0")
-    embd = MIX_GRIDS[mix] if hidden == 256 else GRID_TYPES[MIX_GRIDS[mix]].llama_cpp_fallback
+    embd = MIX_GRIDS[mix] if hidden % GRID_TYPES[MIX_GRIDS[mix]].block == 0 else \
+        GRID_TYPES[MIX_GRIDS[mix]].llama_cpp_fallback
     assert tensors["token_embd.weight"].tensor_type.name == embd.upper()
-    if embd in ("q3_k", "q2_k"):  # llama.cpp's own rounding of the float embedding
+    if embd in ("q3_k", "q2_k", "iq4_xs", "iq4_nl"):  # llama.cpp's own rounding of the float embedding
         weight = quantkit.load(src, dtype=torch.float32).get_input_embeddings().weight.detach()
         port = getattr(ref, f"quantize_{embd}")(weight)
         assert np.array_equal(np.asarray(tensors["token_embd.weight"].data).reshape(-1), port.numpy().reshape(-1))

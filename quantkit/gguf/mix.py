@@ -1,9 +1,9 @@
-"""llama-quantize's K-quant mixes as quantkit recipes (`mix: q4_k_m`): which GGUF grid each linear of a dense
+"""llama-quantize's K-quant and IQ4 mixes as quantkit recipes (`mix: q4_k_m`): which GGUF grid each linear of a dense
 Llama, Mistral, Qwen2 or Qwen3 model gets, and which type its embedding and output head are written in.
 
 The rules are llama.cpp's (src/llama-quant.cpp, llama_tensor_get_type_impl, for a dense model of these
-architectures, not Falcon): every linear takes the mix's default type (MIX_GRIDS: Q6_K, Q5_K, Q4_K, Q3_K or
-Q2_K), except
+architectures, not Falcon): every linear takes the mix's default type (MIX_GRIDS: Q6_K, Q5_K, Q4_K, Q3_K, Q2_K,
+IQ4_XS or IQ4_NL), except
 
 | mix | attn_v (v_proj) | ffn_down (down_proj) | attn_output (o_proj) |
 |---|---|---|---|
@@ -16,12 +16,15 @@ Q2_K), except
 | Q3_K_M | Q5_K in the first 2 layers, else Q4_K | Q5_K in the first sixteenth, else Q4_K | Q4_K |
 | Q3_K_S | - | - | - |
 | Q2_K | Q4_K with n_gqa >= 4 (4+ heads per KV head), else Q3_K | Q3_K | Q3_K |
+| IQ4_XS, IQ4_NL | Q5_K with n_gqa >= 4 | Q5_K in the first eighth | - |
 
-use_more_bits(i, n): the first and last eighth of the layers and every third one between. A Llama of
+use_more_bits(i, n): the first and last eighth of the layers and every third one between. The IQ4 mixes'
+ffn_down rule is llama-quantize's without an importance matrix (`--imatrix` leaves ffn_down at the default
+type): quantkit's calibrated recipes follow the file type's standard mix. A Llama of
 llama.cpp's 70B type (80 layers, grouped-query attention) takes Q5_K for attn_v where these leave Q3_K or
 Q4_K. A linear whose inputs are no whole super-block of 256 falls back as llama-quantize's
 tensor_type_fallback does (each type's llama_cpp_fallback in quantkit/gguf/types.py: Q2_K, Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K ->
-Q8_0), so that a mix file has llama.cpp's bits tensor by tensor. The output head (or a tied embedding) is
+Q8_0, IQ4_XS -> IQ4_NL), so that a mix file has llama.cpp's bits tensor by tensor. The output head (or a tied embedding) is
 written in Q6_K and an untied embedding in the mix's default type, each falling back the same way
 (OUTPUT_TYPES: what `--float-type auto` means for a mix). quantkit's algorithms quantize each linear onto
 its grid directly.
@@ -36,7 +39,8 @@ from ..core.scheme import QuantScheme, grid_scheme
 
 #: each mix and its default grid (llama-quantize's default type for the file type), which a recipe's weights take
 MIX_GRIDS = {"q6_k": "q6_k", "q5_k_m": "q5_k", "q5_k_s": "q5_k", "q4_k_m": "q4_k", "q4_k_s": "q4_k",
-             "q3_k_l": "q3_k", "q3_k_m": "q3_k", "q3_k_s": "q3_k", "q2_k": "q2_k"}
+             "q3_k_l": "q3_k", "q3_k_m": "q3_k", "q3_k_s": "q3_k", "q2_k": "q2_k", "iq4_xs": "iq4_xs",
+             "iq4_nl": "iq4_nl"}
 MIXES = tuple(MIX_GRIDS)
 #: the GGUF file type llama.cpp names each mix by
 FILE_TYPES = {mix: mix.upper() for mix in MIXES}
@@ -90,6 +94,9 @@ def _rule(mix: str, role: str, i: int, model: MixModel) -> str | None:
         return "q5_k" if first else "q4_k"
     if mix == "q2_k":
         return "q4_k" if role == "attn_v" and model.n_gqa >= 4 else "q3_k"
+    if mix in ("iq4_nl", "iq4_xs"):  # llama-quantize without an importance matrix (with one, ffn_down stays)
+        first = {"attn_v": model.n_gqa >= 4, "ffn_down": i < n // 8, "attn_output": False}[role]
+        return "q5_k" if first else None
     return None  # q3_k_s, q5_k_s, q6_k
 
 

@@ -9,7 +9,8 @@ What is exact (a weight of quantkit's [N, K] int q, fp32 scale [N, G], int zero 
 - symmetric int8, same groups -> Q8_0 (y = d * q);
 - asymmetric int4 -> Q4_1 with d = s and m = -s * (zp + 8) (quantkit's q + 8 is the nibble): exact up to
   the fp16 rounding of m, which `GGUFExport.q4_1_min_shift` reports (in units of the block's step d);
-- weights on a GGUF grid (quantkit.gguf.grids, a GgufLinear: Q4_K, Q5_K, Q6_K, Q4_1, Q5_1, Q5_0, Q8_0) -> that
+- weights on a GGUF grid (quantkit.gguf.grids, a GgufLinear: Q2_K ... Q6_K, Q4_1, Q5_1, Q4_0, Q5_0, Q8_0, IQ4_NL,
+  IQ4_XS) -> that
   type: the layer holds the blocks themselves (a recipe's `mix` puts its linears on several);
 - the scale must be an fp16 value (a bf16 or fp16 checkpoint's scales are, in fp16's normal range); an
   fp32 checkpoint's are refused unless round_scales, which rounds d to fp16 and reports the change.
@@ -57,7 +58,7 @@ from .choices import FLOAT_TYPES, RECIPES_FOR
 from .mix import FILE_TYPES, OUTPUT_TYPES
 from .pretokenizers import CHECK_TEXT, PRE_TOKENIZERS
 from .sentencepiece import load_processor, set_vocab
-from .types import BLOCK, GRID_TYPES, SUPER_BLOCK, for_width
+from .types import BLOCK, GRID_TYPES, for_width
 
 #: the largest RMS difference between a quantized output head and the embedding, relative to the embedding's
 #: RMS, for the two to be one matrix quantized (tie_output): 2-bit rounding stays far below it, two unrelated
@@ -417,8 +418,8 @@ def float_fallback(float_type: str, width: int) -> tuple[str, str | None]:
 
 def _float_tensor(t: torch.Tensor, float_type: str):
     """(numpy data, ggml type) for a float tensor written in float_type (FLOAT_TYPES but auto; its fallback
-    for the tensor's width, float_fallback). q8_0, q6_k and q4_k are llama.cpp's rounding
-    (quantkit.gguf.reference_quants), q5_0 the gguf package's."""
+    for the tensor's width, float_fallback). q8_0, the K-quants and the IQ4 types (a mix's embedding) are
+    llama.cpp's rounding (quantkit.gguf.reference_quants), q5_0 and the other blocks of 32 the gguf package's."""
     import gguf  # an optional dependency (quantkit[gguf])
 
     data = t.detach().float().cpu()
@@ -426,9 +427,10 @@ def _float_tensor(t: torch.Tensor, float_type: str):
     qtype = getattr(gguf.GGMLQuantizationType, float_type.upper())
     if float_type == "f32":
         return data.numpy(), qtype
-    if float_type == "q8_0" or (float_type in GRID_TYPES and GRID_TYPES[float_type].block == SUPER_BLOCK):
+    port = getattr(reference_quants, f"quantize_{float_type}", None)  # Q8_0, the K-quants, IQ4_NL, IQ4_XS
+    if port is not None:
         rows = data.reshape(-1, data.shape[-1])  # [..., K] -> [rows, K]
-        return getattr(reference_quants, f"quantize_{float_type}")(rows).reshape(*data.shape[:-1], -1).numpy(), qtype
+        return port(rows).reshape(*data.shape[:-1], -1).numpy(), qtype
     return gguf.quants.quantize(data.numpy(), qtype), qtype
 
 

@@ -10,6 +10,7 @@ from torch import nn
 
 from ..core.scheme import QuantScheme
 from ..core.units import human_bytes
+from ..gguf.types import GRID_TYPES, SUPER_BLOCK
 from ..modules.quantized_layer import is_quantized_layer
 from .weight_census import weight_census
 
@@ -56,8 +57,9 @@ def refit_notes(schemes: dict[str, QuantScheme], in_features: dict[str, int], re
             got = f"keep {scheme.describe()} with a ragged last group of {k % scheme.group_size} inputs"
         else:
             got = f"get {scheme.describe()}"
-        unit = ("Q4_K's super-block of 256" if recipe.weights.grid == "q4_k"
-                else f"group_size {recipe.weights.group_size}")
+        spec = GRID_TYPES.get(recipe.weights.grid)  # a GGUF grid: its block (IQ4_XS's super-block of 256)
+        unit = (f"{spec.name}'s {'super-block' if spec.block == SUPER_BLOCK else 'block'} of {spec.block}"
+                if spec is not None else f"group_size {recipe.weights.group_size}")
         notes.append(f"{unit} does not divide in_features {k}: {len(names)} linears "
                      f"({layer_kinds(names)}) {got} (recipe indivisible: {recipe.indivisible})")
     return notes
