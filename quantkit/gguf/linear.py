@@ -1,5 +1,5 @@
 """GgufLinear: a linear whose weight lies on a GGUF grid (gguf.types.GRID_TYPES: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q4_1,
-Q5_1, Q4_0, Q5_0, Q8_0), held as the GGUF blocks themselves."""
+Q5_1, Q4_0, Q5_0, Q8_0, IQ4_NL, IQ4_XS), held as the GGUF blocks themselves."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-BLOCK = 32  # weights per block of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (and per sub-block of Q4_K / Q5_K)
-SUPER_BLOCK = 256  # weights per block of the K-quants (ggml's QK_K)
+BLOCK = 32  # weights per block of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL (and per sub-block of Q4_K / Q5_K / IQ4_XS)
+SUPER_BLOCK = 256  # weights per block of the K-quants and IQ4_XS (ggml's QK_K)
 
 
 @dataclass(frozen=True)
