@@ -117,6 +117,13 @@ def _linear_reason(module: nn.Module) -> str | None:
     return f"{type(module).__name__} is neither nn.Linear nor a QuantLinear"
 
 
+def default_cache_block(max_len: int) -> int:
+    """Positions per cache block for sequences of at most ``max_len`` positions: CACHE_BLOCK, or ``max_len``
+    rounded up to a multiple of CACHE_BLOCK_MULTIPLE where that is less."""
+    m = CACHE_BLOCK_MULTIPLE
+    return min(CACHE_BLOCK, -(-max_len // m) * m)
+
+
 def resolve_cache_dtype(model: nn.Module, cache_dtype: str) -> str:
     """The cache dtype ``CpuDecoder(model, cache_dtype=...)`` stores ("auto" resolved); UsageError for
     a name not in CACHE_DTYPES, or fp8 on a model without calibrated k/v scales for every layer."""
@@ -153,7 +160,7 @@ class CpuDecoder:
         self.max_len = int(config.max_position_embeddings if max_len is None else max_len)
         m = CACHE_BLOCK_MULTIPLE
         if cache_block is None:
-            cache_block = min(CACHE_BLOCK, -(-self.max_len // m) * m)
+            cache_block = default_cache_block(self.max_len)
         elif isinstance(cache_block, bool) or not isinstance(cache_block, int) or cache_block < m or cache_block % m:
             raise UsageError(f"cache_block must be a positive multiple of {m} positions, got {cache_block!r}")
         self.cache_block = cache_block

@@ -33,6 +33,7 @@ import quantkit
 from quantkit.harness.hardware import cpu_name
 from quantkit.kernels.cpu_extension import ISA_NAMES, cpu_kernel_isa
 from quantkit.modules.kv_scales import attach_kv_scales
+from quantkit.runtime.cpu_decoder import default_cache_block
 from quantkit.files.outputs import write_output_file
 
 CACHES = ("fp32", "bf16", "fp8", "int8")
@@ -50,13 +51,13 @@ def load_variants(folder: str, work: Path) -> dict[str, torch.nn.Module]:
     return out
 
 
-def decoder_at(model, cache: str, context: int, seed: int, path: str):
+def decoder_at(model, cache: str, context: int, seed: int, path: str, cache_block: int | None = None):
     """A decoder whose attention runs on code path ``path`` (fixed when it is built), and one step of it."""
     c = model.config
     head_dim = c.hidden_size // c.num_attention_heads
     cpu_kernel_isa(path)
     try:
-        decoder = quantkit.CpuDecoder(model, max_len=context + 1, cache_dtype=cache)
+        decoder = quantkit.CpuDecoder(model, max_len=context + 1, cache_dtype=cache, cache_block=cache_block)
     finally:
         cpu_kernel_isa("auto")
     g = torch.Generator().manual_seed(seed)
@@ -74,17 +75,19 @@ def decoder_at(model, cache: str, context: int, seed: int, path: str):
 
 
 def attention_at(model, cache: str, context: int, seed: int, path: str):
-    """The attention of one step over every layer: the op on caches of the decoder's layout."""
+    """The attention of one step over every layer: the op on caches of the decoder's layout (its blocks: the
+    decoder's default for context + 1 positions)."""
     c = model.config
     head_dim, hkv, heads = c.hidden_size // c.num_attention_heads, c.num_key_value_heads, c.num_attention_heads
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "int8": torch.int8}[cache]
     g = torch.Generator().manual_seed(seed)
-    blocks = -(-(context + 1) // 256)
+    block = default_cache_block(context + 1)
+    blocks = -(-(context + 1) // block)
     layers = []
     for _ in range(c.num_hidden_layers):
-        k = [torch.randn(1, hkv, 16, head_dim, 16, generator=g).clamp(-8, 8).to(dtype) for _ in range(blocks)]
-        v = [torch.randn(1, hkv, 256, head_dim, generator=g).clamp(-8, 8).to(dtype) for _ in range(blocks)]
-        s = [torch.rand(1, hkv, 256, generator=g) for _ in range(blocks)] if cache == "int8" else []
+        k = [torch.randn(1, hkv, block // 16, head_dim, 16, generator=g).clamp(-8, 8).to(dtype) for _ in range(blocks)]
+        v = [torch.randn(1, hkv, block, head_dim, generator=g).clamp(-8, 8).to(dtype) for _ in range(blocks)]
+        s = [torch.rand(1, hkv, block, generator=g) for _ in range(blocks)] if cache == "int8" else []
         layers.append((k, v, s))
     q, one, lengths = torch.randn(1, heads, head_dim, generator=g), torch.ones(1), torch.tensor([context + 1])
     read = (context + 1) * 2 * c.num_hidden_layers * hkv * (head_dim * dtype.itemsize + (4 if cache == "int8" else 0))
