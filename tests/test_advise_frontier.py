@@ -149,7 +149,8 @@ def test_the_committed_frontiers_are_what_advise_reads(path):
 def test_the_ref_small_frontier_is_committed():
     loaded = load_frontier(COMMITTED)
     assert loaded.model == "ref:small"
-    assert {r.method for r in loaded.others} == {"llama.cpp", "llama.cpp+imatrix"}  # llama-quantize beside quantkit
+    # llama-quantize and auto-round beside quantkit
+    assert {r.method for r in loaded.others} == {"llama.cpp", "llama.cpp+imatrix", "auto-round"}
     assert {r.type for r in loaded.others} == {r.type for r in loaded.records}
 
 
