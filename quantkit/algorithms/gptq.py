@@ -194,26 +194,36 @@ def _damped_inverse_factor(reversed_h: Callable[[], torch.Tensor], release: Call
     U = V^-1 = J L^-1 J: one Cholesky factorisation and one triangular solve, where inverting H and factoring
     the inverse takes two factorisations and an inverse (measured 1.2-1.3x the time at K = 5632), and two
     [K, K] matrices alive at once, not three. returns (U [K, K], damp_percent actually used).
+
+    Memory: two [K, K] matrices at most (H and its factor, then L and L^-1, then L^-1 and U; measured at
+    K = 5632 in a 3-layer quantize, where three, for a moment nearly four, were alive before). The
+    factorisation is given the column-major view of the symmetric copy (``f.mT``), the layout LAPACK writes:
+    given the row-major ``f`` itself, ``cholesky_ex(out=f)`` factors a column-major copy and copies it back,
+    a third matrix beside H and f. No view of L outlives it (the diagonal's kept L alive through the flip),
+    and the overflow check reads U in slices (``torch.isfinite(u)`` holds |U| and three boolean masks: 1.75
+    more [K, K]). U is bit for bit what the row-major factorisation gave.
     """
     damp = damp_percent
     for attempt in range(MAX_DAMP_RETRIES + 1):
         f = reversed_h()
         diag = f.diagonal()
         diag.add_(damp * torch.mean(diag).item())
+        del diag  # a view: it would keep f (then L) alive through the flip below
         info = torch.empty((), dtype=torch.int32, device=f.device)
-        torch.linalg.cholesky_ex(f, out=(f, info))  # f: L, lower
+        lower = f.mT  # f is symmetric: the same matrix, column-major
+        torch.linalg.cholesky_ex(lower, out=(lower, info))  # lower: L, in f's memory
         if int(info) == 0:
             release()
             inverse = torch.eye(f.shape[0], dtype=f.dtype, device=f.device)
-            torch.linalg.solve_triangular(f, inverse, upper=False, out=inverse)  # L^-1
-            del f
+            torch.linalg.solve_triangular(lower, inverse, upper=False, out=inverse)  # L^-1
+            del f, lower
             u = torch.flip(inverse, (0, 1))
             del inverse
-            if not torch.isfinite(u).all():
+            if count_nonfinite(u):  # in slices: no [K, K] mask
                 raise RuntimeError(f"{where}: the inverse Hessian overflows at damp_percent={damp:g}: raise damp_percent "
                                    f"in the recipe's gptq options, or quantize this layer with RTN (ignore it)")
             return u, damp
-        del f
+        del f, lower
         if attempt < MAX_DAMP_RETRIES:
             warnings.warn(
                 f"{where}: Hessian not positive definite with damp_percent={damp:g}; retrying with {damp * 10:g}",
