@@ -1,10 +1,10 @@
 """What the size of CpuDecoder's cache blocks costs: the decode attention alone and the whole W4 decode step of
-SmolLM2-135M at batch 1, for a bf16 and an fp8 cache, in blocks of 256 and 1024 positions, and blocks of 256
-laid end to end in memory (the attention alone: one layer's blocks as slices of one tensor, one kv head), side
-by side in one run.
+SmolLM2-135M at batch 1, for a bf16 and an fp8 cache, in blocks of 256 and 1024 positions; and the attention
+with a cache per kv head in blocks of 256 that are separate tensors or slices of one tensor laid end to end in
+memory (what a jump between blocks costs); side by side in one run.
 
     python evals/kv_cache/cpu_loop/cache_blocks.py FLOAT_FOLDER --out evals/kv_cache/cpu_loop/cache-blocks-epyc \
-        --contexts 2048,8000 --threads 2 --repeats 9
+        --contexts 2048,8000 --threads 1 --repeats 41
 
 FLOAT_FOLDER: SmolLM2-135M-Instruct as a bf16 folder (evals/quality/smollm2.py's convert_gguf makes it). The
 caches hold random values (time does not depend on them), fp8 with scales of 1.0. Repeats interleave every
@@ -42,14 +42,15 @@ def w4_model(folder: str, work: Path):
     return model
 
 
-def attention(config, cache: str, block: int, context: int, adjacent: bool):
-    """The op over every layer's blocks; adjacent: one kv head, each layer's blocks slices of one tensor."""
+def attention(config, cache: str, block: int, context: int, per_head: bool, adjacent: bool = False):
+    """The op over every layer's blocks (the decoder's layout); per_head: one cache per kv head (the same work in
+    3x the calls), whose blocks are, with adjacent, slices of one tensor end to end in memory."""
     layers, heads, head_dim = config.num_hidden_layers, config.num_attention_heads, config.hidden_size // config.num_attention_heads
-    hkv = 1 if adjacent else config.num_key_value_heads
+    hkv = 1 if per_head else config.num_key_value_heads
     group = heads // config.num_key_value_heads
     n, dtype, g = -(-(context + 1) // block), CACHES[cache], torch.Generator().manual_seed(context)
     caches = []
-    for _ in range(layers * (config.num_key_value_heads if adjacent else 1)):
+    for _ in range(layers * (config.num_key_value_heads if per_head else 1)):
         if adjacent:
             k = torch.randn(n * block // 16, head_dim, 16, generator=g).clamp(-8, 8).to(dtype)
             v = torch.randn(n * block, head_dim, generator=g).clamp(-8, 8).to(dtype)
@@ -89,7 +90,9 @@ def main() -> None:
         for cache in CACHES:
             for block in BLOCKS:
                 runs[("attention", cache, f"{block}")] = attention(model.config, cache, block, context, False)
-            runs[("attention", cache, "256 end to end, 1 kv head")] = attention(model.config, cache, 256, context, True)
+            runs[("attention, a cache per kv head", cache, "256")] = attention(model.config, cache, 256, context, True)
+            runs[("attention, a cache per kv head", cache, "256 end to end")] = attention(
+                model.config, cache, 256, context, True, adjacent=True)
             for block in BLOCKS:
                 runs[("W4 decode step", cache, f"{block}")] = decoder_at(model, cache, context, context, cpu_kernel_isa(),
                                                                         cache_block=block)[1]
@@ -107,8 +110,8 @@ def main() -> None:
     lines = [f"# CpuDecoder's cache blocks: 256 against 1024 positions, {args.threads} thread(s): {cpu_name()}", "",
              f"Medians of {args.repeats} repeats (ms; {'thread CPU time' if args.threads == 1 else 'wall time'}). "
              f"Load average before the run: {load_before:.2f}. The attention rows are the op alone over 30 layers; "
-             "the end-to-end row splits the kv heads into separate caches (the same work) whose blocks are "
-             "slices of one tensor, adjacent in memory.", "",
+             "the rows of a cache per kv head split the kv heads into separate caches (the same work in 3x the "
+             "calls), whose blocks are separate tensors or, end to end, slices of one tensor adjacent in memory.", "",
              "| context | what | cache | block | ms | vs blocks of 256 |", "|---:|---|---|---|---:|---:|"]
     for context, what, cache, block, ms in rows:
         lines.append(f"| {context} | {what} | {cache} | {block} | {ms:.2f} | {base[(context, what, cache)] / ms:.2f}x |")

@@ -24,9 +24,10 @@
 // the checkpoint's per-tensor or per-head scales, saturated, as quantkit's FP8KVCache) or int8 (a scale
 // per token and head), in blocks of `block` positions per layer allocated as the longest sequence grows:
 // max_len bounds the positions, it allocates nothing. Attention reads each (sequence, kv head)'s keys and
-// values block by block, and a jump from one block to the next costs: on a Zen 4 EPYC, one thread, 8000
-// positions, blocks of 1024 ran attention 1.3x (fp8) / 1.2x (bf16) faster than blocks of 256, and blocks of
-// 256 laid end to end in memory almost as fast as 1024 (so it is the jump, not the arithmetic).
+// values block by block, and a jump from one block to the next costs: on a Zen 4 EPYC, one thread, 2048 and
+// 8000 positions, bf16 and fp8, blocks of 1024 ran attention 1.23-1.35x faster than blocks of 256, and blocks
+// of 256 laid end to end in memory 1.27-1.40x faster than the same blocks apart (so it is the jump, not the
+// arithmetic; evals/kv_cache/cpu_loop/cache-blocks-epyc).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/custom_class.h>
