@@ -3,8 +3,8 @@
 ``torch.ops.quantkit.wna16_gemm``, ``decode_attention_fp8`` and ``fp8_kv_cache_write`` are
 ``torch.library.triton_op``s (torch.compile sees through them to the kernels). Defining one imports
 triton, and ``triton_op`` itself imports torch._inductor and torch._dynamo: measured on a 2-core AMD EPYC
-(torch 2.13, triton 3.9), ~80 MB of anonymous memory and ~2 s, which a CPU calibration run or the CPU
-decode loop would pay without ever running a Triton kernel. So the modules that hold the kernels and
+(torch 2.13, triton 3.9), 77 MB of anonymous memory and 1.5-2 s, which a process would pay without ever
+running a Triton kernel (``evals/calibration/import_memory.py``). So the modules that hold the kernels and
 define the ops (``wna16_triton``, ``decode_attention_kernels``, ``kv_cache_write_kernels``) are imported
 here only, and nothing else in quantkit imports them:
 
