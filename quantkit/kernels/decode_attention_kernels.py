@@ -38,9 +38,9 @@ from torch.library import triton_op, wrap_triton
 
 from .decode_attention_heuristics import DecodeAttentionLaunch, choose_launch
 from .decode_attention_reference import check_decode_attention_args, decode_attention_reference
+from .triton_ops import kernels_interpreted, triton_can_run_on
 
 
-_KERNELS_INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
 MIN_BLOCK_G = 16  # tl.dot needs M >= 16 on GPUs: query heads of a group are padded to this
 LOG2E = 1.4426950408889634
 # Initial running max: finite, so a tile whose keys are all masked gives 2^(-inf - m) = 0, never NaN.
@@ -213,19 +213,6 @@ def default_launch(batch: int, num_kv_heads: int, seq_len: int, device: torch.de
     return choose_launch(batch, num_kv_heads, seq_len, num_sms)
 
 
-def kernels_interpreted() -> bool:
-    """True when triton was imported with TRITON_INTERPRET=1: the kernels then run on CPU tensors.
-
-    Triton decides this once, when triton is imported, so the variable must be set before that.
-    """
-    return _KERNELS_INTERPRETED
-
-
-def triton_can_run_on(device: torch.device) -> bool:
-    """CUDA tensors always; CPU tensors when the kernels were built under Triton's interpreter."""
-    return device.type == "cuda" or (device.type == "cpu" and _KERNELS_INTERPRETED)
-
-
 def decode_attention_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -385,7 +372,7 @@ def compile_kernels(target=None, variants=COMPILE_VARIANTS) -> dict[str, dict]:
     """
     from triton.backends.compiler import GPUTarget
 
-    if _KERNELS_INTERPRETED:
+    if kernels_interpreted():
         raise RuntimeError(
             "compile_kernels needs triton imported without TRITON_INTERPRET=1 (run it in a fresh process)"
         )

@@ -25,9 +25,9 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
 from .kv_cache_write_reference import FP8_MAX, check_fp8_kv_cache_write_args, fp8_kv_cache_write_reference
+from .triton_ops import kernels_interpreted, triton_can_run_on
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
-_INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
 
 
 @triton.jit
@@ -88,10 +88,6 @@ def _fp8_kv_cache_write_kernel(
     tl.store(v_cache_ptr + row + offs, v_code, mask=in_cache)
 
 
-def _triton_can_run_on(device: torch.device) -> bool:
-    return device.type == "cuda" or (device.type == "cpu" and _INTERPRETED)
-
-
 def fp8_kv_cache_write_triton(key_states, value_states, k_cache, v_cache, k_scale, v_scale, start) -> None:
     """Run the Triton kernel (no fallback). Arguments as fp8_kv_cache_write."""
     check_fp8_kv_cache_write_args(key_states, value_states, k_cache, v_cache, k_scale, v_scale, start)
@@ -116,7 +112,7 @@ def _fp8_kv_cache_write_op(
     v_scale: torch.Tensor,
     start: torch.Tensor,
 ) -> None:
-    if _triton_can_run_on(key_states.device) and (key_states.is_cuda or not is_fake(key_states)):
+    if triton_can_run_on(key_states.device) and (key_states.is_cuda or not is_fake(key_states)):
         fp8_kv_cache_write_triton(key_states, value_states, k_cache, v_cache, k_scale, v_scale, start)
     else:
         fp8_kv_cache_write_reference(key_states, value_states, k_cache, v_cache, k_scale, v_scale, start)
@@ -128,7 +124,7 @@ def compile_kernel(target=None) -> dict[str, dict]:
     TRITON_INTERPRET=1. Returns {variant: {"cubin_bytes", "fp8_stores"}}."""
     from triton.backends.compiler import GPUTarget
 
-    if _INTERPRETED:
+    if kernels_interpreted():
         raise RuntimeError("compile_kernel needs triton imported without TRITON_INTERPRET=1 (a fresh process)")
     target = target or GPUTarget("cuda", 90, 32)
     kernel = _fp8_kv_cache_write_kernel

@@ -29,10 +29,6 @@ import sys
 
 import torch
 
-#: the ops register_ops defines, as torch.ops.quantkit.<name>
-TRITON_OPS = ("wna16_gemm", "decode_attention_fp8", "fp8_kv_cache_write")
-#: the modules that hold the Triton kernels and define those ops (imported by register_ops only)
-KERNEL_MODULES = ("wna16_triton", "decode_attention_kernels", "kv_cache_write_kernels")
 #: what triton reads as true in TRITON_INTERPRET (its getenv_bool: case-insensitive, nothing stripped)
 _TRUE = ("1", "true", "on", "yes", "y")
 
@@ -50,11 +46,6 @@ def register_ops() -> None:
     # triton and torch._inductor are imported here, on first use only (see the module's docstring)
     from . import decode_attention_kernels, kv_cache_write_kernels, wna16_triton  # noqa: F401
     _registered = True
-
-
-def ops_registered() -> bool:
-    """True once the Triton ops exist (``register_ops`` ran, or a kernel module was imported directly)."""
-    return _registered or all(f"{__package__}.{name}" in sys.modules for name in KERNEL_MODULES)
 
 
 def kernels_interpreted() -> bool:

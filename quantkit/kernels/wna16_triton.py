@@ -48,6 +48,7 @@ from torch.library import triton_op, wrap_triton
 from .reference import wna16_gemm_torch
 from .wna16_gemv import _wna16_gemv_kernel
 from .wna16_heuristics import DEFAULT_NUM_SMS, WNA16Config, choose_config
+from .triton_ops import kernels_interpreted, triton_can_run_on  # noqa: F401  (kernels_interpreted: for callers)
 from .wna16_layout import TRITON_WORD_BLOCK, check_triton_operands
 
 KERNELS_INTERPRETED: bool = bool(triton.knobs.runtime.interpret)
@@ -204,18 +205,6 @@ def _wna16_dequant_kernel(
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
-def kernels_interpreted() -> bool:
-    """True when triton was imported with TRITON_INTERPRET=1 (kernels then run on CPU tensors).
-
-    Triton reads the variable when the kernels are decorated, i.e. when quantkit.kernels is first
-    imported: set it before that."""
-    return KERNELS_INTERPRETED
-
-
-def triton_can_run_on(device: torch.device) -> bool:
-    return device.type == "cuda" or (device.type == "cpu" and KERNELS_INTERPRETED)
-
-
 def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count

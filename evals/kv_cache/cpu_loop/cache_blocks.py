@@ -15,31 +15,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-import quantkit
 from quantkit.files.outputs import write_output_file
 from quantkit.harness.hardware import cpu_name
 from quantkit.kernels.cpu_extension import ISA_NAMES, cpu_kernel_isa
-from quantkit.modules.kv_scales import attach_kv_scales
-from measure import decoder_at  # this folder's measure.py (the script's own folder is on sys.path)
+from measure import decoder_at, load_variants, timed  # this folder's measure.py (the script's folder is on sys.path)
 
 CACHES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 BLOCKS = (256, 1024)
-
-
-def w4_model(folder: str, work: Path):
-    model = quantkit.load(folder, dtype=torch.bfloat16)
-    quantkit.quantize(model, "w4a16-rtn", progress=False)
-    quantkit.save(model, work / "w4a16-rtn")
-    model = quantkit.load(work / "w4a16-rtn", dtype=torch.bfloat16)
-    attach_kv_scales(model, {i: (torch.ones(1), torch.ones(1)) for i in range(model.config.num_hidden_layers)})
-    return model
 
 
 def attention(config, cache: str, block: int, context: int, per_head: bool, adjacent: bool = False):
@@ -79,10 +66,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    clock = time.thread_time if args.threads == 1 else time.perf_counter
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        model = w4_model(args.model, Path(tmp))
+        model = load_variants(args.model, Path(tmp))["w4a16-rtn"]
     rows = []
     for context in [int(x) for x in args.contexts.split(",")]:
         print(f"context {context}", flush=True)
@@ -96,16 +82,9 @@ def main() -> None:
             for block in BLOCKS:
                 runs[("W4 decode step", cache, f"{block}")] = decoder_at(model, cache, context, context, cpu_kernel_isa(),
                                                                         cache_block=block)[1]
-        times = {key: [] for key in runs}
-        for fn in runs.values():
-            fn()
-        for _ in range(args.repeats):
-            for key, fn in runs.items():
-                start = clock()
-                fn()
-                times[key].append(clock() - start)
-        for (what, cache, block), ts in times.items():
-            rows.append((context, what, cache, block, statistics.median(ts) * 1e3))
+        cpu, wall = timed(runs, args.repeats)
+        for (what, cache, block), seconds in (cpu if args.threads == 1 else wall).items():
+            rows.append((context, what, cache, block, seconds * 1e3))
     base = {(c, w, k): ms for c, w, k, b, ms in rows if b == "256"}
     lines = [f"# CpuDecoder's cache blocks: 256 against 1024 positions, {args.threads} thread(s): {cpu_name()}", "",
              f"Medians of {args.repeats} repeats (ms; {'thread CPU time' if args.threads == 1 else 'wall time'}). "
