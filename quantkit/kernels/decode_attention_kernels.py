@@ -38,7 +38,7 @@ from torch.library import triton_op, wrap_triton
 
 from .decode_attention_heuristics import DecodeAttentionLaunch, choose_launch
 from .decode_attention_reference import check_decode_attention_args, decode_attention_reference
-from .triton_ops import kernels_interpreted, triton_can_run_on
+from .triton_interpret import kernels_interpreted, triton_can_run_on
 
 
 MIN_BLOCK_G = 16  # tl.dot needs M >= 16 on GPUs: query heads of a group are padded to this

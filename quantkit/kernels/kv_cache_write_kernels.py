@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
 from .kv_cache_write_reference import FP8_MAX, check_fp8_kv_cache_write_args, fp8_kv_cache_write_reference
-from .triton_ops import kernels_interpreted, triton_can_run_on
+from .triton_interpret import kernels_interpreted, triton_can_run_on
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
 
