@@ -1,5 +1,5 @@
 """Real llama.cpp runs quantkit's GGUF export: its logits on fixed tokens against quantkit's own `load` of
-the same checkpoint (llama-perplexity --kl-divergence-base writes llama.cpp's log-probs on a fixed text, read back here), and a greedy continuation (llama-completion / llama-cli) against quantkit's generate().
+the same checkpoint (llama-perplexity --kl-divergence-base writes llama.cpp's log-probs on a fixed text, read back here), and a greedy continuation (llama-simple) against quantkit's generate().
 
 Needs llama.cpp's binaries: the folder in QUANTKIT_LLAMA_CPP_BIN (CI builds them from the llama.cpp tree
 in the llama-cpp-python sdist: .ci/llama_cpp_build); skipped without it, or set
@@ -126,7 +126,14 @@ def test_llama_cpp_logits_match_quantkits(exported, recipe, max_kl, max_share):
 
 
 def test_llama_cpp_greedy_continuation_matches(exported):
-    """16 greedy tokens after a prompt from the evaluation text: llama.cpp's text equals quantkit's."""
+    """16 greedy tokens after a prompt from the evaluation text: llama.cpp's text equals quantkit's.
+
+    llama-simple (llama.cpp's greedy example) prints the prompt's pieces, each new token as it comes (printf and
+    fflush), a newline, and on stderr how many tokens it decoded. Not llama-completion: its text passes through
+    common/log's queue, whose worker can lose the tail at exit (llama.cpp issue 22142; seen here as 7 of 16 tokens).
+    Exact equality holds with room: quantkit's top two logits differ by at least 0.13 at each of the 16 steps of
+    this prompt, and on the 252 positions the logits test scores llama.cpp's gap between quantkit's top two
+    tokens was within 0.06 of quantkit's (AMD EPYC)."""
     bins = _bin_dir()
     tmp, text, files = exported
     ckpt, model_file = files["w8a16-rtn-g32"]
@@ -137,18 +144,19 @@ def test_llama_cpp_greedy_continuation_matches(exported):
     with torch.no_grad():
         out = model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=16,
                              do_sample=False)
-    ours = tokenizer.decode(out[0, prompt_ids.shape[1]:], skip_special_tokens=True)
-    tool = next((bins / n for n in ("llama-completion", "llama-cli") if (bins / n).is_file()), None)
-    if tool is None:
-        pytest.skip(f"no llama-completion or llama-cli in {bins}")
-    # one thread: with two, llama-completion (seen with the ggml 0.26.0 tree) exits 0 right after "generate:"
-    # without printing anything in about half of the runs on a 2-core machine (never with one)
-    run = subprocess.run([str(tool), "-m", str(model_file), "-p", prompt, "-n", "16", "--temp", "0", "-t", "1",
-                          "-no-cnv", "--no-warmup", "--seed", "0", "--no-display-prompt", "-c", "128"],
+    new_ids = out[0, prompt_ids.shape[1]:]
+    ours = tokenizer.decode(new_ids, skip_special_tokens=True)
+    tool = bins / "llama-simple"
+    if not tool.is_file():
+        missing = f"no llama-simple in {bins} (.ci/llama_cpp_build builds it)"
+        pytest.fail(missing) if os.environ.get("QUANTKIT_TEST_LLAMA_CPP") == "required" else pytest.skip(missing)
+    run = subprocess.run([str(tool), "-m", str(model_file), "-n", "16", prompt],
                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
-    theirs = run.stdout
+    assert prompt in run.stdout, run.stdout[-3000:]
+    theirs = run.stdout[run.stdout.index(prompt) + len(prompt):]
     print(f"prompt: {prompt!r}\nquantkit: {ours!r}\nllama.cpp: {theirs!r}")
+    assert f"decoded {len(new_ids)} tokens" in run.stderr, run.stderr[-3000:]
     assert len(ours.strip()) > 8 and theirs.strip() == ours.strip()
 
 
