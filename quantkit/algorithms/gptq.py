@@ -44,7 +44,7 @@ from ..core.finite import count_nonfinite
 from ..core.primitives import check_range_options, compute_qparams, mse_clip_ratio
 from ..core.quantized_weight import QuantizedWeight
 from ..core.scheme import QuantScheme
-from .refine import refine_levels
+from .refine import refine_fields, refine_levels
 
 MAX_DAMP_RETRIES = 6  # 0.01 -> 1e4 in x10 steps
 
@@ -77,6 +77,9 @@ class GPTQOptions:
       (algorithms/refine.py: each weight's level moved to the best one with every other weight fixed); 0:
       GPTQ alone. Each sweep costs about one more column walk and keeps the [K, K] Hessian alive beside the
       factor.
+    refine_fields: on a GGUF grid with integer fields per group (the K-quants' sub-block scales and
+      minimums, IQ4_XS's scales), each refinement sweep also moves those fields by coordinate descent on the
+      same objective, after the levels (refine.refine_fields); needs refine_sweeps >= 1.
     """
 
     damp_percent: float = 0.01
@@ -89,6 +92,7 @@ class GPTQOptions:
     moe_calibrate_all_experts: bool = True
     shrinkage: float = 0.0
     refine_sweeps: int = 0
+    refine_fields: bool = False
 
     def __post_init__(self) -> None:
         if not (0.0 < self.damp_percent <= 1.0):
@@ -101,6 +105,10 @@ class GPTQOptions:
             raise ValueError(f"shrinkage must be in [0, 1) (the weight of diag(H) in the shrunk Hessian), got {rho!r}")
         if isinstance(self.refine_sweeps, bool) or not isinstance(self.refine_sweeps, int) or self.refine_sweeps < 0:
             raise ValueError(f"refine_sweeps must be a whole number of sweeps, 0 or more, got {self.refine_sweeps!r}")
+        if not isinstance(self.refine_fields, bool):
+            raise ValueError(f"refine_fields must be true or false, got {self.refine_fields!r}")
+        if self.refine_fields and not self.refine_sweeps:
+            raise ValueError("refine_fields moves the fields in each refinement sweep: set refine_sweeps >= 1 too")
 
 
 # -- verb 1: statistics -------------------------------------------------------------------------
@@ -490,5 +498,9 @@ def gptq_quantize(
         if factor.hessian is None:
             raise ValueError(f"{name}: refine_sweeps needs the Hessian: build the factor with factor_hessian and the "
                              f"same options")
-        result = refine_levels(result, weight, factor.hessian, options.refine_sweeps).weight
+        if not options.refine_fields:
+            return refine_levels(result, weight, factor.hessian, options.refine_sweeps).weight
+        for _ in range(options.refine_sweeps):
+            result = refine_levels(result, weight, factor.hessian).weight
+            result = refine_fields(result, weight, factor.hessian).weight
     return result

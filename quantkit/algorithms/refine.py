@@ -1,4 +1,5 @@
-"""GPTQ's levels refined by coordinate descent on GPTQ's own objective: the `refine_sweeps` option of gptq.
+"""GPTQ's levels, and a GGUF grid's integer fields, refined by coordinate descent on GPTQ's own objective: the
+`refine_sweeps` and `refine_fields` options of gptq (refine_fields, at the end of this file, has its own notes).
 
 GPTQ minimises each linear's output error on its calibration inputs, tr((Ŵ - W) H (Ŵ - W)ᵀ) with H = 2 XᵀX / n,
 in one pass: each column is rounded once, with the columns after it still free to absorb its error, and
@@ -21,6 +22,7 @@ about what GPTQ's own walk costs.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -89,3 +91,87 @@ def refine_levels(qweight: Quantized, weight: torch.Tensor, hessian: torch.Tenso
             g.addmm_(moves, h[b0:b1])  # every column's G follows the block's moves
     after = _error(grid.dequantize(levels) - w, g)  # g has followed every move: no further [N, K] x [K, K] product
     return Refinement(qweight.with_levels(levels), int((levels != grid.levels).sum()), before, after)
+
+
+@torch.no_grad()
+def refine_fields(qweight: Quantized, weight: torch.Tensor, hessian: torch.Tensor) -> Refinement:
+    """One sweep of coordinate descent over the integer fields of a GGUF grid's groups, its levels fixed.
+
+    On the K-quant and IQ4_XS grids a group's step is a super-block float times a small integer (Q2_K's 4-bit
+    sc_j, Q3_K's 6-bit signed one, ...), and on Q2_K-Q5_K its minimum likewise (dmin * mn_j): chosen before
+    GPTQ's walk from the float weight, they are no longer the best for the levels GPTQ then picked. The sweep
+    visits every group in turn and moves each row's field to the integer that minimises the same objective
+    as refine_levels with everything else fixed: the weight change of one unit of the field is
+    a = factor * v on the group's columns (v: the level's value less the grid's OFFSET for a step, -1 for a
+    minimum), so the error of row r changes by 2 t (a . G) + t^2 a H a for a change of t units, least at the
+    integer nearest t* = -(a . G) / (a H a), clamped to the field's range (integer_fields). Each move lowers
+    the objective or leaves it. The super-block floats (fp16 d, dmin) stay.
+
+    qweight: a grid weight (quantkit.gguf.grids; one without integer fields is returned as it is);
+    weight: the float weight [N, K]; hessian: fp32 [K, K] (as refine_levels).
+    Refinement.moved counts the fields moved.
+    """
+    grid = qweight.level_grid()
+    n, k = grid.levels.shape
+    if tuple(hessian.shape) != (k, k) or tuple(weight.shape) != (n, k):
+        raise ValueError(f"refine_fields: weight {tuple(weight.shape)} and Hessian {tuple(hessian.shape)} do not "
+                         f"match levels [{n}, {k}]")
+    h = hessian.float()
+    w = weight.detach().float()
+    e = qweight.dequantize() - w
+    g = e @ h  # [N, K]
+    before = _error(e, g)
+    specs = getattr(qweight, "integer_fields", tuple)()
+    if not specs:
+        return Refinement(qweight, 0, before, before)
+    group, block = qweight.GROUP, qweight.BLOCK
+    offset = qweight.OFFSET or 0
+    values = qweight.level_values(qweight.u) - offset  # [N, K]: a step field's weight change per unit is factor * this
+    fields = {name: getattr(qweight, name).clone() for name, *_ in specs}
+    moved = 0
+    for j in range(k // group):
+        cols = slice(j * group, (j + 1) * group)
+        h_jj = h[cols, cols]
+        for name, factor_name, role, lo, hi in specs:
+            factor = getattr(qweight, factor_name)[:, j * group // block].float()  # [N]
+            per_unit = values[:, cols] if role == "scale" else -torch.ones(n, group, device=w.device)
+            a = factor.unsqueeze(1) * per_unit  # [N, group]: the weight change of one unit of the field
+            curvature = ((a @ h_jj) * a).sum(-1)  # [N]
+            slope = (a * g[:, cols]).sum(-1)
+            t = torch.where(curvature > 0, -slope / torch.where(curvature > 0, curvature, torch.ones_like(curvature)),
+                            torch.zeros_like(curvature))
+            current = fields[name][:, j].float()
+            target = (current + torch.round(t)).clamp_(lo, hi)
+            change = target - current  # [N] whole numbers
+            if not bool(change.any()):
+                continue
+            moved += int((change != 0).sum())
+            fields[name][:, j] = target.to(fields[name].dtype)
+            g.addmm_(change.unsqueeze(1) * a, h[cols])  # G follows the group's change
+    # then each super-block's fp16 factor (d, dmin) given the integer fields: one unit of it moves column c by
+    # field_c * v_c; its best change t* is rounded to fp16 and kept where the objective falls
+    floats = {factor_name: getattr(qweight, factor_name).clone() for _, factor_name, *_ in specs}
+    for sb in range(k // block):
+        cols = slice(sb * block, (sb + 1) * block)
+        h_bb = h[cols, cols]
+        for name, factor_name, role, lo, hi in specs:
+            per_unit = values[:, cols] if role == "scale" else -torch.ones(n, block, device=w.device)
+            a = fields[name][:, sb * block // group:(sb + 1) * block // group].float().repeat_interleave(group, 1) \
+                * per_unit  # [N, block]
+            curvature = ((a @ h_bb) * a).sum(-1)
+            slope = (a * g[:, cols]).sum(-1)
+            t = torch.where(curvature > 0, -slope / torch.where(curvature > 0, curvature, torch.ones_like(curvature)),
+                            torch.zeros_like(curvature))
+            current = floats[factor_name][:, sb]
+            target = (current.float() + t).to(current.dtype)
+            change = target.float() - current.float()
+            gain = 2 * change * slope + change * change * curvature  # the objective's change, < 0 where it falls
+            change = torch.where(torch.isfinite(target.float()) & (gain < 0), change, torch.zeros_like(change))
+            if not bool(change.any()):
+                continue
+            moved += int((change != 0).sum())
+            floats[factor_name][:, sb] = (current.float() + change).to(current.dtype)
+            g.addmm_(change.unsqueeze(1) * a, h[cols])
+    refined = dataclasses.replace(qweight, **fields, **floats)
+    after = _error(refined.dequantize() - w, g)
+    return Refinement(refined, moved, before, after)

@@ -125,6 +125,13 @@ class _OnGrid:
         cls.OFFSET = 1 << (t.num_bits - 1) if t.symmetric and t.values is None else None
 
     @classmethod
+    def integer_fields(cls) -> tuple[tuple[str, str, str, int, int], ...]:
+        """The grid's integer fields per group, each a multiple of a super-block's float (what
+        algorithms/refine.refine_fields moves): (field, the super-block field it multiplies, "scale" or
+        "minimum", its lowest value, its highest); () for a grid without such fields."""
+        return ()
+
+    @classmethod
     def level_values(cls, u: torch.Tensor) -> torch.Tensor:
         """fp32 levels (whole numbers 0..LEVELS, any shape) -> the values they stand for: the levels themselves on
         a uniform grid (y = scale * u - minimum), VALUES[u] on a non-uniform one (y = scale * VALUES[u])."""
@@ -236,6 +243,10 @@ class KQuantWeight(_OnGrid):
         return group_scale(d, sc, cls.GROUP), group_scale(dmin, mn, cls.GROUP)
 
     @classmethod
+    def integer_fields(cls) -> tuple[tuple[str, str, str, int, int], ...]:
+        return ("sc", "d", "scale", 0, cls.FIELD_MAX), ("mn", "dmin", "minimum", 0, cls.FIELD_MAX)
+
+    @classmethod
     def choose_fields(cls, w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
                       clip_ratio=None) -> tuple[torch.Tensor, ...]:
         """(d, dmin, sc, mn) of w [N, K] (K % 256 == 0): with search, llama.cpp's own (searched_fields, weighted
@@ -301,6 +312,10 @@ class Q6KWeight(_OnGrid):
         """(d * sc_j, OFFSET * d * sc_j) fp32 [N, K/16]."""
         s = group_scale(d, sc, 16)
         return s, cls.OFFSET * s
+
+    @classmethod
+    def integer_fields(cls) -> tuple[tuple[str, str, str, int, int], ...]:
+        return (("sc", "d", "scale", -cls.SCALE_LEVELS, cls.SCALE_LEVELS - 1),)
 
     @classmethod
     def choose_fields(cls, w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
@@ -530,6 +545,10 @@ class IQ4XSWeight(_OnGrid):
         """(d * sc_j, 0) fp32 [N, K/32] (an exact product)."""
         s = group_scale(d, sc, cls.GROUP)
         return s, torch.zeros_like(s)
+
+    @classmethod
+    def integer_fields(cls) -> tuple[tuple[str, str, str, int, int], ...]:
+        return (("sc", "d", "scale", -32, 31),)
 
     @classmethod
     def choose_fields(cls, w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
