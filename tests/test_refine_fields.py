@@ -13,22 +13,9 @@ from quantkit.algorithms.refine import refine_fields, refine_levels
 from quantkit.core.scheme import QuantScheme, grid_scheme
 from quantkit.gguf import grids
 
+from .test_refine import _objective, _problem
+
 WITH_FIELDS = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs")
-
-
-def _problem(n: int, k: int, seed: int):
-    """A weight [N, K] and the Hessian of correlated inputs of uneven energy, one input never active."""
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=g) * 0.05
-    mix = torch.eye(k) + 0.3 * torch.randn(k, k, generator=g) / k ** 0.5
-    x = torch.randn(4 * k, k, generator=g) @ mix * (0.2 + 2 * torch.rand(k, generator=g))
-    x[:, 3] = 0.0
-    return w, 2 * x.T @ x / x.shape[0]
-
-
-def _objective(qweight, w, h) -> float:
-    e = (qweight.dequantize() - w).double()
-    return float(((e @ h.double()) * e).sum())
 
 
 def _gptq(grid: str, w, h, **options):

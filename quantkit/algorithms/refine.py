@@ -41,6 +41,16 @@ class Refinement:
     error_after: float
 
 
+def _checked(qweight: Quantized, weight: torch.Tensor, hessian: torch.Tensor, who: str):
+    """(qweight's LevelGrid, weight fp32 [N, K], hessian fp32 [K, K]); ValueError where the shapes disagree."""
+    grid = qweight.level_grid()
+    n, k = grid.levels.shape
+    if tuple(hessian.shape) != (k, k) or tuple(weight.shape) != (n, k):
+        raise ValueError(f"{who}: weight {tuple(weight.shape)} and Hessian {tuple(hessian.shape)} do not "
+                         f"match levels [{n}, {k}]")
+    return grid, weight.detach().float(), hessian.float()
+
+
 def _error(e: torch.Tensor, g: torch.Tensor) -> float:
     return float((e.double() * g.double()).sum())
 
@@ -55,13 +65,8 @@ def refine_levels(qweight: Quantized, weight: torch.Tensor, hessian: torch.Tenso
     block_size: columns whose moves are applied to G together (the result does not depend on it beyond
     float rounding).
     """
-    grid = qweight.level_grid()
+    grid, w, h = _checked(qweight, weight, hessian, "refine_levels")
     n, k = grid.levels.shape
-    if tuple(hessian.shape) != (k, k) or tuple(weight.shape) != (n, k):
-        raise ValueError(f"refine_levels: weight {tuple(weight.shape)} and Hessian {tuple(hessian.shape)} do not "
-                         f"match levels [{n}, {k}]")
-    h = hessian.float()
-    w = weight.detach().float()
     levels = grid.levels.clone()
     step = grid.scale[:, grid.column_group]  # [N, K]: the weight change of one level (of one unit of value)
     diag = h.diagonal()
@@ -93,9 +98,22 @@ def refine_levels(qweight: Quantized, weight: torch.Tensor, hessian: torch.Tenso
     return Refinement(qweight.with_levels(levels), int((levels != grid.levels).sum()), before, after)
 
 
+def _best_step(a: torch.Tensor, g: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The objective along one direction per row: a [N, C] the weight change of one unit on C columns, g [N, C]
+    the half-gradient there, h [C, C] their Hessian -> (slope a . g, curvature a H a, best real step
+    t* = -slope / curvature; 0 where the curvature is 0), each fp32 [N]. A step of t changes the row's
+    objective by 2 t slope + t^2 curvature."""
+    curvature = ((a @ h) * a).sum(-1)
+    slope = (a * g).sum(-1)
+    positive = curvature > 0
+    t = torch.where(positive, -slope / torch.where(positive, curvature, torch.ones_like(curvature)),
+                    torch.zeros_like(curvature))
+    return slope, curvature, t
+
+
 @torch.no_grad()
 def refine_fields(qweight: Quantized, weight: torch.Tensor, hessian: torch.Tensor) -> Refinement:
-    """One sweep of coordinate descent over the integer fields of a GGUF grid's groups, its levels fixed.
+    """One sweep of coordinate descent over the fields of a GGUF grid's groups and super-blocks, its levels fixed.
 
     On the K-quant and IQ4_XS grids a group's step is a super-block float times a small integer (Q2_K's 4-bit
     sc_j, Q3_K's 6-bit signed one, ...), and on Q2_K-Q5_K its minimum likewise (dmin * mn_j): chosen before
@@ -104,20 +122,16 @@ def refine_fields(qweight: Quantized, weight: torch.Tensor, hessian: torch.Tenso
     as refine_levels with everything else fixed: the weight change of one unit of the field is
     a = factor * v on the group's columns (v: the level's value less the grid's OFFSET for a step, -1 for a
     minimum), so the error of row r changes by 2 t (a . G) + t^2 a H a for a change of t units, least at the
-    integer nearest t* = -(a . G) / (a H a), clamped to the field's range (integer_fields). Each move lowers
-    the objective or leaves it. The super-block floats (fp16 d, dmin) stay.
+    integer nearest t* = -(a . G) / (a H a), clamped to the field's range (integer_fields). Then each
+    super-block's floats (fp16 d, dmin), whose unit moves column c by its group's integer times v_c: the best
+    real change, rounded to fp16, kept where it lowers the objective. No move raises the objective.
 
     qweight: a grid weight (quantkit.gguf.grids; one without integer fields is returned as it is);
     weight: the float weight [N, K]; hessian: fp32 [K, K] (as refine_levels).
-    Refinement.moved counts the fields moved.
+    Refinement.moved counts the fields moved, integers and floats.
     """
-    grid = qweight.level_grid()
+    grid, w, h = _checked(qweight, weight, hessian, "refine_fields")
     n, k = grid.levels.shape
-    if tuple(hessian.shape) != (k, k) or tuple(weight.shape) != (n, k):
-        raise ValueError(f"refine_fields: weight {tuple(weight.shape)} and Hessian {tuple(hessian.shape)} do not "
-                         f"match levels [{n}, {k}]")
-    h = hessian.float()
-    w = weight.detach().float()
     e = qweight.dequantize() - w
     g = e @ h  # [N, K]
     before = _error(e, g)
@@ -125,53 +139,41 @@ def refine_fields(qweight: Quantized, weight: torch.Tensor, hessian: torch.Tenso
     if not specs:
         return Refinement(qweight, 0, before, before)
     group, block = qweight.GROUP, qweight.BLOCK
-    offset = qweight.OFFSET or 0
-    values = qweight.level_values(qweight.u) - offset  # [N, K]: a step field's weight change per unit is factor * this
-    fields = {name: getattr(qweight, name).clone() for name, *_ in specs}
+    values = qweight.level_values(qweight.u) - (qweight.OFFSET or 0)  # [N, K]
+
+    def per_unit(role: str, cols: slice) -> torch.Tensor:
+        """[N, C]: the weight change on `cols` of one unit of a scale (v) or of a minimum (-1), before its factor."""
+        return values[:, cols] if role == "scale" else -torch.ones_like(values[:, cols])
+
+    ints = {name: getattr(qweight, name).clone() for name, *_ in specs}
+    floats = {factor: getattr(qweight, factor).clone() for _, factor, *_ in specs}
     moved = 0
     for j in range(k // group):
         cols = slice(j * group, (j + 1) * group)
-        h_jj = h[cols, cols]
-        for name, factor_name, role, lo, hi in specs:
-            factor = getattr(qweight, factor_name)[:, j * group // block].float()  # [N]
-            per_unit = values[:, cols] if role == "scale" else -torch.ones(n, group, device=w.device)
-            a = factor.unsqueeze(1) * per_unit  # [N, group]: the weight change of one unit of the field
-            curvature = ((a @ h_jj) * a).sum(-1)  # [N]
-            slope = (a * g[:, cols]).sum(-1)
-            t = torch.where(curvature > 0, -slope / torch.where(curvature > 0, curvature, torch.ones_like(curvature)),
-                            torch.zeros_like(curvature))
-            current = fields[name][:, j].float()
-            target = (current + torch.round(t)).clamp_(lo, hi)
-            change = target - current  # [N] whole numbers
-            if not bool(change.any()):
-                continue
-            moved += int((change != 0).sum())
-            fields[name][:, j] = target.to(fields[name].dtype)
-            g.addmm_(change.unsqueeze(1) * a, h[cols])  # G follows the group's change
-    # then each super-block's fp16 factor (d, dmin) given the integer fields: one unit of it moves column c by
-    # field_c * v_c; its best change t* is rounded to fp16 and kept where the objective falls
-    floats = {factor_name: getattr(qweight, factor_name).clone() for _, factor_name, *_ in specs}
+        for name, factor, role, lo, hi in specs:
+            a = floats[factor][:, j * group // block].float().unsqueeze(1) * per_unit(role, cols)  # [N, group]
+            _, _, t = _best_step(a, g[:, cols], h[cols, cols])
+            current = ints[name][:, j].float()
+            change = (current + torch.round(t)).clamp_(lo, hi) - current  # [N] whole numbers
+            if bool(change.any()):
+                moved += int((change != 0).sum())
+                ints[name][:, j] = (current + change).to(ints[name].dtype)
+                g.addmm_(change.unsqueeze(1) * a, h[cols])  # G follows the group's change
     for sb in range(k // block):
         cols = slice(sb * block, (sb + 1) * block)
-        h_bb = h[cols, cols]
-        for name, factor_name, role, lo, hi in specs:
-            per_unit = values[:, cols] if role == "scale" else -torch.ones(n, block, device=w.device)
-            a = fields[name][:, sb * block // group:(sb + 1) * block // group].float().repeat_interleave(group, 1) \
-                * per_unit  # [N, block]
-            curvature = ((a @ h_bb) * a).sum(-1)
-            slope = (a * g[:, cols]).sum(-1)
-            t = torch.where(curvature > 0, -slope / torch.where(curvature > 0, curvature, torch.ones_like(curvature)),
-                            torch.zeros_like(curvature))
-            current = floats[factor_name][:, sb]
+        for name, factor, role, _, _ in specs:
+            integers = ints[name][:, sb * block // group:(sb + 1) * block // group].float()
+            a = integers.repeat_interleave(group, 1) * per_unit(role, cols)  # [N, block]
+            slope, curvature, t = _best_step(a, g[:, cols], h[cols, cols])
+            current = floats[factor][:, sb]
             target = (current.float() + t).to(current.dtype)
             change = target.float() - current.float()
-            gain = 2 * change * slope + change * change * curvature  # the objective's change, < 0 where it falls
-            change = torch.where(torch.isfinite(target.float()) & (gain < 0), change, torch.zeros_like(change))
-            if not bool(change.any()):
-                continue
-            moved += int((change != 0).sum())
-            floats[factor_name][:, sb] = (current.float() + change).to(current.dtype)
-            g.addmm_(change.unsqueeze(1) * a, h[cols])
-    refined = dataclasses.replace(qweight, **fields, **floats)
+            falls = torch.isfinite(change) & (2 * change * slope + change * change * curvature < 0)
+            change = torch.where(falls, change, torch.zeros_like(change))
+            if bool(change.any()):
+                moved += int((change != 0).sum())
+                floats[factor][:, sb] = (current.float() + change).to(current.dtype)
+                g.addmm_(change.unsqueeze(1) * a, h[cols])
+    refined = dataclasses.replace(qweight, **ints, **floats)
     after = _error(refined.dequantize() - w, g)
     return Refinement(refined, moved, before, after)
