@@ -1,7 +1,7 @@
 """A GGUF grid's fields refined by coordinate descent (algorithms/refine.refine_fields, gptq's refine_fields):
-the objective never rising and reported exactly, the first group's fields against a brute-force search over
-every integer, levels untouched and fields kept in their ranges and dtypes, grids without integer fields left
-as they are, GPTQ with the option, its errors."""
+the objective never rising and reported exactly, the first group's integer fields against a brute-force search
+over every integer and the first block's float against the exact minimiser, levels untouched and fields kept
+in their ranges and dtypes, integer grids (no GGUF fields) left as they are, GPTQ with the option, its errors."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from quantkit.gguf import grids
 
 from .test_refine import _objective, _problem
 
-WITH_FIELDS = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs")
+WITH_FIELDS = tuple(grids.GRID_WEIGHTS)
 
 
 def _gptq(grid: str, w, h, **options):
@@ -35,12 +35,14 @@ def test_a_sweep_lowers_the_objective_and_moves_only_fields(grid, seed):
     assert result.error_before == pytest.approx(_objective(start, w, h), rel=1e-4)
     assert result.error_after == pytest.approx(_objective(refined, w, h), rel=1e-4)
     assert result.error_after < result.error_before
-    for name, factor, _, lo, hi in type(start).integer_fields():
+    for name in start.FIELDS:
         field = getattr(refined, name)
         assert field.dtype == getattr(start, name).dtype and field.shape == getattr(start, name).shape
-        assert int(field.min()) >= lo and int(field.max()) <= hi
-        assert getattr(refined, factor).dtype == torch.float16
-        assert bool(torch.isfinite(getattr(refined, factor).float()).all())
+    for name, _, _, lo, hi in type(start).integer_fields():
+        assert int(getattr(refined, name).min()) >= lo and int(getattr(refined, name).max()) <= hi
+    for name, _, _ in type(start).float_fields():
+        assert getattr(refined, name).dtype == torch.float16
+        assert bool(torch.isfinite(getattr(refined, name).float()).all())
     # the blocks round-trip: what GGUF holds is what was scored
     again = type(refined).from_blocks(refined.blocks())
     torch.testing.assert_close(again.dequantize(), refined.dequantize(), rtol=0, atol=0)
@@ -79,10 +81,36 @@ def _row_objective(qweight, w, h, r: int) -> float:
     return float(e @ h.double() @ e)
 
 
-@pytest.mark.parametrize("grid", ["q4_0", "q8_0", "q4_1", "iq4_nl"])
-def test_grids_without_integer_fields_are_left_as_they_are(grid):
+@pytest.mark.parametrize("grid,name", [("q4_0", "d"), ("q8_0", "d"), ("q4_1", "d"), ("iq4_nl", "d")])
+def test_the_first_blocks_float_goes_to_its_best_fp16_value(grid, name):
+    """On the grids of blocks of 32 the first block is visited first (these have no integer fields): its float
+    moves to the exact minimiser of the row's objective along it (a parabola, found here in fp64 from three
+    exact evaluations), rounded to fp16, within one fp16 step."""
+    w, h = _problem(6, 256, seed=4)
+    start = refine_levels(_gptq(grid, w, h), w, h).weight
+    refined = refine_fields(start, w, h).weight
+
+    def row_error(r: int, value: float) -> float:
+        field = getattr(start, name).clone()
+        field[r, 0] = value
+        trial = type(start)(start.u, *[field if f == name else getattr(start, f) for f in start.FIELDS],
+                            scheme=start.scheme)
+        return _row_objective(trial, w, h, r)
+
+    for r in range(w.shape[0]):
+        x0 = float(getattr(start, name)[r, 0])
+        step = max(abs(x0), 1e-3) * 0.01
+        f_minus, f0, f_plus = (row_error(r, x0 + d * step) for d in (-1, 0, 1))
+        vertex = x0 - step * (f_plus - f_minus) / (2 * (f_plus - 2 * f0 + f_minus))
+        want = torch.tensor(vertex).to(torch.float16)
+        got = getattr(refined, name)[r, 0]
+        ulp = abs(float(torch.nextafter(want, torch.tensor(float("inf"), dtype=torch.float16))) - float(want))
+        assert abs(float(got) - float(want)) <= ulp * 1.01
+
+
+def test_integer_grids_are_left_as_they_are():
     w, h = _problem(8, 256, seed=4)
-    start = _gptq(grid, w, h)
+    start = gptq_quantize(w, h, QuantScheme(num_bits=4, symmetric=True, strategy="group", group_size=32), GPTQOptions())
     result = refine_fields(start, w, h)
     assert result.weight is start and result.moved == 0 and result.error_after == result.error_before
 
@@ -119,7 +147,12 @@ def test_a_mismatched_hessian_is_refused():
         refine_fields(start, w, h[:128, :128])
 
 
-def test_integer_fields_name_real_fields():
+def test_the_field_tables_name_real_fields():
+    """Every field of every grid is moved, each by one rule; the integers' factors are float fields."""
     for cls in grids.GRID_WEIGHTS.values():
-        for name, factor, role, lo, hi in cls.integer_fields():
-            assert name in cls.FIELDS and factor in cls.FIELDS and role in ("scale", "minimum") and lo < hi
+        integers = {name: (factor, role) for name, factor, role, lo, hi in cls.integer_fields() if lo < hi}
+        floats = {name: (role, integer) for name, role, integer in cls.float_fields()}
+        assert sorted([*integers, *floats]) == sorted(cls.FIELDS), cls.__name__
+        assert all(factor in floats and role in ("scale", "minimum") for factor, role in integers.values())
+        assert all(role in ("scale", "minimum", "offset") and (integer is None or integer in integers)
+                   for role, integer in floats.values())

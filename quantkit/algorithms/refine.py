@@ -136,17 +136,21 @@ def refine_fields(qweight: Quantized, weight: torch.Tensor, hessian: torch.Tenso
     g = e @ h  # [N, K]
     before = _error(e, g)
     specs = getattr(qweight, "integer_fields", tuple)()
-    if not specs:
+    float_specs = getattr(qweight, "float_fields", tuple)()
+    if not specs and not float_specs:
         return Refinement(qweight, 0, before, before)
     group, block = qweight.GROUP, qweight.BLOCK
     values = qweight.level_values(qweight.u) - (qweight.OFFSET or 0)  # [N, K]
 
     def per_unit(role: str, cols: slice) -> torch.Tensor:
-        """[N, C]: the weight change on `cols` of one unit of a scale (v) or of a minimum (-1), before its factor."""
-        return values[:, cols] if role == "scale" else -torch.ones_like(values[:, cols])
+        """[N, C]: the weight change on `cols` of one unit of a field before its multiplier: v for a scale, -1
+        for a minimum, +1 for an offset (grids.float_fields)."""
+        if role == "scale":
+            return values[:, cols]
+        return torch.full_like(values[:, cols], -1.0 if role == "minimum" else 1.0)
 
     ints = {name: getattr(qweight, name).clone() for name, *_ in specs}
-    floats = {factor: getattr(qweight, factor).clone() for _, factor, *_ in specs}
+    floats = {name: getattr(qweight, name).clone() for name, *_ in float_specs}
     moved = 0
     for j in range(k // group):
         cols = slice(j * group, (j + 1) * group)
@@ -161,18 +165,19 @@ def refine_fields(qweight: Quantized, weight: torch.Tensor, hessian: torch.Tenso
                 g.addmm_(change.unsqueeze(1) * a, h[cols])  # G follows the group's change
     for sb in range(k // block):
         cols = slice(sb * block, (sb + 1) * block)
-        for name, factor, role, _, _ in specs:
-            integers = ints[name][:, sb * block // group:(sb + 1) * block // group].float()
-            a = integers.repeat_interleave(group, 1) * per_unit(role, cols)  # [N, block]
+        for name, role, integer in float_specs:
+            a = per_unit(role, cols)  # [N, block]
+            if integer is not None:
+                a = ints[integer][:, sb * block // group:(sb + 1) * block // group].float().repeat_interleave(group, 1) * a
             slope, curvature, t = _best_step(a, g[:, cols], h[cols, cols])
-            current = floats[factor][:, sb]
+            current = floats[name][:, sb]
             target = (current.float() + t).to(current.dtype)
             change = target.float() - current.float()
             falls = torch.isfinite(change) & (2 * change * slope + change * change * curvature < 0)
             change = torch.where(falls, change, torch.zeros_like(change))
             if bool(change.any()):
                 moved += int((change != 0).sum())
-                floats[factor][:, sb] = (current.float() + change).to(current.dtype)
+                floats[name][:, sb] = (current.float() + change).to(current.dtype)
                 g.addmm_(change.unsqueeze(1) * a, h[cols])
     refined = dataclasses.replace(qweight, **ints, **floats)
     after = _error(refined.dequantize() - w, g)

@@ -132,6 +132,13 @@ class _OnGrid:
         return ()
 
     @classmethod
+    def float_fields(cls) -> tuple[tuple[str, str, str | None], ...]:
+        """The grid's float fields, one per block of BLOCK inputs (what refine.refine_fields moves after the
+        integers): (field, how one unit of it changes a weight: "scale" by the weight's level value less
+        OFFSET, "minimum" by -1, "offset" by +1; the integer field per group that multiplies it, or None)."""
+        return (("d", "scale", None),)
+
+    @classmethod
     def level_values(cls, u: torch.Tensor) -> torch.Tensor:
         """fp32 levels (whole numbers 0..LEVELS, any shape) -> the values they stand for: the levels themselves on
         a uniform grid (y = scale * u - minimum), VALUES[u] on a non-uniform one (y = scale * VALUES[u])."""
@@ -247,6 +254,10 @@ class KQuantWeight(_OnGrid):
         return ("sc", "d", "scale", 0, cls.FIELD_MAX), ("mn", "dmin", "minimum", 0, cls.FIELD_MAX)
 
     @classmethod
+    def float_fields(cls) -> tuple[tuple[str, str, str | None], ...]:
+        return ("d", "scale", "sc"), ("dmin", "minimum", "mn")
+
+    @classmethod
     def choose_fields(cls, w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
                       clip_ratio=None) -> tuple[torch.Tensor, ...]:
         """(d, dmin, sc, mn) of w [N, K] (K % 256 == 0): with search, llama.cpp's own (searched_fields, weighted
@@ -318,6 +329,10 @@ class Q6KWeight(_OnGrid):
         return (("sc", "d", "scale", -cls.SCALE_LEVELS, cls.SCALE_LEVELS - 1),)
 
     @classmethod
+    def float_fields(cls) -> tuple[tuple[str, str, str | None], ...]:
+        return (("d", "scale", "sc"),)
+
+    @classmethod
     def choose_fields(cls, w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
                       clip_ratio=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(d, sc) of w [N, K] (K % 256 == 0): with search, llama.cpp's own (quantize_row_q6_K_ref's
@@ -379,6 +394,10 @@ class Q41Weight(_OnGrid):
     def steps(d, m) -> tuple[torch.Tensor, torch.Tensor]:
         """(d, -m) fp32 [N, K/32]: each group's step and minimum."""
         return d.float(), -m.float()
+
+    @classmethod
+    def float_fields(cls) -> tuple[tuple[str, str, str | None], ...]:
+        return ("d", "scale", None), ("m", "offset", None)
 
     @classmethod
     def choose_fields(cls, w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,
@@ -549,6 +568,10 @@ class IQ4XSWeight(_OnGrid):
     @classmethod
     def integer_fields(cls) -> tuple[tuple[str, str, str, int, int], ...]:
         return (("sc", "d", "scale", -32, 31),)
+
+    @classmethod
+    def float_fields(cls) -> tuple[tuple[str, str, str | None], ...]:
+        return (("d", "scale", "sc"),)
 
     @classmethod
     def choose_fields(cls, w: torch.Tensor, *, search: bool = False, importance: torch.Tensor | None = None,

@@ -72,6 +72,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from quantkit.quantization.recipe import builtin_recipes
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 QUANTKIT_CLI = [sys.executable, "-m", "quantkit"]  # the command line, in this environment
@@ -298,17 +300,20 @@ def measure(args, work: Path, kind: FrontierType, method: str, calib_opts: list[
         if method != "rtn":
             cmd += calib_opts
         fields = {"quantizer": "quantkit", "recipe": recipe, "float_type": kind.float_type}
+        made_by = {"command": cmd, "recipe_sha256": sha256(builtin_recipes()[recipe])}
     elif method in AUTOROUND_METHODS:
         cmd, shown = autoround.command(kind, out)
         fields = {"quantizer": "auto-round", "recipe": shown}
+        made_by = {"command": cmd}
     else:
         cmd, shown = llama.command(kind, method, out)
         fields = {"quantizer": "llama.cpp", "recipe": shown}
-    # an auto-round file made by another command (other iterations, say) is made again
-    stale = method in AUTOROUND_METHODS and timing.is_file() and json.loads(timing.read_text()).get("command") != cmd
+        made_by = {}
+    # a file made by another command or recipe text (other iterations, a changed recipe) is made again
+    stale = timing.is_file() and any(json.loads(timing.read_text()).get(k) != v for k, v in made_by.items())
     if not (out.is_file() and timing.is_file()) or stale:
         seconds = run_logged(cmd, work / f"{out.stem}.quantize.log")
-        timing.write_text(json.dumps({**seconds, "command": cmd} if method in AUTOROUND_METHODS else seconds))
+        timing.write_text(json.dumps({**seconds, **made_by}))
     if method in LLAMA_METHODS:  # the version llama-quantize printed
         quantize_log = (work / f"{out.stem}.quantize.log").read_text(errors="replace")
         fields["llama_cpp_build"] = llama_tools.build_of(quantize_log)
