@@ -77,9 +77,10 @@ class GPTQOptions:
       (algorithms/refine.py: each weight's level moved to the best one with every other weight fixed); 0:
       GPTQ alone. Each sweep costs about one more column walk and keeps the [K, K] Hessian alive beside the
       factor.
-    refine_fields: on a GGUF grid with integer fields per group (the K-quants' sub-block scales and
-      minimums, IQ4_XS's scales), each refinement sweep also moves those fields by coordinate descent on the
-      same objective, after the levels (refine.refine_fields); needs refine_sweeps >= 1.
+    refine_fields: on a GGUF grid, each refinement sweep also moves its fields by coordinate descent on the
+      same objective, after the levels: the integer ones per group (the K-quants' sub-block scales and
+      minimums, IQ4_XS's scales), then the fp16 ones per block (refine.refine_fields); needs
+      refine_sweeps >= 1. No effect on the integer grids.
     """
 
     damp_percent: float = 0.01

@@ -1,4 +1,4 @@
-"""GPTQ's levels, and a GGUF grid's integer fields, refined by coordinate descent on GPTQ's own objective: the
+"""GPTQ's levels, and a GGUF grid's fields, refined by coordinate descent on GPTQ's own objective: the
 `refine_sweeps` and `refine_fields` options of gptq (refine_fields, at the end of this file, has its own notes).
 
 GPTQ minimises each linear's output error on its calibration inputs, tr((Ŵ - W) H (Ŵ - W)ᵀ) with H = 2 XᵀX / n,
@@ -32,8 +32,8 @@ from ..core.quantized_weight import Quantized
 
 @dataclass
 class Refinement:
-    """What refine_levels did: the refined weight, how many levels moved off GPTQ's, and the objective
-    sum over rows of (Ŵ - W) H (Ŵ - W)ᵀ before and after (fp64 sums of the fp32 terms)."""
+    """What refine_levels (refine_fields) did: the refined weight, how many levels (fields) moved, and the
+    objective sum over rows of (Ŵ - W) H (Ŵ - W)ᵀ before and after (fp64 sums of the fp32 terms)."""
 
     weight: Quantized
     moved: int
@@ -115,18 +115,20 @@ def _best_step(a: torch.Tensor, g: torch.Tensor, h: torch.Tensor) -> tuple[torch
 def refine_fields(qweight: Quantized, weight: torch.Tensor, hessian: torch.Tensor) -> Refinement:
     """One sweep of coordinate descent over the fields of a GGUF grid's groups and super-blocks, its levels fixed.
 
-    On the K-quant and IQ4_XS grids a group's step is a super-block float times a small integer (Q2_K's 4-bit
-    sc_j, Q3_K's 6-bit signed one, ...), and on Q2_K-Q5_K its minimum likewise (dmin * mn_j): chosen before
-    GPTQ's walk from the float weight, they are no longer the best for the levels GPTQ then picked. The sweep
-    visits every group in turn and moves each row's field to the integer that minimises the same objective
-    as refine_levels with everything else fixed: the weight change of one unit of the field is
-    a = factor * v on the group's columns (v: the level's value less the grid's OFFSET for a step, -1 for a
-    minimum), so the error of row r changes by 2 t (a . G) + t^2 a H a for a change of t units, least at the
-    integer nearest t* = -(a . G) / (a H a), clamped to the field's range (integer_fields). Then each
-    super-block's floats (fp16 d, dmin), whose unit moves column c by its group's integer times v_c: the best
-    real change, rounded to fp16, kept where it lowers the objective. No move raises the objective.
+    A GGUF grid's fields were chosen before GPTQ's walk, from the float weight: they are no longer the best for
+    the levels GPTQ then picked. On the K-quant and IQ4_XS grids a group's step is a super-block float times a
+    small integer (Q2_K's 4-bit sc_j, Q3_K's 6-bit signed one, ...), and on Q2_K-Q5_K its minimum likewise
+    (dmin * mn_j). The sweep visits every group in turn and moves each row's integer field to the value that
+    minimises the same objective as refine_levels with everything else fixed: the weight change of one unit of
+    the field is a = factor * v on the group's columns (v: the level's value less the grid's OFFSET for a step,
+    -1 for a minimum), so the error of row r changes by 2 t (a . G) + t^2 a H a for a change of t units, least
+    at the integer nearest t* = -(a . G) / (a H a), clamped to the field's range (grids' integer_fields). Then
+    every block's fp16 floats (grids' float_fields: the K-quants' d and dmin, whose unit moves column c by its
+    group's integer times v_c; Q4_0's, Q8_0's and IQ4_NL's d; Q4_1's d and m): the best real change, rounded
+    to fp16, kept where it lowers the objective. No move raises the objective.
 
-    qweight: a grid weight (quantkit.gguf.grids; one without integer fields is returned as it is);
+    qweight: a GGUF grid weight (quantkit.gguf.grids; a weight on an integer grid, which has neither, is
+    returned as it is);
     weight: the float weight [N, K]; hessian: fp32 [K, K] (as refine_levels).
     Refinement.moved counts the fields moved, integers and floats.
     """
@@ -168,7 +170,8 @@ def refine_fields(qweight: Quantized, weight: torch.Tensor, hessian: torch.Tenso
         for name, role, integer in float_specs:
             a = per_unit(role, cols)  # [N, block]
             if integer is not None:
-                a = ints[integer][:, sb * block // group:(sb + 1) * block // group].float().repeat_interleave(group, 1) * a
+                per_group = ints[integer][:, sb * block // group:(sb + 1) * block // group].float()
+                a = per_group.repeat_interleave(group, 1) * a
             slope, curvature, t = _best_step(a, g[:, cols], h[cols, cols])
             current = floats[name][:, sb]
             target = (current.float() + t).to(current.dtype)
