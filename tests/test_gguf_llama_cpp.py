@@ -32,14 +32,19 @@ from quantkit.harness.eval_text import load_tokenizer, read_eval_tokens  # noqa:
 N_CTX, N_CHUNKS = 128, 4
 
 
+def _unavailable(reason: str) -> None:
+    """Skip the test for `reason`, or fail it where QUANTKIT_TEST_LLAMA_CPP=required."""
+    if os.environ.get("QUANTKIT_TEST_LLAMA_CPP") == "required":
+        pytest.fail(f"QUANTKIT_TEST_LLAMA_CPP=required but {reason}")
+    pytest.skip(reason)
+
+
 def _bin_dir() -> Path | None:
     folder = os.environ.get("QUANTKIT_LLAMA_CPP_BIN")
     if folder and (Path(folder) / "llama-perplexity").is_file():
         return Path(folder)
-    if os.environ.get("QUANTKIT_TEST_LLAMA_CPP") == "required":
-        pytest.fail(f"QUANTKIT_TEST_LLAMA_CPP=required but no llama-perplexity in QUANTKIT_LLAMA_CPP_BIN={folder!r}")
-    pytest.skip("no llama.cpp binaries: set QUANTKIT_LLAMA_CPP_BIN to a folder with llama-perplexity "
-                "(CI builds them: .ci/llama_cpp_build)")
+    _unavailable(f"no llama-perplexity in QUANTKIT_LLAMA_CPP_BIN={folder!r}: set it to a folder with llama.cpp's "
+                 f"binaries (CI builds them: .ci/llama_cpp_build)")
 
 
 def read_llama_cpp_logits(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,8 +153,7 @@ def test_llama_cpp_greedy_continuation_matches(exported):
     ours = tokenizer.decode(new_ids, skip_special_tokens=True)
     tool = bins / "llama-simple"
     if not tool.is_file():
-        missing = f"no llama-simple in {bins} (.ci/llama_cpp_build builds it)"
-        pytest.fail(missing) if os.environ.get("QUANTKIT_TEST_LLAMA_CPP") == "required" else pytest.skip(missing)
+        _unavailable(f"no llama-simple in {bins} (.ci/llama_cpp_build builds it)")
     run = subprocess.run([str(tool), "-m", str(model_file), "-n", "16", prompt],
                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]

@@ -16,9 +16,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
+
+from memory_depth import rss_anon  # this folder's memory_depth.py (the script's folder is on sys.path)
 
 STEPS = (
     ("torch", "import torch"),
@@ -34,10 +37,8 @@ WATCHED = ("torch._dynamo", "torch._inductor", "triton")
 
 
 def rss_anon_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no RssAnon in /proc/self/status")
+    """This process's RssAnon in MiB (memory_depth.rss_anon reads it)."""
+    return rss_anon(os.getpid()) / 2**20
 
 
 def main(argv: list[str] | None = None) -> int:

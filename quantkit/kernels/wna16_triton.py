@@ -48,7 +48,7 @@ from torch.library import triton_op, wrap_triton
 from .reference import wna16_gemm_torch
 from .wna16_gemv import _wna16_gemv_kernel
 from .wna16_heuristics import DEFAULT_NUM_SMS, WNA16Config, choose_config
-from .triton_interpret import kernels_interpreted, triton_can_run_on  # noqa: F401  (kernels_interpreted: for callers)
+from .triton_interpret import triton_can_run_on
 from .wna16_layout import TRITON_WORD_BLOCK, check_triton_operands
 
 KERNELS_INTERPRETED: bool = bool(triton.knobs.runtime.interpret)

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import quantkit.kernels as qk
-from quantkit.kernels import wna16_triton
 from quantkit.kernels.packing import unpack_int32, unpack_zero_point
 from quantkit.kernels.wna16_layout import check_wna16_weight, uniform_groups
 
@@ -71,7 +70,7 @@ def test_uniform_groups_describe_the_same_weight(scheme, k, group, gen):
 @pytest.mark.parametrize("k,group", SHAPES, ids=lambda v: str(v))
 @pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.id.replace("-ch", ""))
 def test_backends_match_the_reference(scheme, k, group, backend, gen):
-    if backend == "triton" and not torch.cuda.is_available() and not wna16_triton.kernels_interpreted():
+    if backend == "triton" and not torch.cuda.is_available() and not qk.kernels_interpreted():
         pytest.fail("TRITON_INTERPRET=1 must be set before quantkit.kernels is imported (tests/kernels/conftest.py)")
     device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
     dtype = torch.float32 if backend == "reference" else torch.bfloat16

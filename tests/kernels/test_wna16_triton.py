@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import quantkit.kernels as qk
-from quantkit.kernels import WNA16Config, wna16_triton
+from quantkit.kernels import WNA16Config
 
 from .wna16_cases import TRITON_SCHEMES, Scheme, random_weight, reference_output, rel_mean_error, tolerance
 
@@ -25,7 +25,7 @@ M_SOME = (1, 2, 5, 8, 33)
 
 @pytest.fixture(scope="module", autouse=True)
 def _kernels_runnable():
-    if DEVICE == "cpu" and not wna16_triton.kernels_interpreted():
+    if DEVICE == "cpu" and not qk.kernels_interpreted():
         pytest.fail(
             "triton was imported before TRITON_INTERPRET=1 was set, so the kernels cannot run on CPU: run with "
             "TRITON_INTERPRET=1 in the environment (tests/kernels/conftest.py sets it when collected first)"
