@@ -4,10 +4,11 @@ head_dim 64 / 128 / 80, GQA ratios 1-7, batches of rows of different lengths, co
 block boundaries, on each code path this CPU runs.
 
 Tolerance: the kernel reads the same stored values as the reference and differs only in fp32 arithmetic
-(the reference is fp64): max |error| <= 2e-5 of max |out|. The avx512-bf16 path's bf16 and fp8 caches run
-bf16 dot products: against the reference with the query rounded as that path rounds it, each output
-within 2^-8 (bf16's unit roundoff, the softmax weights' rounding) of its weighted mean of |v|, plus the
-fp32 tolerance.
+(the reference is fp64): max |error| <= 2e-5 of max |out|. The avx512-bf16 and avx512-bf16-vbmi paths' bf16
+and fp8 caches run bf16 dot products: against the reference with the query rounded as those paths round it,
+each output within 2^-8 (bf16's unit roundoff, the softmax weights' rounding) of its weighted mean of |v|,
+plus the fp32 tolerance. The avx512-bf16-vbmi path reads fp8 by byte permutes and must give the
+avx512-bf16 path's bits.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def code_paths():
 
 def bf16_products(isa: str, dtype: torch.dtype) -> bool:
     """Whether the path runs this cache type with bf16 dot products."""
-    return isa == "avx512-bf16" and dtype in (torch.bfloat16, torch.float8_e4m3fn)
+    return isa in ("avx512-bf16", "avx512-bf16-vbmi") and dtype in (torch.bfloat16, torch.float8_e4m3fn)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
@@ -96,22 +97,38 @@ def test_bf16_products_round_the_query_as_the_reference_does():
     assert errors[0] <= 1 < errors[1], errors
 
 
-def test_fp8_reads_every_code_as_torch_does():
+@pytest.mark.parametrize("shape", [(1, 9, 3, 64, 300, 256), (2, 8, 2, 128, 700, 128), (1, 4, 1, 256, 67, 64),
+                                   (2, 6, 3, 96, 200, 256)], ids=lambda s: "x".join(map(str, s)))
+def test_fp8_byte_permutes_give_the_bf16_paths_bits(shape):
+    """The avx512-bf16-vbmi path's fp8 read (byte permutes; head_dim 96 takes its keys only) against the
+    avx512-bf16 path's (widening loads): the same products in the same order, so the same bits, over random
+    caches of every code, odd lengths (an odd last value row) and chunks inside and across blocks."""
+    if "avx512-bf16-vbmi" not in code_paths():
+        pytest.skip(f"this CPU has no AVX512_BF16 with AVX512_VBMI (best path: {cpu_kernel_isa('auto')})")
+    inputs = random_cache(shape, torch.float8_e4m3fn, seed=sum(shape))
+    for chunk in (0, 32, 96):
+        got, want = (torch.ops.quantkit.decode_attention_cpu(*inputs, 0.125, chunk, ISA_NAMES.index(isa))
+                     for isa in ("avx512-bf16-vbmi", "avx512-bf16"))
+        assert torch.equal(got, want), f"chunk {chunk}: max |difference| {(got - want).abs().max():.3g}"
+
+
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_fp8_reads_every_code_as_torch_does(head_dim):
     """One sequence of one position per e4m3 code (all but NaN, which is never stored): the output is
     the code's value times the scale, exactly as torch converts it; the 14 subnormal codes and the two
-    zeros (exponent bits 0) read as 0."""
+    zeros (exponent bits 0) read as 0. head_dim 64 runs the byte-permute read where the CPU has it."""
     codes = torch.arange(256, dtype=torch.int32)
     codes = codes[(codes & 0x7F) != 0x7F].to(torch.uint8)  # [254]
     batch = len(codes)
-    v = torch.zeros(batch, 1, 32, 16, dtype=torch.uint8)
+    v = torch.zeros(batch, 1, 32, head_dim, dtype=torch.uint8)
     v[:, 0, 0, 0] = codes
-    k = torch.zeros(batch, 1, 2, 16, 16, dtype=torch.float8_e4m3fn)
+    k = torch.zeros(batch, 1, 2, head_dim, 16, dtype=torch.float8_e4m3fn)
     scale = torch.tensor([0.5])
     want = codes.view(torch.float8_e4m3fn).float() * 0.5
     want[(codes & 0x78) == 0] = 0.0
     assert (want != 0).sum() == 254 - 16
     for isa in code_paths():
-        out = torch.ops.quantkit.decode_attention_cpu(torch.zeros(batch, 1, 16), [k], [v.view(torch.float8_e4m3fn)],
+        out = torch.ops.quantkit.decode_attention_cpu(torch.zeros(batch, 1, head_dim), [k], [v.view(torch.float8_e4m3fn)],
                                                       [], [], scale, scale, torch.ones(batch, dtype=torch.int64), 1.0,
                                                       0, ISA_NAMES.index(isa))
         assert torch.equal(out[:, 0, 0], want), isa

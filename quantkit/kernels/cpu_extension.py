@@ -15,11 +15,13 @@ not, the one-line ``reason``): callers fall back to PyTorch's own kernels when t
 - One build at a time: an ``fcntl`` lock on ``<key>.lock`` (released by the OS if a build dies), and
   the others then load what it built.
 - Flags: ``-O3 -fopenmp`` (``at::parallel_for`` is inline OpenMP code: without the flag it runs on one
-  thread). The code paths (AVX-512 with BF16, AVX-512 VNNI, AVX2, scalar) carry their own
+  thread). The code paths (AVX-512 with BF16 and VBMI, AVX-512 with BF16, AVX-512 VNNI, AVX2, scalar) carry their own
   ``__attribute__((target(...)))``, and the path is chosen at run time from the CPU (``cpuid``), so the
   library is correct on any x86-64 CPU; ``-march=native`` is not needed.
 - The "avx512-bf16" level is AVX-512 VNNI with AVX512_BF16: the decode attention reads bf16 and fp8 caches
   with bf16 dot products there (csrc/decode_attention_cpu.cpp); the quantized linear runs its AVX-512 code.
+- The "avx512-bf16-vbmi" level adds AVX512_VBMI: the decode attention reads an fp8 cache by byte permutes
+  there (the same results, fewer instructions).
 - ``QUANTKIT_CPU_KERNEL_ISA=avx512-vnni`` (or ``avx2``, ``scalar``) makes the kernels take a lower code path than the
   CPU's best, for comparisons (capped at what the CPU runs).
 - ``QUANTKIT_CPU_KERNELS=0`` turns the kernels off (the reason says so); no C++ compiler
@@ -47,7 +49,7 @@ HEADERS = ("q8dot.h", "decode_attention_cpu.h", "cpu_isa.h")
 CFLAGS = ("-O3", "-std=c++17", "-fopenmp")  # -fopenmp: at::parallel_for is inline OpenMP, sequential without it
 LDFLAGS = ("-fopenmp",)
 ENV_SWITCH = "QUANTKIT_CPU_KERNELS"
-ISA_NAMES = ("scalar", "avx2", "avx512-vnni", "avx512-bf16")  # indices: the C++ Isa enum (csrc/cpu_isa.h)
+ISA_NAMES = ("scalar", "avx2", "avx512-vnni", "avx512-bf16", "avx512-bf16-vbmi")  # indices: the C++ Isa enum (csrc/cpu_isa.h)
 ISA_ENV = "QUANTKIT_CPU_KERNEL_ISA"  # force a code path (capped at what the CPU runs), e.g. to time AVX2 on AVX-512
 
 
@@ -248,7 +250,7 @@ def load_cpu_kernels() -> CpuKernels:
 
 
 def cpu_kernel_isa(force: str | None = None) -> str:
-    """The code path the C++ kernels take on this CPU ("avx512-bf16", "avx512-vnni", "avx2" or "scalar"); ``force``
+    """The code path the C++ kernels take on this CPU (one of ISA_NAMES, e.g. "avx512-bf16" or "avx2"); ``force``
     ("auto" or one of those) switches it for this process (capped at what the CPU can run)."""
     if not load_cpu_kernels().available:
         return "unavailable"

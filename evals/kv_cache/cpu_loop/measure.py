@@ -1,6 +1,8 @@
 """Decode step time of quantkit's C++ loop (quantkit.CpuDecoder) at batch 1 against the context, for the
 float model and a W4 model each with every cache dtype, side by side in one run; and the attention
-alone (torch.ops.quantkit.decode_attention_cpu over every layer's cache) with its GB/s.
+alone (torch.ops.quantkit.decode_attention_cpu over every layer's cache) with its GB/s, and over one
+layer's cache as many times as the model has layers (that cache stays in the last-level cache: the
+attention's arithmetic without the memory's latency and bandwidth).
 
     python evals/kv_cache/cpu_loop/measure.py FLOAT_FOLDER --out evals/kv_cache/cpu_loop \
         --contexts 128,2048,8000 --repeats 5 --threads 1
@@ -74,9 +76,9 @@ def decoder_at(model, cache: str, context: int, seed: int, path: str, cache_bloc
     return decoder, step
 
 
-def attention_at(model, cache: str, context: int, seed: int, path: str):
+def attention_at(model, cache: str, context: int, seed: int, path: str, one_layer: bool = False):
     """The attention of one step over every layer: the op on caches of the decoder's layout (its blocks: the
-    decoder's default for context + 1 positions)."""
+    decoder's default for context + 1 positions); one_layer: the first layer's cache for every layer."""
     c = model.config
     head_dim, hkv, heads = c.hidden_size // c.num_attention_heads, c.num_key_value_heads, c.num_attention_heads
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "int8": torch.int8}[cache]
@@ -84,11 +86,12 @@ def attention_at(model, cache: str, context: int, seed: int, path: str):
     block = default_cache_block(context + 1)
     blocks = -(-(context + 1) // block)
     layers = []
-    for _ in range(c.num_hidden_layers):
+    for _ in range(1 if one_layer else c.num_hidden_layers):
         k = [torch.randn(1, hkv, block // 16, head_dim, 16, generator=g).clamp(-8, 8).to(dtype) for _ in range(blocks)]
         v = [torch.randn(1, hkv, block, head_dim, generator=g).clamp(-8, 8).to(dtype) for _ in range(blocks)]
         s = [torch.rand(1, hkv, block, generator=g) for _ in range(blocks)] if cache == "int8" else []
         layers.append((k, v, s))
+    layers = layers * (c.num_hidden_layers // len(layers))
     q, one, lengths = torch.randn(1, heads, head_dim, generator=g), torch.ones(1), torch.tensor([context + 1])
     read = (context + 1) * 2 * c.num_hidden_layers * hkv * (head_dim * dtype.itemsize + (4 if cache == "int8" else 0))
 
@@ -149,15 +152,21 @@ def main() -> None:
         for cache in CACHES:
             for path in paths:
                 attention[(cache, path)], read[cache] = attention_at(variants["bf16"], cache, context, context, path)
+                attention[(cache, path, "one layer")], _ = attention_at(variants["bf16"], cache, context, context,
+                                                                        path, one_layer=True)
         attn_cpu, attn_wall = timed(attention, args.repeats)
         attn_s = attn_cpu if args.threads == 1 else attn_wall
         attention.clear()
+        c = variants["bf16"].config  # cached values (keys and values) one step reads
+        values = (context + 1) * 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads)
         for (name, cache, path), s in step_s.items():
             rows.append({"context": context, "weights": name, "cache": cache, "path": path, "step_ms": s * 1e3,
                          "step_wall_ms": step_wall[(name, cache, path)] * 1e3,
                          "cache_bytes_held": cache_bytes[(name, cache, path)],
                          "attention_ms": attn_s[(cache, path)] * 1e3, "attention_bytes_read": read[cache],
-                         "attention_gb_s": read[cache] / attn_s[(cache, path)] / 1e9})
+                         "attention_gb_s": read[cache] / attn_s[(cache, path)] / 1e9,
+                         "attention_one_layer_ms": attn_s[(cache, path, "one layer")] * 1e3,
+                         "attention_one_layer_gvalues_s": values / attn_s[(cache, path, "one layer")] / 1e9})
     weights_bytes = {n: sum(p.numel() * p.element_size() for p in m.parameters()) for n, m in variants.items()}
     # the baselines: bf16 weights with a bf16 cache on the first path named
     base = {r["context"]: r["step_ms"] for r in rows
@@ -169,12 +178,14 @@ def main() -> None:
              f"Load average before the run: {load_before:.2f}. Attention code path(s): {', '.join(paths)}; the "
              f"ratios are against bf16 weights and a bf16 cache on {paths[0]}.", "",
              "| context | weights | cache | path | step ms | vs bf16 + bf16 cache | cache MB held | attention ms | "
-             "attention vs bf16 cache | attention GB/s |", "|---:|---|---|---|---:|---:|---:|---:|---:|---:|"]
+             "attention vs bf16 cache | attention GB/s | attention ms, one layer's cache | G cached values/s, one "
+             "layer's cache |", "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['context']} | {r['weights']} | {r['cache']} | {r['path']} | {r['step_ms']:.1f} | "
                      f"{base[r['context']] / r['step_ms']:.2f}x | {r['cache_bytes_held'] / 1e6:.1f} | "
                      f"{r['attention_ms']:.1f} | {base_attn[r['context']] / r['attention_ms']:.2f}x | "
-                     f"{r['attention_gb_s']:.1f} |")
+                     f"{r['attention_gb_s']:.1f} | {r['attention_one_layer_ms']:.1f} | "
+                     f"{r['attention_one_layer_gvalues_s']:.1f} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"cpu": cpu_name(), "threads": args.threads, "paths": paths, "load_average_before": load_before, "repeats": args.repeats, "model": args.model,

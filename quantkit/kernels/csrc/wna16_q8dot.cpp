@@ -951,8 +951,8 @@ at::Tensor wna16_cpu_q8dot_unpack(const at::Tensor& weight, const at::Tensor& sc
   return out;
 }
 
-// set < -1: query; -1: the CPU's best path; 0/1/2/3: scalar / AVX2 / AVX-512 / AVX-512 with BF16 (capped at
-// what the CPU runs; this kernel runs its AVX-512 code at 3).
+// set < -1: query; -1: the CPU's best path; 0/1/2/3/4: scalar / AVX2 / AVX-512 / AVX-512 with BF16 / with BF16
+// and VBMI (capped at what the CPU runs; this kernel runs its AVX-512 code at 3 and 4).
 // Returns the path calls now take.
 int64_t wna16_cpu_q8dot_isa(int64_t set) {
   if (set >= -1) g_forced_isa = set;
