@@ -265,6 +265,22 @@ def test_the_cache_grows_in_blocks():
     assert decoder.cache_bytes() == 2 * one_block
 
 
+def test_blocks_of_huge_pages_hold_the_same_cache():
+    """Blocks of 2 MiB and more (every layer's block in one allocation, aligned and advised for transparent
+    huge pages: decode_step.cpp's zeros_on_huge_pages) hold the cache as small blocks do: the logits of the
+    model's own forward, and the bytes of one block."""
+    model = float_model(seed=5)
+    layers, kv_heads = model.config.num_hidden_layers, model.config.num_key_value_heads
+    head_dim = model.model.layers[0].self_attn.head_dim
+    per_position = layers * 2 * kv_heads * head_dim * 4  # keys of batch 2, fp32
+    block = -(-(2 << 20) // per_position // 32) * 32
+    assert layers * 2 * kv_heads * block * head_dim * 4 >= 2 << 20
+    decoder = quantkit.CpuDecoder(model, max_len=block, cache_dtype="fp32", cache_block=block)
+    ids, tokens = random_inputs(model.config.vocab_size, 2, 40, 6, seed=6)
+    assert_close_logits(decoder_steps(decoder, ids, tokens), transformers_steps(model, ids, tokens), 1e-4)
+    assert decoder.cache_bytes() == 2 * per_position * block
+
+
 def test_the_cache_dtype_is_validated():
     model = float_model()
     with pytest.raises(UsageError, match="cache_dtype 'fp4': choose one of auto, fp32, bf16, fp16, fp8, int8"):

@@ -38,6 +38,8 @@ from quantkit.modules.kv_scales import attach_kv_scales
 from quantkit.runtime.cpu_decoder import default_cache_block
 from quantkit.files.outputs import write_output_file
 
+from huge_pages import MADV_HUGEPAGE, one_allocation_per_block
+
 CACHES = ("fp32", "bf16", "fp8", "int8")
 
 
@@ -77,8 +79,9 @@ def decoder_at(model, cache: str, context: int, seed: int, path: str, cache_bloc
 
 
 def attention_at(model, cache: str, context: int, seed: int, path: str, one_layer: bool = False):
-    """The attention of one step over every layer: the op on caches of the decoder's layout (its blocks: the
-    decoder's default for context + 1 positions); one_layer: the first layer's cache for every layer."""
+    """The attention of one step over every layer: the op on caches of the decoder's layout and allocation (its
+    blocks: the decoder's default for context + 1 positions; block i of every layer in one allocation on huge
+    pages); one_layer: the first layer's cache for every layer."""
     c = model.config
     head_dim, hkv, heads = c.hidden_size // c.num_attention_heads, c.num_key_value_heads, c.num_attention_heads
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "int8": torch.int8}[cache]
@@ -91,7 +94,8 @@ def attention_at(model, cache: str, context: int, seed: int, path: str, one_laye
         v = [torch.randn(1, hkv, block, head_dim, generator=g).clamp(-8, 8).to(dtype) for _ in range(blocks)]
         s = [torch.rand(1, hkv, block, generator=g) for _ in range(blocks)] if cache == "int8" else []
         layers.append((k, v, s))
-    layers = layers * (c.num_hidden_layers // len(layers))
+    keys, values = (one_allocation_per_block([layer[i] for layer in layers], MADV_HUGEPAGE) for i in (0, 1))
+    layers = [(k, v, s) for k, v, (_, _, s) in zip(keys, values, layers)] * (c.num_hidden_layers // len(layers))
     q, one, lengths = torch.randn(1, heads, head_dim, generator=g), torch.ones(1), torch.tensor([context + 1])
     read = (context + 1) * 2 * c.num_hidden_layers * hkv * (head_dim * dtype.itemsize + (4 if cache == "int8" else 0))
 

@@ -35,8 +35,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Float8_e4m3fn.h>
@@ -123,6 +129,27 @@ at::ScalarType storage_type(quantkit::KvDtype t) {
     case quantkit::KV_FP8: return at::kFloat8_e4m3fn;
     default: return at::kChar;
   }
+}
+
+constexpr int64_t HUGE_PAGE = int64_t{2} << 20;
+
+// A zeroed tensor of `sizes` in its own allocation; from HUGE_PAGE bytes up aligned to HUGE_PAGE and, on
+// Linux, marked for transparent huge pages (madvise MADV_HUGEPAGE: honoured where THP is "always" or
+// "madvise"): the attention then reads a long cache with a TLB miss every 2 MiB instead of every 4 KiB.
+// On a 2-core Zen 4 VM, SmolLM2's attention over 2048-8000 positions took 1.11-1.14x less time on two threads
+// and 1.11-1.34x on one than with a tensor per layer and block (evals/kv_cache/cpu_loop/huge-pages-epyc).
+at::Tensor zeros_on_huge_pages(at::IntArrayRef sizes, at::ScalarType st) {
+  int64_t bytes = at::elementSize(st);
+  for (const int64_t n : sizes) bytes *= n;
+  if (bytes < HUGE_PAGE) return at::zeros(sizes, st);
+  const int64_t rounded = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+  void* data = std::aligned_alloc(HUGE_PAGE, rounded);
+  TORCH_CHECK(data != nullptr, "CpuDecoder: could not allocate ", rounded, " bytes for the KV cache");
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  madvise(data, rounded, MADV_HUGEPAGE);  // advice only: without THP the pages stay 4 KiB
+#endif
+  std::memset(data, 0, bytes);
+  return at::from_blob(data, sizes, [](void* d) { std::free(d); }, at::TensorOptions().dtype(st));
 }
 
 // x (n fp32 values) stored as type t at dst[index(i)]; int8 returns the scale it used (amax / 127).
@@ -249,19 +276,25 @@ struct CpuDecoder : torch::CustomClassHolder {
   }
 
   // Blocks for `positions` positions per sequence in every layer (zeroed, so that a vector read past a
-  // sequence's end reads finite values).
+  // sequence's end reads finite values). A block of every layer is one allocation of keys and one of values
+  // (zeros_on_huge_pages), each layer's block a view of it.
   void reserve(int64_t positions) {
     TORCH_CHECK(positions <= max_len, "CpuDecoder: ", positions, " positions exceed max_len ", max_len);
     const at::ScalarType st = storage_type(cache_dtype);
-    for (; blocks * block < positions; ++blocks)
-      for (auto& L : layers) {
-        L.k_blocks.push_back(at::zeros({batch, kv_heads, block / quantkit::KV_KEY_TILE, head_dim, quantkit::KV_KEY_TILE}, st));
-        L.v_blocks.push_back(at::zeros({batch, kv_heads, block, head_dim}, st));
+    const int64_t tile = quantkit::KV_KEY_TILE;
+    for (; blocks * block < positions; ++blocks) {
+      const at::Tensor k = zeros_on_huge_pages({n_layers, batch, kv_heads, block / tile, head_dim, tile}, st);
+      const at::Tensor v = zeros_on_huge_pages({n_layers, batch, kv_heads, block, head_dim}, st);
+      for (int64_t l = 0; l < n_layers; ++l) {
+        Layer& L = layers[l];
+        L.k_blocks.push_back(k[l]);
+        L.v_blocks.push_back(v[l]);
         if (cache_dtype == quantkit::KV_INT8) {
           L.k_scales.push_back(at::zeros({batch, kv_heads, block}, at::kFloat));
           L.v_scales.push_back(at::zeros({batch, kv_heads, block}, at::kFloat));
         }
       }
+    }
   }
 
   // One key and value (head_dim fp32 values each) of sequence b, kv head h, at position pos (reserved).
