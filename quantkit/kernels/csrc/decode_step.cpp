@@ -136,8 +136,8 @@ constexpr int64_t HUGE_PAGE = int64_t{2} << 20;
 // A zeroed tensor of `sizes` in its own allocation; from HUGE_PAGE bytes up aligned to HUGE_PAGE and, on
 // Linux, marked for transparent huge pages (madvise MADV_HUGEPAGE: honoured where THP is "always" or
 // "madvise"): the attention then reads a long cache with a TLB miss every 2 MiB instead of every 4 KiB.
-// On a 2-core Zen 4 VM, SmolLM2's attention over 2048-8000 positions took 1.11-1.14x less time on two threads
-// and 1.11-1.34x on one than with a tensor per layer and block (evals/kv_cache/cpu_loop/huge-pages-epyc).
+// On a 2-core Zen 4 VM, SmolLM2's attention over 2048-8000 positions ran 1.13-1.25x faster on two threads and
+// 1.17-1.38x on one than with a tensor per layer and block (evals/kv_cache/cpu_loop/huge-pages-epyc).
 at::Tensor zeros_on_huge_pages(at::IntArrayRef sizes, at::ScalarType st) {
   int64_t bytes = at::elementSize(st);
   for (const int64_t n : sizes) bytes *= n;
