@@ -82,10 +82,9 @@ def _warn_refitted(schemes: dict[str, QuantScheme], model: nn.Module, recipe: Re
 
 
 def _moe_aware_targets(model: nn.Module, recipe: Recipe, leave_float: bool) -> list[str]:
-    """The linears `recipe` quantizes, after splitting fused MoE experts into per-expert linears; routers
-    never. QuantizationError naming the large matrices no nn.Linear rule reaches (unless ignored or
-    `leave_float`)."""
-    unfuse_experts(model)
+    """The linears `recipe` quantizes in a model whose fused MoE experts are split already (`quantize` splits
+    them first); routers never. QuantizationError naming the large matrices no nn.Linear rule reaches (unless
+    ignored or `leave_float`)."""
     if not leave_float:
         unreachable = unquantizable_weights(model, recipe.ignore)
         if unreachable:
