@@ -34,7 +34,7 @@ from .formats.safetensors_io import folder_tensors, read_state_dict, stored_floa
 from .formats.shapes import check_checkpoint_tensors
 from .gguf.reading import gguf_origin, is_gguf_file, load_gguf_model
 from .kernels.wna16 import BACKENDS
-from .modules.fused_linear import fuse_projections, is_fused, unfused_state_dict
+from .modules.fused_linear import is_fused, unfused_state_dict
 from .modules.kv_cache import enable_fp8_kv_cache
 from .modules.kv_rotation import check_rotation
 from .modules.kv_scales import (
@@ -42,10 +42,10 @@ from .modules.kv_scales import (
     pop_kv_scales, read_kv_scales,
 )
 from .modules.moe import (
-    experts_modules, from_disk_name, model_type, moe_config_problem, routed_token_summary, router_names, to_disk_name,
+    from_disk_name, model_type, moe_config_problem, routed_token_summary, router_names, to_disk_name,
     unfuse_experts,
 )
-from .modules.quant_linear import QuantLinear
+from .modules.model_kernels import prepare_model_kernels
 from .modules.quantized_layer import COMPRESSED_TENSORS, GGUF, holds_format, is_quantized_layer, to_layer
 from .modules.targets import set_submodule
 from .quantization import provenance
@@ -82,10 +82,9 @@ def _warn_refitted(schemes: dict[str, QuantScheme], model: nn.Module, recipe: Re
 
 
 def _moe_aware_targets(model: nn.Module, recipe: Recipe, leave_float: bool) -> list[str]:
-    """The linears `recipe` quantizes, after splitting fused MoE experts into per-expert linears; routers
-    never. QuantizationError naming the large matrices no nn.Linear rule reaches (unless ignored or
-    `leave_float`)."""
-    unfuse_experts(model)
+    """The linears `recipe` quantizes in a model whose fused MoE experts are split already (`quantize` splits
+    them first); routers never. QuantizationError naming the large matrices no nn.Linear rule reaches (unless
+    ignored or `leave_float`)."""
     if not leave_float:
         unreachable = unquantizable_weights(model, recipe.ignore)
         if unreachable:
@@ -384,11 +383,7 @@ def _load_quantized(folder: Path, *, backend: str, device, dtype, trust_remote_c
     if leftover:
         raise CheckpointError(f"{folder}: no weights for {leftover[:5]}; the checkpoint is incomplete")
     model.to(device)
-    backends = {module.prepare(backend) for module in model.modules() if isinstance(module, QuantLinear)}
-    for _, experts in experts_modules(model):
-        experts.prepare()  # the grouped MoE op's per-expert layout, from the layers just prepared
-    if fuse or (fuse is None and backends == {"torch"}):
-        fuse_projections(model)
+    prepare_model_kernels(model, backend, fuse=fuse)
     if qcfg.kv_cache is not None:
         attach_kv_scales(model, kv_scales, dtype=dtype)
         config_json = read_config_json(folder)

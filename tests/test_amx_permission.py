@@ -7,6 +7,7 @@ import errno
 import platform
 
 import pytest
+import torch
 
 from quantkit.engines import amx_permission
 from quantkit.engines.amx_permission import (
@@ -48,7 +49,7 @@ def test_a_cpu_without_amx_is_not_asked_about(linux_x86_64):
 def test_by_default_the_cpu_is_told_apart_by_torchs_probe(linux_x86_64, monkeypatch):
     """vLLM takes its AMX kernels where torch.cpu._is_amx_tile_supported() says so: the same probe."""
     for has_amx in (False, True):
-        monkeypatch.setattr(amx_permission.torch.cpu, "_is_amx_tile_supported", lambda: has_amx)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: has_amx)
         call = FakeArchPrctl(0)
         assert request_amx_tile_permission(arch_prctl=call).asked == has_amx and len(call.calls) == has_amx
 

@@ -84,11 +84,13 @@ def test_demo_end_to_end_on_tiny(tmp_path, capsys, monkeypatch):
     [(positional, keywords)] = calls
     assert positional[0].endswith("speed-model.json") and keywords["variants"] == ["w8a16-rtn", "w4a16-rtn-asym"]
     assert all(isinstance(n, int) for n in keywords["prompt_lens"] + keywords["context_lens"])
+    assert keywords["decode_loop"] == "auto"  # the bench asks CpuDecoder of every variant it builds
     # every path printed exists: none names the temporary folder the output was assembled in
     assert ".tmp-" not in printed and f"model {out / 'speed-model.json'}" in printed
     speed = json.loads((out / "speed-model.json").read_text())
     bench_json = json.loads((out / "bench.json").read_text())
     assert bench_json["model"]["shape"]["layers"] == speed["num_hidden_layers"]
+    assert "decode_loop_reason" not in bench_json  # the reason goes to the report's note, not the bench file
     # the smallest variant's weights still exceed the (patched) cache twice
     assert min(v["weight_bytes"] for v in bench_json["variants"]) >= 2 * (64 << 10)
     report = (out / "report.md").read_text()

@@ -182,13 +182,19 @@ def test_bench_refuses_the_loop_where_it_cannot_run():
         decode_run(None, None, 1, 8, BenchSettings(decode_loop="quantkit"), torch.device("cuda"))
 
 
-def test_the_demo_decodes_in_the_loop_unless_a_recipe_needs_transformers():
-    from quantkit.commands.demo import _decode_loop
+def test_bench_auto_decodes_in_the_loop_unless_a_variant_needs_transformers():
+    """decode_loop="auto" (the demo's) asks CpuDecoder of every built variant: the C++ loop where it runs them all,
+    else transformers, saying which variant it cannot run and why (here a GGUF K-quant layer)."""
+    from quantkit.harness.benchmark import benchmark
 
-    fp8 = [quantkit.load_recipe("w4a16-rtn"), quantkit.load_recipe("w4a16-gptq-kv-fp8")]  # the loop's fp8 cache
-    assert _decode_loop([quantkit.load_recipe("w8a16-rtn"), *fp8]) == ("quantkit", "")
-    loop, why = _decode_loop([quantkit.load_recipe("w4a16-rtn"), quantkit.load_recipe("w4a16-rtn-q4k")])
-    assert loop == "transformers" and "w4a16-rtn-q4k" in why
+    settings = dict(device="cpu", dtype="bf16", prompt_lens=[8], context_lens=[16], batch_sizes=[1], warmup=0,
+                    repeats=1, quiet=True, decode_loop="auto")
+    data = benchmark("ref:tiny", variants=["w8a16-rtn"], **settings)
+    assert data["settings"]["decode_loop"] == "quantkit" and data["decode_loop_reason"] is None
+    assert "--decode-loop quantkit" in data["command"]
+    data = benchmark("ref:tiny", variants=["w4a16-rtn", "w4a16-rtn-q4k"], **settings)
+    assert data["settings"]["decode_loop"] == "transformers" and "--decode-loop" not in data["command"]
+    assert data["decode_loop_reason"].startswith("w4a16-rtn-q4k: layer 0 q_proj: GgufLinear")
 
 
 # -- the KV cache: dtypes, blocks, per-row lengths ---------------------------------------------------

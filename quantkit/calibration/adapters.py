@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..core.errors import QuantizationError
-from ..modules.quant_experts import QuantExperts
+from ..modules.moe import experts_modules
 
 
 @dataclass(frozen=True)
@@ -134,11 +134,10 @@ def moe_groups(block: nn.Module) -> tuple[LinearGroup, ...]:
     names = dict(block.named_modules())
     shared = "mlp.shared_expert" in names
     gate_up, down, routers = [], [], [n for n in ("mlp.gate", "mlp.shared_expert_gate") if n in names]
-    for name, module in names.items():
-        if isinstance(module, QuantExperts):
-            first = module.experts()[0].names
-            gate_up += [f"{name}.{e}.{p}" for e in range(module.num_experts) for p in first[:2]]
-            down += [f"{name}.{e}.{first[2]}" for e in range(module.num_experts)]
+    for name, module in experts_modules(block):
+        first = module.experts()[0].names
+        gate_up += [f"{name}.{e}.{p}" for e in range(module.num_experts) for p in first[:2]]
+        down += [f"{name}.{e}.{first[2]}" for e in range(module.num_experts)]
     if shared:
         gate_up += ["mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj"]
     foldable = "post_attention_layernorm" in names and all(

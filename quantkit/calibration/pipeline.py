@@ -13,7 +13,7 @@ from torch import nn
 from ..algorithms.registry import ALGORITHMS
 from ..core.errors import QuantizationError
 from ..formats.loading import source_dtype
-from ..modules.quant_experts import QuantExperts
+from ..modules.moe import experts_modules
 from ..quantization.recipe import Recipe
 from ..core.scheme import QuantScheme
 from .adapters import adapter_for
@@ -60,7 +60,7 @@ def quantize_blockwise(
     if schemes is None:
         schemes = recipe.schemes_for(model, targets)
     processor = make_processor(recipe, schemes, scale_dtype or source_dtype(model))
-    experts = [m for m in model.modules() if isinstance(m, QuantExperts)]
+    experts = [m for _, m in experts_modules(model)]
     all_tokens = getattr(recipe.algorithm.options, "moe_calibrate_all_experts", True)
     for m in experts:  # every expert is called (0 rows when no token is routed to it) and routing is counted
         m.count_routing, m.calibrate_all_experts, m.routed_tokens = True, all_tokens, None

@@ -42,7 +42,7 @@ from ..core.finite import describe_nonfinite, nonfinite_tensors
 from ..core.quantized_weight import Quantized
 from ..core.units import human_seconds
 from ..kernels.cpu_flags import compute_dtype
-from ..modules.quant_experts import QuantExperts
+from ..modules.moe import experts_modules
 from ..modules.quantized_layer import to_layer
 from ..modules.targets import output_head_name, set_submodule
 from .adapters import FamilyAdapter, LinearGroup, adapter_for
@@ -380,9 +380,9 @@ def run_blockwise(
             if missing:
                 raise RuntimeError(f"{name}: no processor quantized {missing}")
             ctx.status("outputs")
-            for module in block.modules():  # MoE: count the routing of this one pass (quantkit.modules.moe)
-                if isinstance(module, QuantExperts) and module.count_routing:
-                    module.routed_tokens = None
+            for _, experts in experts_modules(block):  # MoE: count the routing of this one pass
+                if experts.count_routing:
+                    experts.routed_tokens = None
             inputs = ctx.forward()
             _recast(block, compute, model_dtype, upcast)  # before the quantized layers go in: they hold their own
             for local, qweight in ctx.quantized.items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import time
 from pathlib import Path
 
@@ -108,31 +109,16 @@ def _scheme_words(recipe) -> str:
 
 
 def _demo_command(args: argparse.Namespace) -> str:
-    import shlex
-
     return shlex.join(["quantkit", "demo", "--model", args.model, "--recipes", args.recipes, "--out", args.out,
                        "--max-tokens", str(args.max_tokens)])
-
-
-def _decode_loop(recipes) -> tuple[str, str]:
-    """("quantkit", "") where quantkit's C++ decode loop runs every recipe's model on this machine, else
-    ("transformers", why not)."""
-    from quantkit.kernels.cpu_extension import load_cpu_kernels
-
-    kernels = load_cpu_kernels()
-    if not kernels.available:
-        return "transformers", kernels.reason
-    other = [r.name for r in recipes if r.weights and r.weights.grid != "uniform"]
-    if other:
-        return "transformers", f"the loop runs uniform-grid weights (with a float or FP8 KV cache), not {', '.join(other)}"
-    return "quantkit", ""
 
 
 def _bench(model: str, recipes, tmp: Path, out: Path) -> tuple[dict, str]:
     """TTFT and TPOT of the float model and each recipe on a random-weight Llama whose weights exceed
     this CPU's last-level cache (its config written to ``tmp`` / SPEED_MODEL, ``tmp`` becoming ``out``),
-    each phase in the dtype fastest here; short settings (two prompts, CONTEXT_LENS, five repeats). Returns the
-    results and a paragraph saying what was timed and why."""
+    each phase in the dtype fastest here; short settings (two prompts, CONTEXT_LENS, five repeats); decode in
+    quantkit's C++ loop where it runs every variant. Returns the results and a paragraph saying what was timed
+    and why."""
     from quantkit.harness.benchmark import benchmark
     from quantkit.harness.speed_model import (CACHE_MULTIPLE, MAX_FLOAT32_BYTES, bandwidth_bound_config,
                                               last_level_cache)
@@ -140,10 +126,10 @@ def _bench(model: str, recipes, tmp: Path, out: Path) -> tuple[dict, str]:
     cache = last_level_cache()
     config = bandwidth_bound_config(cache.bytes)
     (tmp / SPEED_MODEL).write_text(json.dumps(config, indent=1) + "\n")
-    loop, why_not = _decode_loop(recipes)
     bench = benchmark(str(tmp / SPEED_MODEL), variants=[r.name for r in recipes], device="cpu", dtype="auto", prompt_lens=[16, 64],
                       context_lens=list(CONTEXT_LENS), batch_sizes=[1, 4], warmup=1, repeats=5, quiet=True,
-                      model_label=str(out / SPEED_MODEL), decode_loop=loop)
+                      model_label=str(out / SPEED_MODEL), decode_loop="auto")
+    loop, why_not = bench["settings"]["decode_loop"], bench.pop("decode_loop_reason")
     bench["bench_command"] = bench["command"].replace(str(tmp), str(out))
     weights = {v["name"]: v["weight_bytes"] for v in bench["variants"]}
     smallest = min(weights, key=weights.get)

@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from quantkit.gguf.reading import check_gguf_tokenizer, is_gguf_file, load_gguf_tokenizer
     from quantkit.harness.eval_text import check_model_tokenizer, eval_window, load_tokenizer, read_eval_tokens
     from quantkit.files.outputs import check_output_file, output_stream, write_output_file
+    from quantkit.modules.model_kernels import kernel_layouts
 
     check_backend(args.backend, resolve_device(args.device, option="--device"))
     if args.json is not None:  # before any work; never over a file this command reads
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
           f"expect up to ~{_estimate_seconds(model, baseline, windows):.0f} s (one window timed through both models, "
           f"times {windows.shape[0]}; batches of {args.batch_size} run faster)", file=sys.stderr, flush=True)
 
-    if any(getattr(m, "kernel_layout", None) == "cpu_q8" for m in model.modules()):
+    if "cpu_q8" in kernel_layouts(model):
         print("eval: the quantized linears run quantkit's C++ CPU kernel, which rounds their inputs to int8 in "
               "blocks of 32 for prompts as for decode, so the figures include that rounding (--backend reference "
               "scores the weights alone)", file=sys.stderr, flush=True)

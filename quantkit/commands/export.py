@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+from pathlib import Path
 
 from quantkit.core.errors import UsageError
 from quantkit.files.inputs import input_paths
@@ -40,9 +42,6 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import shlex
-    from pathlib import Path
-
     import quantkit
     from quantkit.quantization import provenance
     from quantkit.gguf.writing import check_exportable, not_written_by_quantkit

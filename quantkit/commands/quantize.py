@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import time
 from pathlib import Path
 
@@ -175,8 +176,6 @@ _NO_GGUF_KV_CACHE = (
 
 def _write_gguf(model, recipe, args, source, size_before, start, inputs, out) -> int:
     """Write the quantized model as the GGUF file `out` (with how it was made), then print the summary."""
-    import shlex
-
     import torch
 
     from quantkit.quantization import provenance

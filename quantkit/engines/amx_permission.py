@@ -23,7 +23,7 @@ import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
+from ..kernels.cpu_flags import amx_tiles
 
 SYS_ARCH_PRCTL = 158  # x86-64 system call number of arch_prctl
 ARCH_GET_XCOMP_PERM = 0x1022  # writes the process's permitted XSTATE components (a u64 bit mask)
@@ -66,8 +66,9 @@ def holds_amx_tile_permission(arch_prctl: Callable[[int, int], tuple[int, int]] 
 
 
 def cpu_has_amx_tiles() -> bool:
-    """Whether this CPU has AMX tiles, by PyTorch's probe: the one vLLM picks its AMX kernels by."""
-    return torch.cpu._is_amx_tile_supported()
+    """Whether this CPU has AMX tiles, by PyTorch's probe: the one vLLM picks its AMX kernels by
+    (``quantkit.kernels.cpu_flags.amx_tiles``)."""
+    return amx_tiles()
 
 
 def request_amx_tile_permission(amx: bool | None = None,

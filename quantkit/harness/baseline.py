@@ -18,8 +18,7 @@ from torch import nn
 from ..core.errors import UsageError
 from ..formats.loading import source_dtype
 from ..gguf.reading import gguf_origin
-from ..modules.fused_linear import FusedLinearGroup, FusedPart
-from ..modules.quantized_layer import is_quantized_layer
+from ..modules.fused_linear import checkpoint_linear_count
 from ..quantization import provenance
 
 #: config fields that must agree: the architecture and every dimension of its weights
@@ -38,7 +37,7 @@ def source_mismatches(model: nn.Module, baseline: nn.Module) -> list[str]:
     checkpoint is no float baseline, whatever it shares with `model`), config fields, then the input (and
     untied, unquantized output) embedding tables; [] when it can be that model. Models without a config or
     embeddings (plain torch modules) are not compared."""
-    quantized = _quantized_linears(baseline)
+    quantized = checkpoint_linear_count(baseline)
     if quantized:
         return [f"the baseline is itself quantized: {quantized} of its linears hold quantized weights"]
     origin = gguf_origin(baseline)
@@ -117,13 +116,6 @@ def check_same_source(model: nn.Module, baseline: nn.Module, which: str) -> None
         f"({'; '.join(problems[:4])}){made_from}: give the source model as the baseline, or pass "
         f"--allow-other-baseline (allow_other_baseline=True in Python) to compare with another model on purpose"
     )
-
-
-def _quantized_linears(model: nn.Module) -> int:
-    """The number of quantized linears as the checkpoint has them (each part of a fused group counted)."""
-    fused = {id(m.fused) for m in model.modules() if isinstance(m, FusedLinearGroup)}
-    return sum(isinstance(m, FusedPart) or (is_quantized_layer(m) and id(m) not in fused)
-               for m in model.modules())
 
 
 def _text_config(model: nn.Module):

@@ -104,7 +104,9 @@ def benchmark(
     when given, and returns the results as written there. `model_label`: how the results name the
     model (default: the float model's source as given). A checkpoint variant's float baseline must be
     the model it was quantized from (harness/baseline.py); `allow_other_baseline` lets it be another
-    model of the same shapes.
+    model of the same shapes. `decode_loop` "auto" (the demo's): quantkit's C++ loop where it runs every
+    variant on this device (as CpuDecoder says, ``decoder_unavailable``), else transformers; the results then
+    say why not under "decode_loop_reason" (None where the loop runs).
     """
     # import time: the CLI imports this module for its defaults while it builds its parser
     import torch
@@ -114,11 +116,13 @@ def benchmark(
     from ..files.inputs import input_paths
     from ..formats.loading import is_quantized_checkpoint, resolve_model_source
     from ..files.outputs import check_output_file, output_stream, write_output_file
+    from ..kernels.wna16 import benchmark_backend
     from .hardware import device_memory_bytes, resolve_device_spec
     from .report import summary_lines
     from .timing import BenchSettings, merge_phases, run_bench
     from .variants import build_variant, float_variant, load_source_model, refuse_gguf_sources
 
+    asked_loop = decode_loop
     if compile not in (None, "all", "decode"):
         raise UsageError(f"compile is None, 'all' or 'decode', not {compile!r}")
     if json_out is not None:
@@ -142,7 +146,7 @@ def benchmark(
         prefill_batch_sizes=list(prefill_batch_sizes), warmup=warmup, repeats=repeats,
         cuda_graphs=cuda_graphs, seed=seed,
         compile_backend=compile_backend if compile else None,
-        compile_prefill=compile == "all", decode_loop=decode_loop,
+        compile_prefill=compile == "all", decode_loop="transformers" if decode_loop == "auto" else decode_loop,
     )
     features = None
     if device.type == "cpu":
@@ -181,9 +185,7 @@ def benchmark(
     if base_source is None and any(not Path(s).is_dir() for s in variant_specs):
         raise UsageError("recipes need a float model: give it with --baseline")
     one_dtype = phase_dtypes["prefill"] == phase_dtypes["decode"]
-    # On CPU, "auto" would give float32 models the slow pure-torch reference path; a speed benchmark
-    # wants PyTorch's weight-only kernels (they take activations in bf16) whatever the model dtype.
-    kernel_backend = "torch" if backend == "auto" and device.type == "cpu" else backend
+    kernel_backend = benchmark_backend(backend, device)
 
     def build(model_dtype):
         base = None
@@ -205,13 +207,19 @@ def benchmark(
         raise UsageError(f"--decode-loop quantkit runs on the CPU, not {device}: drop it on a GPU")
     label = model_label or str(base_source or model)
     built = build(phase_dtypes["prefill"])
-    if decode_loop == "quantkit":  # before any timing: every variant must run in the loop
+    loop_reason = None
+    if decode_loop == "auto" and (device.type != "cpu" or compile):
+        decode_loop, loop_reason = "transformers", (f"it runs on the CPU, not {device}" if device.type != "cpu"
+                                                     else "--compile times transformers' forward")
+    if decode_loop in ("auto", "quantkit"):  # before any timing: every variant must run in the loop
+        # import time: as above
         from ..runtime.cpu_decoder import decoder_unavailable
 
-        for v in built:
-            if reason := decoder_unavailable(v.model):
-                raise UsageError(f"--decode-loop quantkit cannot run {v.name}: {reason}; drop the option to time "
-                                 f"decode in transformers")
+        loop_reason = next((f"{v.name}: {reason}" for v in built if (reason := decoder_unavailable(v.model))), None)
+        if decode_loop == "quantkit" and loop_reason:
+            raise UsageError(f"--decode-loop quantkit cannot run {loop_reason}; drop the option to time "
+                             f"decode in transformers")
+        decode_loop = settings.decode_loop = "transformers" if loop_reason else "quantkit"
     names = [v.name for v in built]
     if len(set(names)) != len(names):
         raise UsageError(f"variant names collide: {names}; give each variant a distinct recipe or folder name")
@@ -227,6 +235,8 @@ def benchmark(
     if features is not None:
         results["device"]["cpu_features"] = features.to_dict()
     results["dtype_reasons"] = dtype_reasons
+    if asked_loop == "auto":
+        results["decode_loop_reason"] = loop_reason
     results["command"] = command_line(
         model, baseline, variant_specs if not model_is_checkpoint else variant_specs[1:], device, settings,
         dtype=dtype, backend=backend, gpu=gpu, seed=seed, max_cache_gb=max_cache_gb, cuda_graphs=cuda_graphs,

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..core.errors import UsageError
+from ..kernels.cpu_flags import cpuinfo_value
 
 # Achievable fraction of a datasheet figure, applied to table entries (not to probes).
 COPY_BANDWIDTH_EFFICIENCY = 0.9
@@ -230,13 +231,7 @@ def measure_matmul_flops(device: torch.device, n: int, dtype: torch.dtype = torc
 
 def cpu_name() -> str:
     """The CPU model as /proc/cpuinfo names it (else the platform's machine name)."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpuinfo_value(("model name",)) or platform.processor() or platform.machine()
 
 
 def local_device_name(device: torch.device) -> str:

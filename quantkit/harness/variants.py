@@ -27,8 +27,7 @@ from ..formats.compressed_tensors import kv_cache_scheme_of
 from ..formats.loading import config_errors, is_quantized_checkpoint, load_float_model, resolve_model_source
 from ..gguf.reading import is_gguf_file
 from ..kernels.wna16 import describe_layouts
-from ..modules.fused_linear import fuse_projections
-from ..modules.quant_linear import QuantLinear
+from ..modules.model_kernels import kernel_layouts, prepare_model_kernels
 from ..quantization.recipe import load_recipe
 from .roofline import RooflineScheme, scheme_from_quantization_config, scheme_from_weight_args
 
@@ -117,24 +116,9 @@ def float_variant(model: nn.Module, name: str | None = None) -> Variant:
     return Variant(name=scheme.name, model=model, scheme=scheme, source="float")
 
 
-def _prepare_kernels(model: nn.Module, backend: str) -> str | None:
-    """Repack every QuantLinear for ``backend`` (q/k/v and gate/up fused on the CPU backend, as
-    ``quantkit.load`` does); returns the concrete backend (None if none)."""
-    chosen = None
-    for m in model.modules():
-        if isinstance(m, QuantLinear):
-            chosen = m.prepare(backend)
-    if chosen == "torch":
-        fuse_projections(model)
-    for m in model.modules():
-        if isinstance(m, QuantLinear) and m.backend == chosen:
-            m.prepare(chosen, release_checkpoint_tensors=True)
-    return chosen
-
-
 def kernels_used(model: nn.Module) -> str:
     """The kernels the model's quantized linears run, e.g. "quantkit::wna16_cpu_q8dot (avx512-vnni) x 48"."""
-    return describe_layouts([m.kernel_layout for m in model.modules() if isinstance(m, QuantLinear)])
+    return describe_layouts(kernel_layouts(model))
 
 
 def refuse_gguf_sources(model: str, baseline: str | None, variants) -> None:
@@ -185,7 +169,7 @@ def build_variant(
         config = model.config.to_dict() | {"torch_dtype": str(dtype).removeprefix("torch.")}
         variant = Variant(name=path.name, model=model, scheme=scheme_from_quantization_config(config, name=path.name),
                           source=f"checkpoint:{path}", kv_cache=kv_cache_scheme_of(model))
-        variant.backend = _prepare_kernels(model, backend)
+        variant.backend = prepare_model_kernels(model, backend, release_checkpoint_tensors=True)
     else:
         weights_recipe, kv_scheme = _split_recipes(spec)
         model = copy.deepcopy(base)
@@ -198,7 +182,7 @@ def build_variant(
             config = model.config.to_dict() | {"torch_dtype": str(dtype).removeprefix("torch.")}
             scheme = dataclasses.replace(scheme_from_quantization_config(config, name=name), kv_bytes=scheme.kv_bytes)
         variant = Variant(name=name, model=model.eval(), scheme=scheme, source=f"recipe:{spec}", kv_cache=kv_scheme)
-        variant.backend = _prepare_kernels(model, backend)
+        variant.backend = prepare_model_kernels(model, backend, release_checkpoint_tensors=True)
     if variant.backend is not None:
         variant.info["kernels"] = kernels_used(variant.model)
     if variant.kv_cache is not None:

@@ -34,7 +34,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 from .packing import SUPPORTED_BITS
-from .wna16_heuristics import DEFAULT_NUM_SMS, WNA16Config, all_configs
+from .wna16_heuristics import DEFAULT_NUM_SMS, WNA16Config, all_configs, choose_config
 from .wna16_layout import TRITON_WORD_BLOCK
 
 HOPPER_MAX_SHARED_BYTES = 232448  # 227 KiB per block on sm_90
@@ -79,6 +79,7 @@ _DIVISIBLE = ("x_ptr", "qweight_ptr", "scales_ptr", "zeros_ptr", "bias_ptr", "ou
 
 def build_kernel(job: dict):
     """Compile one job for GPUTarget("cuda", arch, 32); returns the CompiledKernel (asm: ttgir, ptx, cubin)."""
+    # the kernels' module registers their Triton op when imported: only where a job compiles them
     from . import wna16_triton as wt
 
     if wt.KERNELS_INTERPRETED:
@@ -167,8 +168,6 @@ def _compile(job: dict) -> dict:
 def gemv_ptx_facts(arch: int = 90) -> list[dict]:
     """PTX loop facts of the GEMV configurations the rules pick at M = 1 and 2 (bf16, symmetric; int4
     g128 and int8 per channel), with the weights one thread handles per loop iteration."""
-    from .wna16_heuristics import choose_config
-
     out = []
     for bits, scale_single in ((4, True), (8, True), (4, False)):
         for m in (1, 2):

@@ -36,6 +36,7 @@ import hashlib
 import os
 import platform
 import shutil
+import struct
 import sys
 import time
 import warnings
@@ -43,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from .cpu_flags import cpu_flags
 
 SOURCES = ("wna16_q8dot.cpp", "decode_step.cpp", "decode_attention_cpu.cpp", "gptq_walk.cpp")
 HEADERS = ("q8dot.h", "decode_attention_cpu.h", "cpu_isa.h")
@@ -79,8 +82,6 @@ def cache_root() -> Path:
 
 def _cpu_flags() -> str:
     """The CPU's feature flags as one string, for the build key (cpu_flags reads them)."""
-    from .cpu_flags import cpu_flags
-
     flags = cpu_flags()
     return " ".join(sorted(flags)) if flags else platform.processor() or platform.machine()
 
@@ -95,7 +96,7 @@ def _ninja_on_path() -> bool:
     if shutil.which("ninja"):
         return True
     try:
-        import ninja
+        import ninja  # optional: the pip package, whose binary may be off PATH
     except ImportError:
         return False
     os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
@@ -116,7 +117,7 @@ def build_key() -> str:
 
 @contextlib.contextmanager
 def _build_lock(path: Path):
-    import fcntl
+    import fcntl  # POSIX only: imported where a build takes its lock
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
@@ -146,8 +147,6 @@ def _record(library: Path) -> Path:
 def _elf_complete(library: Path) -> bool:
     """Whether a 64-bit little-endian ELF file holds all it says it holds: every segment its program headers
     name, and its section header table (which the linker writes last), end within the file."""
-    import struct
-
     data = library.read_bytes()
     if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         return False
@@ -212,7 +211,7 @@ def load_cpu_kernels() -> CpuKernels:
     build_dir = cache_root() / "cpu-kernels" / key
     name = f"quantkit_cpu_{key}"
     try:
-        from torch.utils import cpp_extension
+        from torch.utils import cpp_extension  # import time: loaded only when the kernels build
 
         build_dir.mkdir(parents=True, exist_ok=True)
         library = build_dir / f"{name}.so"

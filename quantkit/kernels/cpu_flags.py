@@ -1,7 +1,8 @@
 """What this CPU offers the CPU kernels: its feature flags (/proc/cpuinfo) and native bf16 arithmetic.
 
-The one place quantkit reads the CPU's features; the kernel chooser (``cpu_kernel_choice``) and the
-harness's report (``quantkit.harness.cpu_features``) ask here. The C++ kernels pick their code path
+The one place quantkit reads the CPU's features (and the one reader of /proc/cpuinfo); the kernel chooser
+(``cpu_kernel_choice``) and the harness's report (``quantkit.harness.cpu_features``, ``hardware.cpu_name``)
+ask here. The C++ kernels pick their code path
 from ``cpuid`` themselves (``csrc/wna16_q8dot.cpp``).
 """
 
@@ -17,17 +18,24 @@ NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16", "asimdbf16")
 AMX_BF16_FLAGS = ("amx_bf16",)
 
 
-def read_cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str] | None:
-    """The feature flags of the first CPU in ``cpuinfo`` (x86 "flags", ARM "Features"); None when unreadable."""
+def cpuinfo_value(keys: tuple[str, ...], cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """The value of the first line of ``cpuinfo`` whose key is one of ``keys`` (the first CPU's), stripped;
+    None when no line has one, or the file is unreadable."""
     try:
         with open(cpuinfo) as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return set(value.split())
+                if key.strip() in keys:
+                    return value.strip()
     except OSError:
         return None
     return None
+
+
+def read_cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str] | None:
+    """The feature flags of the first CPU in ``cpuinfo`` (x86 "flags", ARM "Features"); None when unreadable."""
+    value = cpuinfo_value(("flags", "Features"), cpuinfo)
+    return None if value is None else set(value.split())
 
 
 @functools.cache
@@ -45,11 +53,15 @@ def _probe_native_bf16() -> bool:
     return any(f in NATIVE_BF16_FLAGS for f in cpu_flags() or ())
 
 
-def _probe_amx_bf16() -> bool:
+def amx_tiles() -> bool:
+    """Whether this CPU has AMX tiles, by PyTorch's probe (the one vLLM picks its AMX kernels by), asked
+    each call (not traceable by torch.compile: ``amx_bf16`` holds the answer for compiled code)."""
     cpu = getattr(torch, "cpu", None)
-    if bool(getattr(cpu, "_is_amx_tile_supported", lambda: False)()):
-        return True
-    return any(f in AMX_BF16_FLAGS for f in cpu_flags() or ())
+    return bool(getattr(cpu, "_is_amx_tile_supported", lambda: False)())
+
+
+def _probe_amx_bf16() -> bool:
+    return amx_tiles() or any(f in AMX_BF16_FLAGS for f in cpu_flags() or ())
 
 
 # Probed once at import: torch.compile cannot trace torch.cpu's probes (dynamo skips them), and a

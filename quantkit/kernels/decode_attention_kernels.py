@@ -33,6 +33,7 @@ import re
 import torch
 import triton
 import triton.language as tl
+from triton.backends.compiler import GPUTarget
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
@@ -370,8 +371,6 @@ def compile_kernels(target=None, variants=COMPILE_VARIANTS) -> dict[str, dict]:
     {"cubin_bytes", "shared_bytes", "fp8_converts", "global_read_bytes"}} (the last: the sorted
     distinct sizes of the kernel's global reads); raises the compiler's error if a variant fails.
     """
-    from triton.backends.compiler import GPUTarget
-
     if kernels_interpreted():
         raise RuntimeError(
             "compile_kernels needs triton imported without TRITON_INTERPRET=1 (run it in a fresh process)"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.backends.compiler import GPUTarget
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
@@ -122,8 +123,6 @@ def compile_kernel(target=None) -> dict[str, dict]:
     """Compile the write kernel for `target` (default: Hopper, sm_90) with the real Triton compiler,
     for bf16 / fp16 / fp32 states and head_dim 128 / 80. Needs no GPU but triton imported without
     TRITON_INTERPRET=1. Returns {variant: {"cubin_bytes", "fp8_stores"}}."""
-    from triton.backends.compiler import GPUTarget
-
     if kernels_interpreted():
         raise RuntimeError("compile_kernel needs triton imported without TRITON_INTERPRET=1 (a fresh process)")
     target = target or GPUTarget("cuda", 90, 32)

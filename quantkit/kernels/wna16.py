@@ -23,14 +23,20 @@ Backends (``resolve_backend`` turns "auto" into one of them, from the weight's d
   slow. "auto" picks it for fp16 models on CPU (bf16 would drop 3 of fp16's mantissa bits, and at
   M = 1 fp16 dense GEMVs are as fast as the bf16 kernels there) and for devices that are neither CUDA
   nor CPU.
+
+Beside ``resolve_backend``, the rest of the backend policy callers ask instead of restating it: the backend a
+speed benchmark prepares for (``benchmark_backend``) and where q/k/v and gate/up run fused
+(``fuses_projections``, which ``quantkit.modules.model_kernels`` applies to a model).
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 from . import wna16_cpu  # noqa: F401  (registers torch.ops.quantkit.wna16_int4_cpu / wna16_int8_cpu)
-from .cpu_extension import load_cpu_kernels
+from .cpu_extension import cpu_kernel_isa, load_cpu_kernels
 from .reference import wna16_linear_reference
 from .wna16_layout import (
     ACTIVATION_DTYPES as _ACTIVATION_DTYPES,
@@ -78,6 +84,20 @@ def resolve_backend(backend: str, device: torch.device | str, dtype: torch.dtype
     if backend == "torch" and device.type != "cpu":
         raise ValueError(f"backend 'torch' runs PyTorch's CPU kernels and needs CPU weights, got {device}")
     return backend
+
+
+def benchmark_backend(backend: str, device: torch.device | str) -> str:
+    """The backend a speed benchmark prepares its variants for: "auto" on the CPU is "torch" whatever the
+    model dtype (an fp16 model's too, which ``resolve_backend``'s "auto" keeps on the exact but slow reference:
+    a benchmark times the CPU kernels, which take its activations in bf16); any other choice as given."""
+    return "torch" if backend == "auto" and torch.device(device).type == "cpu" else backend
+
+
+def fuses_projections(backend: str) -> bool:
+    """Whether the linears of a concrete ``backend`` run q/k/v and gate/up as one fused linear each
+    (``quantkit.modules.fused_linear``) by default: the CPU kernels ("torch"), where each call's fixed cost
+    (dispatch, threads, reading x) weighs on a decode step's many small products."""
+    return backend == "torch"
 
 
 def prepare_wna16(
@@ -186,10 +206,6 @@ KERNEL_NAMES = {
 def describe_layouts(layouts: list[str]) -> str:
     """Which kernels run a model's linears, from their prepared layouts: "quantkit::wna16_cpu_q8dot
     (avx512-vnni) x 30, aten._weight_int8pack_mm x 2" (the C++ kernel's code path named)."""
-    from collections import Counter
-
-    from .cpu_extension import cpu_kernel_isa
-
     parts = []
     for layout, count in Counter(layouts).most_common():
         name = KERNEL_NAMES.get(layout, layout)

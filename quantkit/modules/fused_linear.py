@@ -27,6 +27,7 @@ from torch import nn
 from ..kernels.fusion import concat_wna16_weights
 from ..kernels.packing import pack_zero_point, unpack_zero_point
 from .quant_linear import QuantLinear
+from .quantized_layer import is_quantized_layer
 
 # Prepared layouts whose tensors all run along N first, so a part's rows are a contiguous slice of them.
 ROW_SLICEABLE = ("cpu_q8", "cpu_int8")
@@ -133,6 +134,13 @@ def fuse_projections(model: nn.Module) -> int:
                 setattr(parent, name, FusedPart(group, i, p.in_features, p.out_features))
             count += 1
     return count
+
+
+def checkpoint_linear_count(model: nn.Module) -> int:
+    """The number of quantized linears as the checkpoint has them: each part of a fused group counted, the
+    group's fused layer not."""
+    fused = {id(m.fused) for m in model.modules() if isinstance(m, FusedLinearGroup)}
+    return sum(isinstance(m, FusedPart) or (is_quantized_layer(m) and id(m) not in fused) for m in model.modules())
 
 
 def is_fused(model: nn.Module) -> bool:

@@ -45,6 +45,7 @@ from transformers.cache_utils import (
 
 from ..core.errors import QuantizationError
 from ..core.primitives import dequantize_fp8, quantize_fp8
+from ..kernels import decode_attention
 from ..kernels.kv_cache_write import fp8_kv_cache_write, fp8_kv_cache_write_reference
 from .kv_rotation import check_rotation, hadamard_matrix, rotate
 from .kv_scales import KVScales, kv_rotation_of, num_cache_layers, read_kv_scales
@@ -503,9 +504,7 @@ def _fp8_decode_attention(
         if attention_mask.shape[1] != 1 or attention_mask.shape[2] != 1:
             raise QuantizationError(f"unexpected decode attention mask of shape {tuple(attention_mask.shape)}")
         kv_mask = attention_mask[:, 0, 0, :].expand(batch, key.shape[2]).contiguous()  # [B, T]
-    from ..kernels.decode_attention import decode_attention_fp8
-
-    out = decode_attention_fp8(
+    out = decode_attention.decode_attention_fp8(  # looked up on the module at each call (patchable)
         query[:, :, 0, :], key, value, k_scale, v_scale, kv_mask,
         sm_scale=scaling if scaling is not None else head_dim**-0.5,
         kv_len=getattr(key, LENGTH_ATTRIBUTE, None),  # a static cache: positions past it are unwritten
