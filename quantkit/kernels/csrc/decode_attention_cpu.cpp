@@ -390,6 +390,28 @@ inline int32_t load_pair(const uint16_t* p) {
   return v;
 }
 
+// n values of each of G rows x [g * ld ..) -> bf16 [G, n] in the calling thread's buffer (the query after its
+// factors, or a run's softmax weights).
+QK_AVX512BF16 const uint16_t* bf16_rows(const float* x, int64_t G, int64_t ld, int64_t n) {
+  thread_local std::vector<uint16_t> buffer;
+  buffer.resize(G * n);
+  for (int64_t g = 0; g < G; ++g) to_bf16(x + g * ld, n, buffer.data() + g * n);
+  return buffer.data();
+}
+
+// An odd last value row r (NV * 16 values at `row`): fp32 products with the same bf16 weights pb[g * ldb + r].
+template <int DT, int NV, int GT>
+QK_AVX512BF16 inline void add_odd_value_row(const uint8_t* row, const uint16_t* pb, int64_t ldb, int64_t r,
+                                            __m512 (&acc)[GT][NV]) {
+  for (int g = 0; g < GT; ++g) {
+    const uint32_t bits = static_cast<uint32_t>(pb[g * ldb + r]) << 16;
+    float wf;
+    std::memcpy(&wf, &bits, 4);
+    const __m512 w = _mm512_set1_ps(wf);
+    for (int j = 0; j < NV; ++j) acc[g][j] = _mm512_fmadd_ps(w, load16<DT>(row, 16 * j), acc[g][j]);
+  }
+}
+
 // Two key tiles (32 positions) at a time against GT query heads, qb: the heads' bf16 [GT, D].
 template <int DT, int GT>
 QK_AVX512BF16 void scores_tile_bf16dot(const Rows& rows, const uint16_t* qb, int64_t D, float* s, int64_t ld) {
@@ -420,11 +442,9 @@ QK_AVX512BF16 void scores_tile_bf16dot(const Rows& rows, const uint16_t* qb, int
 
 template <int DT>
 QK_AVX512BF16 void scores_bf16dot(const Rows& rows, const float* q, int64_t G, int64_t D, float* s, int64_t ld) {
-  thread_local std::vector<uint16_t> qb;
-  qb.resize(G * D);
-  to_bf16(q, G * D, qb.data());
+  const uint16_t* qb = bf16_rows(q, 1, 0, G * D);
   for (int64_t g0 = 0; g0 < G; g0 += KEY_TILE) {
-#define QK_CALL(T) scores_tile_bf16dot<DT, T>(rows, qb.data() + g0 * D, D, s + g0 * ld, ld)
+#define QK_CALL(T) scores_tile_bf16dot<DT, T>(rows, qb + g0 * D, D, s + g0 * ld, ld)
     QK_TILE_SWITCH(G - g0, KEY_TILE, QK_CALL)
 #undef QK_CALL
   }
@@ -455,16 +475,7 @@ QK_AVX512BF16 void values_tile_bf16dot(const Rows& rows, const uint16_t* pb, int
       }
     }
   }
-  if (r < rows.n) {  // an odd last row: fp32 products with the same bf16 weights
-    const uint8_t* row = rows.data + r * row_bytes;
-    for (int g = 0; g < GT; ++g) {
-      const uint32_t bits = static_cast<uint32_t>(pb[g * ldb + r]) << 16;
-      float wf;
-      std::memcpy(&wf, &bits, 4);
-      const __m512 w = _mm512_set1_ps(wf);
-      for (int j = 0; j < 2 * NP; ++j) acc[g][j] = _mm512_fmadd_ps(w, load16<DT>(row, 16 * j), acc[g][j]);
-    }
-  }
+  if (r < rows.n) add_odd_value_row<DT>(rows.data + r * row_bytes, pb, ldb, r, acc);
   for (int g = 0; g < GT; ++g)
     for (int j = 0; j < 2 * NP; ++j) _mm512_storeu_ps(o + g * D + 16 * j, acc[g][j]);
 }
@@ -473,13 +484,10 @@ constexpr int value_tile_bf16dot(int np) { return np <= 2 ? 4 : np <= 3 ? 3 : np
 
 template <int DT, int NP>
 QK_AVX512BF16 void values_bf16dot(const Rows& rows, const float* p, int64_t G, int64_t ld, float* o, int64_t) {
-  thread_local std::vector<uint16_t> pb;  // the weights in bf16, [G, n]
-  const int64_t ldb = rows.n;
-  pb.resize(G * ldb);
-  for (int64_t g = 0; g < G; ++g) to_bf16(p + g * ld, rows.n, pb.data() + g * ldb);
+  const uint16_t* pb = bf16_rows(p, G, ld, rows.n);  // the weights in bf16, [G, n]
   constexpr int TILE = value_tile_bf16dot(NP);
   for (int64_t g0 = 0; g0 < G; g0 += TILE) {
-#define QK_CALL(T) values_tile_bf16dot<DT, NP, T>(rows, pb.data() + g0 * ldb, ldb, o + g0 * 32 * NP)
+#define QK_CALL(T) values_tile_bf16dot<DT, NP, T>(rows, pb + g0 * rows.n, rows.n, o + g0 * 32 * NP)
     QK_TILE_SWITCH(G - g0, TILE, QK_CALL)
 #undef QK_CALL
   }
@@ -554,11 +562,9 @@ QK_AVX512VBMI void scores_tile_fp8_vbmi(const Rows& rows, const uint16_t* qb, in
 }
 
 QK_AVX512VBMI void scores_fp8_vbmi(const Rows& rows, const float* q, int64_t G, int64_t D, float* s, int64_t ld) {
-  thread_local std::vector<uint16_t> qb;
-  qb.resize(G * D);
-  to_bf16(q, G * D, qb.data());
+  const uint16_t* qb = bf16_rows(q, 1, 0, G * D);
   for (int64_t g0 = 0; g0 < G; g0 += KEY_TILE) {
-#define QK_CALL(T) scores_tile_fp8_vbmi<T>(rows, qb.data() + g0 * D, D, s + g0 * ld, ld)
+#define QK_CALL(T) scores_tile_fp8_vbmi<T>(rows, qb + g0 * D, D, s + g0 * ld, ld)
     QK_TILE_SWITCH(G - g0, KEY_TILE, QK_CALL)
 #undef QK_CALL
   }
@@ -587,29 +593,17 @@ QK_AVX512VBMI void values_tile_fp8_vbmi(const Rows& rows, const uint16_t* pb, in
       }
     }
   }
-  if (r < rows.n) {  // an odd last row: fp32 products with the same bf16 weights, as values_tile_bf16dot
-    const uint8_t* row = rows.data + r * D;
-    for (int g = 0; g < GT; ++g) {
-      const uint32_t bits = static_cast<uint32_t>(pb[g * ldb + r]) << 16;
-      float wf;
-      std::memcpy(&wf, &bits, 4);
-      const __m512 w = _mm512_set1_ps(wf);
-      for (int j = 0; j < 4 * NQ; ++j) acc[g][j] = _mm512_fmadd_ps(w, load16<quantkit::KV_FP8>(row, 16 * j), acc[g][j]);
-    }
-  }
+  if (r < rows.n) add_odd_value_row<quantkit::KV_FP8>(rows.data + r * D, pb, ldb, r, acc);
   for (int g = 0; g < GT; ++g)
     for (int j = 0; j < 4 * NQ; ++j) _mm512_storeu_ps(o + g * D + 16 * j, acc[g][j]);
 }
 
 template <int NQ>
 QK_AVX512VBMI void values_fp8_vbmi(const Rows& rows, const float* p, int64_t G, int64_t ld, float* o, int64_t) {
-  thread_local std::vector<uint16_t> pb;  // the weights in bf16, [G, n]
-  const int64_t ldb = rows.n;
-  pb.resize(G * ldb);
-  for (int64_t g = 0; g < G; ++g) to_bf16(p + g * ld, rows.n, pb.data() + g * ldb);
+  const uint16_t* pb = bf16_rows(p, G, ld, rows.n);  // the weights in bf16, [G, n]
   constexpr int TILE = value_tile_bf16dot(2 * NQ);
   for (int64_t g0 = 0; g0 < G; g0 += TILE) {
-#define QK_CALL(T) values_tile_fp8_vbmi<NQ, T>(rows, pb.data() + g0 * ldb, ldb, o + g0 * 64 * NQ)
+#define QK_CALL(T) values_tile_fp8_vbmi<NQ, T>(rows, pb + g0 * rows.n, rows.n, o + g0 * 64 * NQ)
     QK_TILE_SWITCH(G - g0, TILE, QK_CALL)
 #undef QK_CALL
   }
