@@ -1,12 +1,23 @@
-"""Shared fixtures: small random models of several families (dimensions real kernels accept)."""
+"""Shared fixtures: small random models of several families (dimensions real kernels accept).
+
+Without a GPU the Triton kernels run on CPU tensors in Triton's interpreter. Triton reads TRITON_INTERPRET
+when a kernel is decorated, so it is set here, before any test module is collected: some import triton
+before quantkit does (transformers' fine-grained fp8 integration, for one).
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 
-import pytest
+import torch
 
-from fixtures.random_models import make_random_model  # noqa: F401 (the tests import it from here)
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from fixtures.random_models import make_random_model  # noqa: E402, F401 (the tests import it from here)
 
 FAMILIES = ("llama", "mistral", "qwen2")
 

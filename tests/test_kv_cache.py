@@ -1,27 +1,21 @@
 """The FP8 KV cache in generation: same tokens as a fake-quantized reference, saturation, GQA,
 batch 2 with left padding, sliding windows, the generate() hook and the kernel attention path."""
 
-import os
 import warnings
 
+import pytest
 import torch
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
-if not torch.cuda.is_available():
-    # Run the Triton kernel path in the interpreter (must precede the first import of triton).
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer  # noqa: E402
-
-from quantkit.calibration.kv_scales import quantize_kv_cache  # noqa: E402
-from quantkit.modules.kv_scales import attach_kv_scales, cache_keyword, read_kv_scales  # noqa: E402
-from quantkit.kernels import decode_attention as decode_attention_module  # noqa: E402
-from quantkit.modules.kv_cache import (  # noqa: E402
+from quantkit.calibration.kv_scales import quantize_kv_cache
+from quantkit.modules.kv_scales import attach_kv_scales, cache_keyword, read_kv_scales
+from quantkit.kernels import decode_attention as decode_attention_module
+from quantkit.modules.kv_cache import (
     FP8KVCache, FP8SlidingWindowKVLayer, disable_fp8_kv_cache, enable_fp8_kv_cache, fp8_cache_for,
     fp8_kv_cache_enabled,
 )
 
-from .conftest import make_random_model  # noqa: E402
+from .conftest import make_random_model
 
 FP8 = torch.float8_e4m3fn
 VOCAB = 512

@@ -2,23 +2,17 @@
 generate(cache_implementation="static"), a decode step under torch.compile without graph breaks,
 and (on CUDA) a decode step captured in a CUDA graph."""
 
-import os
 
+import pytest
 import torch
 
-if not torch.cuda.is_available():
-    # Run the Triton kernel path in the interpreter (must precede the first import of triton).
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-
-from quantkit.modules.kv_scales import cache_keyword  # noqa: E402
-from quantkit.core.errors import QuantizationError  # noqa: E402
-from quantkit.modules.kv_cache import (  # noqa: E402
+from quantkit.modules.kv_scales import cache_keyword
+from quantkit.core.errors import QuantizationError
+from quantkit.modules.kv_cache import (
     StaticFP8KVCache, disable_fp8_kv_cache, enable_fp8_kv_cache, fp8_cache_for,
 )
 
-from .test_kv_cache import FP8, calibrated_model, generated_cache, greedy, left_padded_batch  # noqa: E402
+from .test_kv_cache import FP8, calibrated_model, generated_cache, greedy, left_padded_batch
 
 NEW_TOKENS = 6
 

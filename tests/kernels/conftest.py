@@ -1,19 +1,7 @@
-"""Kernel tests run the Triton kernels on CPU tensors through Triton's interpreter when no GPU is present.
+"""Fixtures of the kernel tests (which run the Triton kernels in Triton's interpreter without a GPU: the
+TRITON_INTERPRET default is set in tests/conftest.py, before any test module is collected)."""
 
-Triton reads TRITON_INTERPRET when a kernel is decorated, i.e. when quantkit.kernels is first imported,
-so it is set here, before any test module of this folder imports quantkit. (pytest collects this
-folder before the tests/test_*.py files, which import quantkit too.)
-"""
-
-import os
-
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture
