@@ -196,3 +196,34 @@ def test_shrinkage_shrinks_the_off_diagonal_and_leaves_the_callers_matrix(overwr
 def test_bad_shrinkage_is_a_clear_error(value):
     with pytest.raises(ValueError, match=r"shrinkage must be in \[0, 1\)"):
         GPTQOptions(shrinkage=value)
+
+
+@pytest.mark.parametrize("shrinkage", [0.0, 0.25])
+def test_refine_shrinkage_shrinks_the_refinements_hessian_only(shrinkage):
+    """GPTQ's factor stays that of (1 - shrinkage) H + shrinkage diag(H); the Hessian kept for the refinement is
+    (1 - r) H + r diag(H); the caller's matrix is left as it was; the refined weight is GPTQ's refined by hand on
+    that Hessian."""
+    w, h = _problem(8, 64, seed=7)
+    given = h.clone()
+    options = GPTQOptions(shrinkage=shrinkage, refine_sweeps=1, refine_shrinkage=0.75)
+    factor = factor_hessian(given, options)
+    assert torch.equal(given, h)
+    torch.testing.assert_close(factor.hessian, 0.25 * h + 0.75 * torch.diag(h.diagonal()))
+    same_walk = factor_hessian(h, GPTQOptions(shrinkage=shrinkage))
+    assert torch.equal(factor.u, same_walk.u)
+    scheme = SCHEMES["int4-sym-g32"]
+    refined = gptq_quantize(w, h, scheme, options)
+    by_hand = refine_levels(gptq_quantize(w, h, scheme, GPTQOptions(shrinkage=shrinkage)), w,
+                            0.25 * h + 0.75 * torch.diag(h.diagonal()), 1).weight
+    assert torch.equal(refined.q, by_hand.q)
+    assert not torch.equal(refined.q, gptq_quantize(w, h, scheme, GPTQOptions(shrinkage=shrinkage, refine_sweeps=1)).q)
+
+
+@pytest.mark.parametrize("value, match", [(0.1, r"refine_shrinkage must be in \[shrinkage, 1\)"),
+                                          (1.0, r"refine_shrinkage must be in"), (True, r"refine_shrinkage must be in"),
+                                          ("0.5", r"refine_shrinkage must be in")])
+def test_bad_refine_shrinkage_is_a_clear_error(value, match):
+    with pytest.raises(ValueError, match=match):
+        GPTQOptions(shrinkage=0.25, refine_sweeps=1, refine_shrinkage=value)
+    with pytest.raises(ValueError, match="set refine_sweeps >= 1 too"):
+        GPTQOptions(refine_shrinkage=0.5)
