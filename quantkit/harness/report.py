@@ -17,6 +17,7 @@ from .context_growth import growth_lines
 from .cpu_features import CpuFeatures
 from .formatting import fmt_intensity, fmt_perplexity_change
 from .hardware import DeviceSpec
+from .machine_load import busy_caution
 from .results import (SHAPE_KEYS, QualityResult, ranges_overlap, records, roofline_problem, shape_key, speedup_summary,
                       time_range, variant_names)
 from .timing import describe_skipped
@@ -80,6 +81,9 @@ def summary_lines(bench: dict) -> list[str]:
     for v in bench.get("variants", []):
         if v.get("scheme", {}).get("layers"):  # linears of several schemes: the roofline sums each by its own
             lines.append(f"  {v['name']} weights: {v.get('weights')}")
+    caution = busy_caution(bench["device"].get("load"))
+    if caution:
+        lines.append(f"  {caution}")
     if problem:
         lines.append(f"  no roofline: {problem}")
     elif bench.get("model", {}).get("moe_note"):
@@ -166,6 +170,9 @@ def _bench_sections(bench: dict, images: dict[str, str]) -> list[str]:
         md += ["CPU timings depend on the machine and its load: read the ratios (speedups measured side by side "
                "in one run, variants interleaved shape by shape" + ("" if problem else "; measured over roofline")
                + "), not the milliseconds.", ""]
+        caution = busy_caution(dev.get("load"))
+        if caution:
+            md += [f"**{caution}**", ""]
     md += _cpu_lines(bench)
     params = model["params"]
     params = f"{params / 1e9:.2f} B" if params >= 1e8 else f"{params / 1e6:.2f} M"
