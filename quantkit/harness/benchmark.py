@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..core.errors import UsageError
-from .machine_load import load_average, machine_load
+from .machine_load import cpu_snapshot, machine_load
 
 GPU_DEFAULTS = {"prompt_lens": (128, 512, 1024, 2048, 4096), "context_lens": (128, 512, 1024, 2048, 4096),
                 "batch_sizes": (1, 4, 16, 64)}
@@ -224,7 +224,7 @@ def benchmark(
     names = [v.name for v in built]
     if len(set(names)) != len(names):
         raise UsageError(f"variant names collide: {names}; give each variant a distinct recipe or folder name")
-    load_before = load_average()
+    load_start = cpu_snapshot()
     if one_dtype:
         results = run_bench(built, spec, settings, device=device, model_label=label, progress=not quiet)
     else:
@@ -237,7 +237,7 @@ def benchmark(
     if features is not None:
         results["device"]["cpu_features"] = features.to_dict()
     if device.type == "cpu":
-        results["device"]["load"] = machine_load(load_before, load_average(), torch.get_num_threads(), os.cpu_count())
+        results["device"]["load"] = machine_load(load_start, cpu_snapshot(), torch.get_num_threads(), os.cpu_count())
     results["dtype_reasons"] = dtype_reasons
     if asked_loop == "auto":
         results["decode_loop_reason"] = loop_reason
