@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
 import sys
 import time
@@ -16,11 +15,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from quantkit.harness.machine_load import CLOCK_TICKS as TICKS
 from quantkit.harness.machine_load import CpuSnapshot, busy_caution, cpu_snapshot, machine_load
 from quantkit.harness.report import render_report, summary_lines
 
 BENCH = Path(__file__).resolve().parent.parent / "evals" / "reports" / "cpu" / "bench.json"
-TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # what machine_load divides by
 
 
 def record(other_cpus: float, threads: int, cpus: int) -> dict:

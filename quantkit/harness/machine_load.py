@@ -14,6 +14,9 @@ import time
 from dataclasses import dataclass
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc's ticks a second (USER_HZ)
+
+
 @dataclass(frozen=True)
 class CpuSnapshot:
     """wall: time.monotonic(); busy: CPU ticks every CPU spent not idle; own: this process's ticks (all threads)."""
@@ -43,8 +46,7 @@ def machine_load(start: CpuSnapshot | None, end: CpuSnapshot | None, threads: in
     cpus = cpus or 1
     other = None
     if start is not None and end is not None and end.wall > start.wall:
-        ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        other = max(0.0, ((end.busy - start.busy) - (end.own - start.own)) / ticks / (end.wall - start.wall))
+        other = max(0.0, ((end.busy - start.busy) - (end.own - start.own)) / CLOCK_TICKS / (end.wall - start.wall))
     busy = other is not None and other > max(0, cpus - threads) + 0.25
     return {"other_cpus": other, "threads": threads, "cpus": cpus, "busy": busy}
 

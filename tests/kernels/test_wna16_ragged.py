@@ -71,7 +71,7 @@ def test_uniform_groups_describe_the_same_weight(scheme, k, group, gen):
 @pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: s.id.replace("-ch", ""))
 def test_backends_match_the_reference(scheme, k, group, backend, gen):
     if backend == "triton" and not torch.cuda.is_available() and not qk.kernels_interpreted():
-        pytest.fail("TRITON_INTERPRET=1 must be set before quantkit.kernels is imported (tests/kernels/conftest.py)")
+        pytest.fail("TRITON_INTERPRET=1 must be set before quantkit.kernels is imported (tests/conftest.py)")
     device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
     dtype = torch.float32 if backend == "reference" else torch.bfloat16
     weight = random_weight(_ragged(scheme, group), N, k, dtype, gen)

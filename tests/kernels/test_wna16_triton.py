@@ -28,7 +28,7 @@ def _kernels_runnable():
     if DEVICE == "cpu" and not qk.kernels_interpreted():
         pytest.fail(
             "triton was imported before TRITON_INTERPRET=1 was set, so the kernels cannot run on CPU: run with "
-            "TRITON_INTERPRET=1 in the environment (tests/kernels/conftest.py sets it when collected first)"
+            "TRITON_INTERPRET=1 in the environment (tests/conftest.py sets it before any test module is collected)"
         )
 
 
