@@ -262,11 +262,11 @@ def test_one_factor_serves_every_linear_of_an_input(act_order, shape):
 
 
 @pytest.mark.parametrize("act_order", [True, False])
-def test_factor_is_the_upper_cholesky_factor_of_the_damped_inverse(act_order):
+@pytest.mark.parametrize("k", [80, 600])  # one block of lower_triangular_inverse, and three (the last ragged)
+def test_factor_is_the_upper_cholesky_factor_of_the_damped_inverse(act_order, k):
     """U (visit order) is upper triangular with UᵀU = (H + damp mean(diag H) I)^-1, dead inputs' diagonal set to 1."""
     from quantkit.algorithms.gptq import factor_hessian
 
-    k = 80
     x = correlated_inputs(4 * k, k, 21, torch.float64)
     x[:, 5] = 0.0
     h = hessian_of(x).double()
@@ -278,3 +278,21 @@ def test_factor_is_the_upper_cholesky_factor_of_the_damped_inverse(act_order):
     expected = expected[order][:, order]
     expected += 0.05 * expected.diagonal().mean() * torch.eye(k, dtype=torch.float64)
     torch.testing.assert_close(factor.u.T @ factor.u, torch.linalg.inv(expected), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("k, block", [(1, 4), (7, 4), (64, 16), (100, 32), (257, 64), (300, 300)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_lower_triangular_inverse_matches_a_triangular_solve(k, block, dtype):
+    """The blocked inverse of a random lower triangular L equals the fp64 solve against the identity; the upper
+    triangle of L is never read (garbage there changes nothing) and the result's upper triangle is zero."""
+    from quantkit.algorithms.gptq import lower_triangular_inverse
+
+    generator = torch.Generator().manual_seed(k * 31 + block)
+    lower = torch.randn(k, k, generator=generator, dtype=torch.float64).tril() / k ** 0.5
+    lower.diagonal().copy_(1.0 + torch.rand(k, generator=generator, dtype=torch.float64))  # well conditioned
+    expected = torch.linalg.solve_triangular(lower, torch.eye(k, dtype=torch.float64), upper=False)
+    given = lower.to(dtype) + torch.randn(k, k, generator=generator, dtype=dtype).triu(1) * 100
+    inverse = lower_triangular_inverse(given.mT.contiguous().mT, block)  # column-major, as the factorisation writes
+    assert inverse.dtype == dtype and torch.equal(inverse, inverse.tril())
+    tolerance = 1e-12 if dtype == torch.float64 else 2e-6
+    torch.testing.assert_close(inverse.double(), expected, rtol=tolerance, atol=tolerance)

@@ -214,6 +214,32 @@ def hessian_of(x: torch.Tensor) -> torch.Tensor:
 # -- verb 2: quantize ---------------------------------------------------------------------------
 
 
+def lower_triangular_inverse(lower: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """L^-1 [K, K] (lower triangular, a new matrix) of a lower triangular L [K, K] (only its lower triangle is read).
+
+    By row blocks of `block`: X_ii = L_ii^-1 (a small triangular solve), then the block row left of it
+    X_i,<i = -X_ii (L_i,<i X_<i,<i), the product taken column block by column block over the lower triangle
+    of X only, so the work is ~K³/3 multiply-adds in matrix products, where one triangular solve against the
+    whole identity does K³ (at K = 5632 on one AMD EPYC Zen 4 core: 0.84 s against 1.88 s, relative errors
+    against fp64 5.5e-8 and 5.2e-8). Memory: X and two [block, K] buffers; L's blocks are read in place
+    (a triangular solve on a sub-matrix view of a column-major L would copy it whole).
+    """
+    k = lower.shape[0]
+    inverse = torch.zeros(k, k, dtype=lower.dtype, device=lower.device)
+    for r0 in range(0, k, block):
+        r1 = min(k, r0 + block)
+        eye = torch.eye(r1 - r0, dtype=lower.dtype, device=lower.device)
+        diagonal_inverse = torch.linalg.solve_triangular(lower[r0:r1, r0:r1].contiguous(), eye, upper=False)
+        inverse[r0:r1, r0:r1] = diagonal_inverse
+        if r0:
+            product = torch.empty(r1 - r0, r0, dtype=lower.dtype, device=lower.device)  # L_i,<i X_<i,<i
+            for c0 in range(0, r0, block):
+                c1 = min(r0, c0 + block)
+                torch.mm(lower[r0:r1, c0:r0], inverse[c0:r0, c0:c1], out=product[:, c0:c1])
+            inverse[r0:r1, :r0] = torch.mm(diagonal_inverse, product).neg_()
+    return inverse
+
+
 def _damped_inverse_factor(reversed_h: Callable[[], torch.Tensor], release: Callable[[], None], damp_percent: float,
                            where: str) -> tuple[torch.Tensor, float]:
     """Upper triangular U with Uᵀ U = (H + damp*I)^-1, raising damping while the factorisation fails.
@@ -221,9 +247,9 @@ def _damped_inverse_factor(reversed_h: Callable[[], torch.Tensor], release: Call
     reversed_h(): a fresh copy of J H J ([K, K], H with its rows and columns in reverse order), factored in
     place; release(): called once the factorisation succeeded (the caller may free H then). If
     J H J = L Lᵀ (lower Cholesky), then H = V Vᵀ with V = J L J upper, and H^-1 = (V^-1)ᵀ V^-1, so
-    U = V^-1 = J L^-1 J: one Cholesky factorisation and one triangular solve, where inverting H and factoring
-    the inverse takes two factorisations and an inverse (measured 1.2-1.3x the time at K = 5632), and two
-    [K, K] matrices alive at once, not three. returns (U [K, K], damp_percent actually used).
+    U = V^-1 = J L^-1 J: one Cholesky factorisation and L's inverse (lower_triangular_inverse), where inverting
+    H and factoring the inverse takes two factorisations and an inverse (measured 1.2-1.3x the time at
+    K = 5632), and two [K, K] matrices alive at once, not three. returns (U [K, K], damp_percent actually used).
 
     Memory: two [K, K] matrices at most (H and its factor, then L and L^-1, then L^-1 and U; measured at
     K = 5632 in a 3-layer quantize, where three, for a moment nearly four, were alive before). The
@@ -244,8 +270,7 @@ def _damped_inverse_factor(reversed_h: Callable[[], torch.Tensor], release: Call
         torch.linalg.cholesky_ex(lower, out=(lower, info))  # lower: L, in f's memory
         if int(info) == 0:
             release()
-            inverse = torch.eye(f.shape[0], dtype=f.dtype, device=f.device)
-            torch.linalg.solve_triangular(lower, inverse, upper=False, out=inverse)  # L^-1
+            inverse = lower_triangular_inverse(lower)  # L^-1
             del f, lower
             u = torch.flip(inverse, (0, 1))
             del inverse
