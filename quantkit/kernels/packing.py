@@ -40,20 +40,22 @@ def pack_int32(values: torch.Tensor, bits: int) -> torch.Tensor:
     if values.dtype.is_floating_point or values.dtype == torch.bool:
         raise TypeError(f"pack_int32 expects an integer tensor, got {values.dtype}")
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    v = values.to(torch.int64)
-    if v.numel() and (int(v.min()) < lo or int(v.max()) > hi):
-        raise ValueError(f"values out of the signed {bits}-bit range [{lo}, {hi}]")
-    k = v.shape[-1]
+    if values.numel():
+        low, high = torch.aminmax(values)
+        if int(low) < lo or int(high) > hi:
+            raise ValueError(f"values out of the signed {bits}-bit range [{lo}, {hi}]")
+    k = values.shape[-1]
     n_words = packed_words(k, bits)
     pad = n_words * per_word - k
-    u = v + (1 << (bits - 1))  # unsigned, [..., K]
+    u = values.to(torch.int32) + (1 << (bits - 1))  # unsigned, [..., K]
     if pad:
         u = torch.nn.functional.pad(u, (0, pad), value=1 << (bits - 1))
     u = u.reshape(*u.shape[:-1], n_words, per_word)  # [..., words, per_word]
-    shifts = torch.arange(per_word, device=u.device, dtype=torch.int64) * bits
-    words = (u << shifts).sum(dim=-1)  # [..., words], in [0, 2**32)
-    words = torch.where(words >= 1 << 31, words - (1 << 32), words)
-    return words.to(torch.int32)
+    # value i of a word to bits [i * bits, (i + 1) * bits): int32 shifts wrap into the sign bit, as the words do
+    words = u[..., 0].clone()  # [..., words]
+    for i in range(1, per_word):
+        words |= u[..., i] << (i * bits)
+    return words
 
 
 def unpack_int32(packed: torch.Tensor, bits: int, size: int) -> torch.Tensor:
