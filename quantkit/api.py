@@ -33,7 +33,7 @@ from .formats.loading import (
 from .formats.safetensors_io import folder_tensors, read_state_dict, stored_float_dtype, write_state_dict
 from .formats.shapes import check_checkpoint_tensors
 from .gguf.reading import gguf_origin, is_gguf_file, load_gguf_model
-from .kernels.wna16 import BACKENDS
+from .kernels.backend_choice import BACKENDS
 from .modules.fused_linear import is_fused, unfused_state_dict
 from .modules.kv_cache import enable_fp8_kv_cache
 from .modules.kv_rotation import check_rotation

@@ -46,7 +46,7 @@ def check_backend(name: str, device=None) -> str:
     """`--backend` value, checked before any work (UsageError listing the backends, or saying why the
     backend cannot run on `device` when one is given)."""
     # triton loads with the kernels: only once a backend is checked
-    from ..kernels.wna16 import BACKENDS, resolve_backend
+    from ..kernels.backend_choice import BACKENDS, resolve_backend
 
     if name not in BACKENDS:
         raise UsageError(f"--backend {name!r} is unknown; choose one of {', '.join(BACKENDS)}")

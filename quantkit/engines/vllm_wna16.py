@@ -39,9 +39,10 @@ from vllm.model_executor.kernels.linear import MPLinearKernel, MPLinearLayerConf
 from vllm.platforms import PlatformEnum, current_platform
 from vllm.scalar_type import scalar_types
 
+from ..kernels.backend_choice import resolve_backend
 from ..kernels.packing import packed_words
 from ..kernels.triton_ops import register_ops
-from ..kernels.wna16 import planned_layout, prepare_wna16, resolve_backend, wna16_linear
+from ..kernels.wna16 import planned_layout, prepare_wna16, wna16_linear
 from ..kernels.wna16_layout import ACTIVATION_DTYPES, check_wna16_weight
 from .amx_permission import request_amx_tile_permission
 

@@ -117,7 +117,7 @@ def benchmark(
     from ..files.inputs import input_paths
     from ..formats.loading import is_quantized_checkpoint, resolve_model_source
     from ..files.outputs import check_output_file, output_stream, write_output_file
-    from ..kernels.wna16 import benchmark_backend
+    from ..kernels.backend_choice import benchmark_backend
     from .hardware import device_memory_bytes, resolve_device_spec
     from .report import summary_lines
     from .timing import BenchSettings, merge_phases, run_bench

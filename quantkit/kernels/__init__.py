@@ -33,7 +33,8 @@ from .kv_cache_write import fp8_kv_cache_write, fp8_kv_cache_write_reference
 from .packing import pack_int32, unpack_int32
 from .reference import dequantize_wna16, wna16_gemm_torch, wna16_linear_reference
 from .triton_ops import kernels_interpreted, register_ops
-from .wna16 import BACKENDS, planned_layout, prepare_wna16, prepared_layout, resolve_backend, wna16_linear
+from .backend_choice import BACKENDS, resolve_backend
+from .wna16 import planned_layout, prepare_wna16, prepared_layout, wna16_linear
 from .wna16_heuristics import WNA16Config, choose_config
 from .wna16_moe import MoEExpertWeights, PreparedProjection, wna16_moe
 from .wna16_moe_reference import StackedWNA16, wna16_moe_reference

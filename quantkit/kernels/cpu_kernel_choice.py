@@ -1,9 +1,11 @@
 """Which CPU kernel runs a weight-only linear call: one class per path, one ``choose``.
 
-Each path names itself, says why it cannot run a call (``can_run(m, k, n, dtype, layout)``: a reason,
-or None), runs it (``apply(x, *operands)``, the operands of its layout as the calling op receives them)
-and gives the float reference its result is tested against (``reference``). ``choose`` takes the first
-path of ``PATHS`` that can run the call. Layouts (``wna16_layout``) and their operands:
+Each path is a ``kernel_path.KernelPath``: it names itself, says why it cannot run a call
+(``can_run(m, k, n, dtype, layout)``: a reason, or None), runs it (``apply(x, *operands)``, the operands
+of its layout as the calling op receives them) and gives the float reference its result is tested
+against (``reference``). ``choose`` takes the first path of ``PATHS`` that can run the call
+(``backend_choice.choose_kernel`` asks it for the CPU layouts). Layouts (``wna16_layout``) and their
+operands:
 
 - "cpu_q8" (quantkit's C++ kernel): weight, scale, zero, bias;
 - "cpu_int4" (``aten._weight_int4pack_mm_for_cpu``): weight, scales_zeros, weight_lo, scales_zeros_lo, bias;
@@ -33,6 +35,7 @@ from __future__ import annotations
 import torch
 
 from . import cpu_flags
+from .kernel_path import KernelPath
 from .wna16_cpu_dequant import int4_block_n, int4_linear_dequantized, int8_linear_dequantized
 from .wna16_cpu_q8 import unpack_cpu_q8_weight, wna16_cpu_q8dot_reference
 
@@ -41,28 +44,10 @@ DEQUANT_MIN_ROWS = {"cpu_int8": 32, "cpu_int4": 128, "cpu_q8": 32}
 ATEN_DTYPE = torch.bfloat16  # PyTorch's fused CPU weight-only kernels are fast for bf16 activations only
 
 
-class KernelPath:
-    """One CPU kernel path for one layout."""
-
-    name = ""
-    layout = ""
-
-    def can_run(self, m: int, k: int, n: int, dtype: torch.dtype, layout: str) -> str | None:
-        """None if this path runs a call of x [m, k] (``dtype``) by a weight [n, k] in ``layout``, else why not."""
-        return None if layout == self.layout else f"{self.name} reads the {self.layout} layout, not {layout}"
-
-    def apply(self, x: torch.Tensor, *operands) -> torch.Tensor:
-        """x [M, K] -> [M, N] in x's dtype."""
-        raise NotImplementedError
-
-    def reference(self, x: torch.Tensor, *operands) -> torch.Tensor:
-        """What ``apply`` computes, in float64 torch (its test's reference), in x's dtype."""
-        raise NotImplementedError
-
-
 class Q8Dot(KernelPath):
     name = "quantkit::wna16_cpu_q8dot"
     layout = "cpu_q8"
+    keys = ("cpu_q8_weight", "cpu_q8_scale", "cpu_q8_zero")
 
     def apply(self, x, weight, scale, zero, bias):
         return torch.ops.quantkit.wna16_cpu_q8dot(x, weight, scale, zero, bias)
@@ -74,6 +59,7 @@ class Q8Dot(KernelPath):
 class Q8Dequantized(KernelPath):
     name = "quantkit::wna16_cpu_q8dot_unpack + bf16 at::linear"
     layout = "cpu_q8"
+    keys = Q8Dot.keys
 
     def can_run(self, m, k, n, dtype, layout):
         if (reason := super().can_run(m, k, n, dtype, layout)) is not None:
@@ -106,6 +92,7 @@ def _as_aten(x: torch.Tensor) -> torch.Tensor:
 class AtenInt4Fused(KernelPath):
     name = "aten._weight_int4pack_mm_for_cpu"
     layout = "cpu_int4"
+    keys = ("cpu_int4_weight", "cpu_int4_scales_zeros", "cpu_int4_weight_lo", "cpu_int4_scales_zeros_lo")
 
     def apply(self, x, weight, scales_zeros, weight_lo, scales_zeros_lo, bias):
         group = x.shape[1] // scales_zeros.shape[0]
@@ -144,6 +131,7 @@ class AtenInt4Dequantized(AtenInt4Fused):
 class AtenInt8Fused(KernelPath):
     name = "aten._weight_int8pack_mm"
     layout = "cpu_int8"
+    keys = ("cpu_int8_weight", "cpu_int8_scale", "cpu_int8_zero_scale")
 
     def apply(self, x, weight, scale, zero_scale, bias):
         xb = _as_aten(x)

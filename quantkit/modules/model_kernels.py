@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..kernels.wna16 import fuses_projections
+from ..kernels.backend_choice import fuses_projections
 from .fused_linear import fuse_projections
 from .moe import experts_modules
 from .quant_linear import QuantLinear

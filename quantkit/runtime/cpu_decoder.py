@@ -7,7 +7,9 @@ cannot show through them. ``CpuDecoder`` runs the whole step in C++ (``quantkit/
 ``torch.classes.quantkit.CpuDecoder``) on the model's own tensors: quantized linears through
 ``quantkit::wna16_cpu_q8dot`` (their int8 activation rounding included), float linears through
 ``at::linear`` in their dtype. A float model and its quantized variants run the same loop, so they
-differ only in their linears.
+differ only in their linears. A quantized linear joins the loop where the kernel chooser
+(``kernels.backend_choice.paths_by_rows``) gives its prepared layout that kernel (``LOOP_PATH``) for the
+loop's fp32 rows at every batch size (``loop_path_reason``); the loop passes it that path's operands.
 
     model = quantkit.load("ckpt")                      # or any supported float transformers model
     decoder = quantkit.CpuDecoder(model, max_len=2048)  # cache_dtype="auto": fp8 if the model has k/v scales
@@ -48,7 +50,9 @@ import torch
 from torch import nn
 
 from ..core.errors import UsageError
+from ..kernels.backend_choice import paths_by_rows
 from ..kernels.cpu_extension import ISA_NAMES, cpu_kernel_isa, load_cpu_kernels
+from ..kernels.cpu_kernel_choice import Q8Dot
 from ..modules.fused_linear import FusedPart
 from ..modules.kv_rotation import check_rotation
 from ..modules.kv_scales import cache_keyword, kv_rotation_of, read_kv_scales
@@ -67,6 +71,10 @@ CACHE_BLOCK = 1024  # positions per cache block by default (see the module docst
 CACHE_BLOCK_MULTIPLE = 32  # two key tiles of the attention kernel (decode_attention_cpu.h)
 #: rotary types whose cos / sin tables depend on the position only (not on the sequence length)
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+#: what the C++ loop's quantized linears run (decode_step.cpp's run_linear: quantkit::wna16_cpu_q8dot on
+#: x fp32 [B, K], B the batch, any number of rows); its float linears run at::linear
+LOOP_PATH = Q8Dot
+LOOP_ACTIVATION_DTYPE = torch.float32
 
 
 def decoder_unavailable(model: nn.Module) -> str | None:
@@ -110,11 +118,22 @@ def _linear_reason(module: nn.Module) -> str | None:
     if isinstance(module, FusedPart):
         module = module._group.fused
     if isinstance(module, QuantLinear):
-        return None if module.kernel_layout == "cpu_q8" else (
-            f"a quantized linear prepared for {module.kernel_layout!r}, not quantkit's C++ kernel (cpu_q8)")
+        return loop_path_reason(module)
     if type(module) is nn.Linear:
         return None
     return f"{type(module).__name__} is neither nn.Linear nor a QuantLinear"
+
+
+def loop_path_reason(linear: QuantLinear) -> str | None:
+    """Why the C++ loop cannot run ``linear``: the path ``backend_choice`` chooses for its prepared layout
+    and the loop's fp32 rows is not the loop's own (``LOOP_PATH``) at some number of rows; None if it is
+    at every number."""
+    runs = paths_by_rows(linear.in_features, linear.out_features, LOOP_ACTIVATION_DTYPE, linear.kernel_layout)
+    others = [f"{path.name} at {rows}+ rows" for rows, path in runs if type(path) is not LOOP_PATH]
+    if not others:
+        return None
+    return (f"a quantized linear prepared for {linear.kernel_layout!r}, not quantkit's C++ kernel "
+            f"({LOOP_PATH.layout}): {', '.join(others)}")
 
 
 def default_cache_block(max_len: int) -> int:
@@ -214,10 +233,9 @@ class CpuDecoder:
             self._native.set_kv_scales(i, k.expand(self.kv_heads).contiguous(), v.expand(self.kv_heads).contiguous())
 
     def _add(self, layer: int, slot: str, module: nn.Module) -> None:
-        if isinstance(module, QuantLinear):
-            prepared = module.prepared_tensors()
-            self._native.add_linear(layer, slot, True, prepared["cpu_q8_weight"], prepared["cpu_q8_scale"],
-                                    prepared.get("cpu_q8_zero"), module.bias)
+        if isinstance(module, QuantLinear):  # LOOP_PATH's operands, as unsupported_reason has checked
+            weight, scale, zero = LOOP_PATH.operands(module.prepared_tensors())
+            self._native.add_linear(layer, slot, True, weight, scale, zero, module.bias)
         else:
             self._native.add_linear(layer, slot, False, module.weight, None, None, module.bias)
 
