@@ -30,7 +30,7 @@ from . import cpu_kernel_choice
 from .kernel_path import KernelPath
 from .reference import dequantize_wna16, wna16_gemm_torch, wna16_linear_reference
 from .triton_ops import register_ops, triton_can_run_on
-from .wna16_layout import ACTIVATION_DTYPES
+from .wna16_layout import ACTIVATION_DTYPES, check_triton_operands, to_triton_layout
 
 
 class TritonGemm(KernelPath):
@@ -40,6 +40,14 @@ class TritonGemm(KernelPath):
     name = "quantkit::wna16_gemm (Triton)"
     layout = "triton"
     keys = ("triton_qweight", "triton_scales", "triton_zeros")
+
+    @staticmethod
+    def prepare(weight_packed, weight_scale, weight_zero_point, shape):
+        register_ops()  # at load time, before the first call (and before any torch.compile or CUDA graph)
+        prepared = to_triton_layout(weight_packed, weight_scale, weight_zero_point, shape)
+        probe = weight_scale.new_empty((0, shape.in_features))
+        check_triton_operands(probe, *TritonGemm.operands(prepared), None, shape.bits)
+        return prepared
 
     def can_run(self, m, k, n, dtype, layout):
         if (reason := super().can_run(m, k, n, dtype, layout)) is not None:
@@ -62,6 +70,14 @@ class Reference(KernelPath):
     name = "reference (dequantize + fp32 matmul)"
     layout = "reference"
     keys = ("weight_packed", "weight_scale", "weight_zero_point")
+
+    @staticmethod
+    def prepare(weight_packed, weight_scale, weight_zero_point, shape):
+        """The on-disk tensors themselves, not copies."""
+        prepared = {"weight_packed": weight_packed, "weight_scale": weight_scale}
+        if weight_zero_point is not None:
+            prepared["weight_zero_point"] = weight_zero_point
+        return prepared
 
     def apply(self, x, weight_packed, weight_scale, weight_zero_point, bits, bias):
         return wna16_linear_reference(x, weight_packed, weight_scale, weight_zero_point, bits, x.shape[1], bias)

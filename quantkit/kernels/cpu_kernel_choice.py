@@ -38,6 +38,7 @@ from . import cpu_flags
 from .kernel_path import KernelPath
 from .wna16_cpu_dequant import int4_block_n, int4_linear_dequantized, int8_linear_dequantized
 from .wna16_cpu_q8 import unpack_cpu_q8_weight, wna16_cpu_q8dot_reference
+from .wna16_layout import to_cpu_int4_layout, to_cpu_int8_layout, to_cpu_q8_layout
 
 # Rows of x from which the dequantize-once paths run (reasoning: wna16_cpu_dequant, and above).
 DEQUANT_MIN_ROWS = {"cpu_int8": 32, "cpu_int4": 128, "cpu_q8": 32}
@@ -48,6 +49,7 @@ class Q8Dot(KernelPath):
     name = "quantkit::wna16_cpu_q8dot"
     layout = "cpu_q8"
     keys = ("cpu_q8_weight", "cpu_q8_scale", "cpu_q8_zero")
+    prepare = staticmethod(to_cpu_q8_layout)
 
     def apply(self, x, weight, scale, zero, bias):
         return torch.ops.quantkit.wna16_cpu_q8dot(x, weight, scale, zero, bias)
@@ -60,6 +62,7 @@ class Q8Dequantized(KernelPath):
     name = "quantkit::wna16_cpu_q8dot_unpack + bf16 at::linear"
     layout = "cpu_q8"
     keys = Q8Dot.keys
+    prepare = Q8Dot.prepare
 
     def can_run(self, m, k, n, dtype, layout):
         if (reason := super().can_run(m, k, n, dtype, layout)) is not None:
@@ -93,6 +96,7 @@ class AtenInt4Fused(KernelPath):
     name = "aten._weight_int4pack_mm_for_cpu"
     layout = "cpu_int4"
     keys = ("cpu_int4_weight", "cpu_int4_scales_zeros", "cpu_int4_weight_lo", "cpu_int4_scales_zeros_lo")
+    prepare = staticmethod(to_cpu_int4_layout)
 
     def apply(self, x, weight, scales_zeros, weight_lo, scales_zeros_lo, bias):
         group = x.shape[1] // scales_zeros.shape[0]
@@ -132,6 +136,7 @@ class AtenInt8Fused(KernelPath):
     name = "aten._weight_int8pack_mm"
     layout = "cpu_int8"
     keys = ("cpu_int8_weight", "cpu_int8_scale", "cpu_int8_zero_scale")
+    prepare = staticmethod(to_cpu_int8_layout)
 
     def apply(self, x, weight, scale, zero_scale, bias):
         xb = _as_aten(x)

@@ -2,7 +2,8 @@
 
 A path names itself (``name``: the op or computation that runs), reads one prepared layout
 (``layout``: "cpu_q8", "cpu_int4", "cpu_int8", "triton" or "reference"; ``wna16_layout``), says why it
-cannot run a call (``can_run(m, k, n, dtype, layout)``: a reason, or None), runs it
+cannot run a call (``can_run(m, k, n, dtype, layout)``: a reason, or None), builds its layout once from
+the on-disk tensors (``prepare``; the paths of one layout share it), runs it
 (``apply(x, *operands)``, the operands of its layout as the calling op receives them) and gives the
 reference its result is tested against (``reference``, same arguments). ``keys`` names the tensors of a
 prepared dict (``prepare_wna16``) that are its leading operands, in order; ``operands(prepared)`` reads them. The CPU paths are in
@@ -25,6 +26,13 @@ class KernelPath:
     def operands(cls, prepared: dict[str, torch.Tensor]) -> tuple[torch.Tensor | None, ...]:
         """The tensors of ``prepared`` named by ``keys``, in order (None for an optional one it lacks)."""
         return tuple([prepared.get(key) for key in cls.keys])
+
+    @staticmethod
+    def prepare(weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_zero_point: torch.Tensor | None,
+                shape) -> dict[str, torch.Tensor]:
+        """The prepared dict of this path's layout (its tensors under ``keys``' names and the layout's others)
+        from the on-disk tensors in uniform groups; ``shape``: their ``wna16_layout.WNA16Shape``."""
+        raise NotImplementedError
 
     def can_run(self, m: int, k: int, n: int, dtype: torch.dtype, layout: str) -> str | None:
         """None if this path runs a call of x [m, k] (``dtype``) by a weight [n, k] in ``layout``, else why not."""

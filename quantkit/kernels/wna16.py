@@ -23,21 +23,15 @@ from .backend_choice import REFERENCE, TRITON_GEMM, resolve_backend
 from .cpu_extension import cpu_kernel_isa, load_cpu_kernels
 from .cpu_kernel_choice import AtenInt4Fused, AtenInt8Fused, Q8Dot
 from .cpu_kernel_choice import choose as choose_cpu_kernel
-from .triton_ops import register_ops
 from .wna16_layout import (
     ACTIVATION_DTYPES as _ACTIVATION_DTYPES,
     WNA16Shape,
     check_activation,
-    check_triton_operands,
     check_wna16_weight,
     cpu_int4_supports,
     cpu_int8_supports,
     cpu_q8_supports,
     require_triton_layout,
-    to_cpu_int4_layout,
-    to_cpu_int8_layout,
-    to_cpu_q8_layout,
-    to_triton_layout,
     triton_supports,
     uniform_groups,
 )
@@ -70,7 +64,8 @@ def prepare_wna16(
         "reference" (and "torch" layers its kernels cannot run): the inputs themselves, not copies (a
         ragged weight: weight_packed itself and its scales / zero points in uniform groups);
         "triton": triton_qweight / triton_scales / triton_zeros (wna16_layout.to_triton_layout);
-        "torch": cpu_int4_* or cpu_int8_* (wna16_layout.to_cpu_int4_layout / to_cpu_int8_layout).
+        "torch": cpu_q8_*, cpu_int4_* or cpu_int8_* (wna16_layout.to_cpu_q8_layout / to_cpu_int4_layout /
+        to_cpu_int8_layout). Built by the layout's kernel path (its ``prepare``: ``LAYOUT_PATHS``).
     """
     shape = check_wna16_weight(weight_packed, weight_scale, weight_zero_point, bits, in_features, group_size)
     weight_scale, weight_zero_point, shape = uniform_groups(weight_scale, weight_zero_point, shape)
@@ -78,25 +73,7 @@ def prepare_wna16(
         chosen = resolve_backend(backend, weight_packed.device, weight_scale.dtype)
         # "auto" never fails on a layer a kernel cannot hold: it keeps the exact reference instead.
         backend = "reference" if backend == "auto" and chosen == "triton" and not triton_supports(shape) else chosen
-    layout = planned_layout(shape, backend)
-    if layout == "triton":
-        register_ops()  # at load time, before the first call (and before any torch.compile or CUDA graph)
-        prepared = to_triton_layout(weight_packed, weight_scale, weight_zero_point, shape)
-        probe = weight_scale.new_empty((0, in_features))
-        check_triton_operands(
-            probe, prepared["triton_qweight"], prepared["triton_scales"], prepared.get("triton_zeros"), None, bits
-        )
-        return prepared
-    if layout == "cpu_q8":
-        return to_cpu_q8_layout(weight_packed, weight_scale, weight_zero_point, shape)
-    if layout == "cpu_int8":
-        return to_cpu_int8_layout(weight_packed, weight_scale, weight_zero_point, shape)
-    if layout == "cpu_int4":
-        return to_cpu_int4_layout(weight_packed, weight_scale, weight_zero_point, shape)
-    prepared = {"weight_packed": weight_packed, "weight_scale": weight_scale}
-    if weight_zero_point is not None:
-        prepared["weight_zero_point"] = weight_zero_point
-    return prepared
+    return LAYOUT_PATHS[planned_layout(shape, backend)].prepare(weight_packed, weight_scale, weight_zero_point, shape)
 
 
 def planned_layout(shape: WNA16Shape, backend: str) -> str:
@@ -124,7 +101,8 @@ def planned_layout(shape: WNA16Shape, backend: str) -> str:
 
 
 #: the path that decodes (one row) on each layout, in the order ``prepared_layout`` looks for their tensors
-LAYOUT_KERNELS = (TRITON_GEMM, Q8Dot, AtenInt4Fused, AtenInt8Fused, REFERENCE)
+LAYOUT_KERNELS = (TRITON_GEMM, Q8Dot(), AtenInt4Fused(), AtenInt8Fused(), REFERENCE)
+LAYOUT_PATHS = {path.layout: path for path in LAYOUT_KERNELS}  # each layout's decode path, which prepares it
 KERNEL_NAMES = {path.layout: path.name for path in LAYOUT_KERNELS}
 
 

@@ -15,7 +15,8 @@ import torch
 
 import quantkit.kernels as qk
 from quantkit.kernels import backend_choice as policy
-from quantkit.kernels import cpu_flags, cpu_kernel_choice
+from quantkit.kernels import cpu_flags, cpu_kernel_choice, wna16, wna16_layout
+from quantkit.kernels.cpu_extension import load_cpu_kernels
 
 from .wna16_cases import Scheme, random_weight, reference_output, rel_mean_error, tolerance
 
@@ -191,3 +192,30 @@ def test_paths_by_rows_names_the_dequantize_once_switch(monkeypatch):
         (1, "aten._weight_int4pack_mm_for_cpu"), (rows["cpu_int4"], "int4 dequantized once + at::linear")]
     assert names("cpu_int8", torch.float32) == [
         (1, "aten._weight_int8pack_mm"), (rows["cpu_int8"], "int8 dequantized once + at::linear")]
+
+
+# each layout with a weight it holds: (layout, scheme)
+LAYOUT_WEIGHTS = [("cpu_q8", Scheme(4, 32, True)), ("cpu_int4", Scheme(4, 64, False)), ("cpu_int8", Scheme(8, None, True)),
+                  ("triton", Scheme(4, 32, False)), ("reference", Scheme(2, 64, True))]
+
+
+@pytest.mark.parametrize("layout,scheme", LAYOUT_WEIGHTS, ids=[layout for layout, _ in LAYOUT_WEIGHTS])
+def test_each_layouts_path_prepares_what_it_reads(layout, scheme, gen):
+    """The layout's decode path builds the layout from the on-disk tensors (its ``prepare``, which
+    ``prepare_wna16`` calls): the dict is of that layout, holds the path's operands, and the path run on it
+    gives the float product of the weight, for fresh random x."""
+    if layout == "cpu_q8" and not load_cpu_kernels().available:
+        pytest.skip("quantkit's C++ kernels do not build here")
+    if layout == "triton" and DEVICE == "cpu" and not qk.kernels_interpreted():
+        pytest.skip("the Triton kernels run on CPU tensors only under TRITON_INTERPRET=1")
+    n, k, m = 64, 256, 3
+    weight = random_weight(scheme, n, k, torch.bfloat16, gen)
+    shape = wna16_layout.check_wna16_weight(weight.weight_packed, weight.weight_scale, weight.weight_zero_point,
+                                               scheme.bits, k, scheme.group_size)
+    path = wna16.LAYOUT_PATHS[layout]
+    prepared = path.prepare(weight.weight_packed, weight.weight_scale, weight.weight_zero_point, shape)
+    assert qk.prepared_layout(prepared) == layout and path.operands(prepared)[0] is not None
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    backend = {"triton": "triton", "reference": "reference"}.get(layout, "torch")
+    y = qk.wna16_linear(x, prepared, bits=scheme.bits, in_features=k, out_features=n, backend=backend)
+    assert rel_mean_error(y, reference_output(x.float(), weight, None)) <= tolerance(torch.bfloat16)
