@@ -175,15 +175,13 @@ class HessianSum:
         self.start(k, x.device)
         if windows.numel() == 0:
             return self
-        buffer = torch.empty(min(self.PANEL, k), k, dtype=torch.float64, device=x.device)  # [P, K]
         for window in windows:
             window = window.float()  # [T, K]
             for panel in self.panels:
                 rows, r1 = panel.shape  # rows r1 - rows .. r1 - 1
                 r0 = r1 - rows
-                part = buffer[:rows, :r1]
-                part.copy_(window[:, r0:r1].t() @ window[:, :r1])  # rows r0..r1-1 up to the diagonal block
-                panel += part
+                # rows r0..r1-1 up to the diagonal block, in fp32, added in fp64 (the fp32 terms widen exactly)
+                panel += window[:, r0:r1].t() @ window[:, :r1]
         self.count += windows.shape[0] * windows.shape[1]
         return self
 
