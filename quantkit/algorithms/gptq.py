@@ -531,7 +531,7 @@ def gptq_quantize(
                 if zeros_t is not None:
                     zeros_t[g] = z[:, 0]
             walk(w1, u1, q_t[i1:i2], err1, i1, a, b)
-        wt[i2:] -= u[i1:i2, i2:].t() @ err1  # [K - i2, N]
+        wt[i2:].addmm_(u[i1:i2, i2:].t(), err1, alpha=-1)  # [K - i2, N], in place: no [K - i2, N] temporary
     if perm is not None:
         q_t = q_t[torch.argsort(perm)]  # back to the original order
     q_int = q_t.to(torch.uint8 if grid is not None else torch.int8).t().contiguous()  # [N, K]
