@@ -26,7 +26,8 @@ from quantkit.algorithms import gptq
 from quantkit.calibration import gptq_processor
 
 
-def _timed(totals: dict[str, float], key: str, fn):
+def timed(totals: dict[str, float], key: str, fn):
+    """fn, wrapped to add its seconds to totals[key] on every call (ddp_phases.py uses it too)."""
     @functools.wraps(fn)
     def run(*args, **kwargs):
         start = time.perf_counter()
@@ -53,11 +54,11 @@ def main() -> None:
     calibration = torch.randint(0, 4096, (args.samples, args.seq_len))
     totals: dict[str, float] = {}
     # wrapped where they are looked up: gptq's own module globals, and the processor's import of gptq
-    gptq.mse_clip_ratio = _timed(totals, "range search", primitives.mse_clip_ratio)
-    gptq.HessianSum.add = _timed(totals, "Hessians", gptq.HessianSum.add)
-    gptq.HessianSum.hessian = _timed(totals, "Hessians", gptq.HessianSum.hessian)
-    gptq._damped_inverse_factor = _timed(totals, "inversion", gptq._damped_inverse_factor)
-    gptq_processor.gptq_quantize = _timed(totals, "gptq_quantize", gptq.gptq_quantize)
+    gptq.mse_clip_ratio = timed(totals, "range search", primitives.mse_clip_ratio)
+    gptq.HessianSum.add = timed(totals, "Hessians", gptq.HessianSum.add)
+    gptq.HessianSum.hessian = timed(totals, "Hessians", gptq.HessianSum.hessian)
+    gptq._damped_inverse_factor = timed(totals, "inversion", gptq._damped_inverse_factor)
+    gptq_processor.gptq_quantize = timed(totals, "gptq_quantize", gptq.gptq_quantize)
     start = time.perf_counter()
     quantkit.quantize(model, "w4a16-gptq", calibration, progress=False)
     total = time.perf_counter() - start

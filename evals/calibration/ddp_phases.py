@@ -8,27 +8,19 @@ gather_rows (the all-gather of the walked rows).
 """
 
 import atexit
-import collections
 import os
 import sys
 import time
 
+from block_profile import timed  # this folder: the script's own (python puts it on sys.path)
+
 START = time.perf_counter()
-SPENT: dict[str, float] = collections.defaultdict(float)
+SPENT: dict[str, float] = {}
 
 
-def timed(owner, name: str, label: str | None = None) -> None:
-    """Replace owner.name by a wrapper that adds its time to SPENT[label or name]."""
-    function = getattr(owner, name)
-
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return function(*args, **kwargs)
-        finally:
-            SPENT[label or name] += time.perf_counter() - start
-
-    setattr(owner, name, wrapper)
+def wrap(owner, name: str, label: str | None = None) -> None:
+    """Replace owner.name by block_profile's timer, adding its time to SPENT[label or name]."""
+    setattr(owner, name, timed(SPENT, label or name, getattr(owner, name)))
 
 
 def report() -> None:
@@ -43,10 +35,10 @@ def main() -> int:
     from quantkit.commands.cli import main as quantkit_main
 
     for name in ("factor_hessian", "gptq_quantize", "add_hessians", "gather_rows"):
-        timed(processor, name)
-    timed(runner.BlockContext, "forward", "ctx.forward")
-    timed(gptq.HessianSum, "add", "hessian.add")
-    timed(gptq, "_qparams")
+        wrap(processor, name)
+    wrap(runner.BlockContext, "forward", "ctx.forward")
+    wrap(gptq.HessianSum, "add", "hessian.add")
+    wrap(gptq, "_qparams")
     atexit.register(report)
     sys.argv = ["quantkit", *sys.argv[1:]]
     return quantkit_main()

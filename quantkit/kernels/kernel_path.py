@@ -25,7 +25,7 @@ class KernelPath:
     @classmethod
     def operands(cls, prepared: dict[str, torch.Tensor]) -> tuple[torch.Tensor | None, ...]:
         """The tensors of ``prepared`` named by ``keys``, in order (None for an optional one it lacks)."""
-        return tuple([prepared.get(key) for key in cls.keys])
+        return tuple(map(prepared.get, cls.keys))  # per call on the decode path: no list in between
 
     @staticmethod
     def prepare(weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_zero_point: torch.Tensor | None,
